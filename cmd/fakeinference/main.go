@@ -1,0 +1,74 @@
+// Command fakeinference runs the deterministic vLLM stand-in (see
+// pkg/fakeinference): OpenAI-compatible chat completions with token ids,
+// test control routes, and the generation-cut worker route.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gymfleet/gymfleet/cmd/internal/configload"
+	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
+	"github.com/gymfleet/gymfleet/pkg/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/logging"
+)
+
+// name is the process's kind and instance name in logs and the address file.
+const name = "fakeinference"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+}
+
+// loadConfig reads the flags' configuration file and applies --listen.
+func loadConfig(flags configload.Flags, getenv func(string) string) (fakeinference.Config, error) {
+	cfg := fakeinference.DefaultConfig()
+	if err := configload.Load(flags.Config, getenv, &cfg); err != nil {
+		return cfg, err
+	}
+	if flags.Listen != "" {
+		cfg.Listen = flags.Listen
+	}
+	return cfg, cfg.Validate()
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	flags, err := configload.ParseFlags(name, args, stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(flags, getenv)
+	if err != nil {
+		return err
+	}
+	level, err := logging.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	log := logging.New(stderr, level, name, name)
+	if cfg.ControlAuthToken == "" {
+		log.Warn("control_auth_token is empty: POST /_ckpt/generation-cut refuses every call")
+	}
+	srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log})
+	if err != nil {
+		return err
+	}
+	return lifecycle.Run(ctx, []lifecycle.Named{{Name: name, Server: srv}}, flags.AddrFile, func(n, addr string) {
+		fmt.Fprintf(stdout, "%s listening on http://%s\n", n, addr)
+	})
+}

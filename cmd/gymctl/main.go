@@ -1,0 +1,86 @@
+// Command gymctl is the operator's command line for a gymfleet fleet: start
+// a local fleet (up), collect rollouts from a JSONL dataset (collect), and
+// run the demo (demo).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gymctl:", err)
+		os.Exit(1)
+	}
+}
+
+// command is one gymctl subcommand.
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"up", "start the fleet of a fleet file and keep it running until Ctrl-C", runUp},
+		{"collect", "run a JSONL dataset through an environment server", runCollect},
+		{"demo", "start the local fleet, collect the demo dataset, report, stop", runDemo},
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		usage(stderr)
+		return errors.New("no subcommand")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		return flag.ErrHelp
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], getenv, stdout, stderr)
+		}
+	}
+	usage(stderr)
+	return fmt.Errorf("unknown subcommand %q", args[0])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: gymctl <subcommand> [flags]")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "run gymctl <subcommand> -h for its flags")
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gymctl "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parse parses args and refuses positional arguments.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %v", fs.Name(), fs.Args())
+	}
+	return nil
+}

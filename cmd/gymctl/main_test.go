@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func noEnv(string) string { return "" }
+
+func runArgs(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), args, noEnv, &stdout, &stderr)
+	return stdout.String(), stderr.String(), err
+}
+
+func TestSubcommands(t *testing.T) {
+	if _, stderr, err := runArgs(t); err == nil || !strings.Contains(stderr, "usage: gymctl") {
+		t.Errorf("no args: %v, %q", err, stderr)
+	}
+	for _, help := range []string{"-h", "--help", "help"} {
+		if _, _, err := runArgs(t, help); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%s: %v, want flag.ErrHelp", help, err)
+		}
+	}
+	if _, _, err := runArgs(t, "nope"); err == nil || !strings.Contains(err.Error(), `unknown subcommand "nope"`) {
+		t.Errorf("unknown subcommand: %v", err)
+	}
+	for _, sub := range []string{"up", "collect", "demo"} {
+		if _, stderr, err := runArgs(t, sub, "-h"); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr, "-config") {
+			t.Errorf("%s -h: %v, %q", sub, err, stderr)
+		}
+	}
+}
+
+func TestParseCollectFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string // error substring; empty = valid
+	}{
+		{[]string{"--env-url", "http://x", "--input", "a", "--output", "b"}, ""},
+		{[]string{"--config", "f.yaml", "--input", "a", "--output", "b", "--concurrency", "8", "--limit", "3"}, ""},
+		{[]string{"--env-url", "http://x", "--output", "b"}, "--input and --output are required"},
+		{[]string{"--input", "a", "--output", "b"}, "--env-url or --config is required"},
+		{[]string{"--env-url", "http://x", "--config", "f", "--input", "a", "--output", "b"}, "not both"},
+		{[]string{"--env-url", "http://x", "--input", "a", "--output", "b", "--concurrency", "0"}, "at least 1"},
+		{[]string{"--env-url", "http://x", "--input", "a", "--output", "b", "--limit", "-1"}, "must not be negative"},
+		{[]string{"--env-url", "http://x", "--input", "a", "--output", "a"}, "must differ"},
+		{[]string{"--env-url", "http://x", "--input", "a", "--output", "b", "extra"}, "unexpected arguments"},
+		{[]string{"--concurrency", "many"}, "invalid value"},
+	}
+	for _, tc := range tests {
+		f, err := parseCollectFlags(tc.args, io.Discard)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+		if tc.want == "" && f.concurrency < 1 {
+			t.Errorf("%v: concurrency %d", tc.args, f.concurrency)
+		}
+	}
+	f, _ := parseCollectFlags([]string{"--env-url", "http://x", "--input", "a", "--output", "b"}, io.Discard)
+	if f.concurrency != 16 || f.limit != 0 {
+		t.Errorf("defaults: %+v", f)
+	}
+}
+
+func TestParseDemoFlags(t *testing.T) {
+	o, err := parseDemoFlags(nil, io.Discard)
+	if err != nil || o.config != "configs/local.yaml" || o.input != "data/demo.jsonl" || o.concurrency != 32 {
+		t.Errorf("defaults: %+v %v", o, err)
+	}
+	if _, err := parseDemoFlags([]string{"--concurrency", "0"}, io.Discard); err == nil {
+		t.Error("--concurrency 0 accepted")
+	}
+}
+
+// h2cServer is an environment stand-in answering /run with reward 1.
+func h2cServer(t *testing.T, h http.HandlerFunc) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestCollect_EndToEndThroughRun(t *testing.T) {
+	env := h2cServer(t, func(w http.ResponseWriter, r *http.Request) {
+		var row map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&row)
+		if row["fail"] == true {
+			w.WriteHeader(502)
+			_, _ = io.WriteString(w, `{"error":{"code":"upstream_error","detail":"no"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"reward":1.0,"observations":{"model_calls":2}}`)
+	})
+	dir := t.TempDir()
+	input := filepath.Join(dir, "in.jsonl")
+	output := filepath.Join(dir, "out.jsonl")
+	rows := `{"responses_create_params":{"input":"a"}}` + "\n" + `{"responses_create_params":{"input":"b"}}` + "\n"
+	if err := os.WriteFile(input, []byte(rows), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdout, _, err := runArgs(t, "collect", "--env-url", env.URL, "--input", input, "--output", output, "--no-progress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout, "rows: 2  succeeded: 2  failed: 0") || !strings.Contains(stdout, "model calls: 4") {
+		t.Errorf("stdout:\n%s", stdout)
+	}
+	b, _ := os.ReadFile(output)
+	if strings.Count(string(b), "\n") != 2 {
+		t.Errorf("output:\n%s", b)
+	}
+
+	// Through a fleet file, with a failing row: exit status is an error.
+	fleetFile := filepath.Join(dir, "fleet.yaml")
+	if err := os.WriteFile(fleetFile, []byte("processes:\n  - name: env\n    binary: envserver\n    endpoints: [{name: env, kind: environment, url: \""+env.URL+"\"}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(input, []byte(rows+`{"responses_create_params":{},"fail":true}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runArgs(t, "collect", "--config", fleetFile, "--input", input, "--output", output, "--no-progress")
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 rows failed") || !strings.Contains(err.Error(), "out_failures.jsonl") {
+		t.Errorf("collect with a failing row = %v", err)
+	}
+}
+
+func TestCollect_FleetWithoutEnvironment(t *testing.T) {
+	fleetFile := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(fleetFile, []byte("processes:\n  - name: m\n    binary: modelserver\n    endpoints: [{name: m, kind: model, url: \"http://127.0.0.1:1\"}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runArgs(t, "collect", "--config", fleetFile, "--input", "a", "--output", "b")
+	if err == nil || !strings.Contains(err.Error(), "no environment endpoint") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestUpAndDemoFailCleanly(t *testing.T) {
+	dir := t.TempDir()
+	fleetFile := filepath.Join(dir, "fleet.yaml")
+	yaml := "bin_dir: " + filepath.Join(dir, "bin") + "\nrun_dir: " + filepath.Join(dir, "run") + "\nprocesses:\n  - name: env\n    binary: envserver\n    endpoints: [{name: env, kind: environment, url: \"http://127.0.0.1:1\"}]\n"
+	if err := os.WriteFile(fleetFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runArgs(t, "up", "--config", filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Error("up with a missing fleet file succeeded")
+	}
+	if _, _, err := runArgs(t, "up", "--config", fleetFile); err == nil || !strings.Contains(err.Error(), "envserver not found") {
+		t.Errorf("up without binaries = %v", err)
+	}
+	input := filepath.Join(dir, "demo.jsonl")
+	if err := os.WriteFile(input, []byte(`{"responses_create_params":{}}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdout, _, err := runArgs(t, "demo", "--config", fleetFile, "--input", input)
+	if err == nil || !strings.Contains(err.Error(), `demo step "start the fleet"`) || !strings.Contains(stdout, "[2/6] start the fleet") {
+		t.Errorf("demo without binaries = %v\n%s", err, stdout)
+	}
+	if _, _, err := runArgs(t, "demo", "--config", fleetFile, "--input", filepath.Join(dir, "none.jsonl")); err == nil || !strings.Contains(err.Error(), "demo dataset") {
+		t.Errorf("demo without a dataset = %v", err)
+	}
+}

@@ -1,0 +1,140 @@
+// Package configload reads a server's typed configuration once at start-up:
+// defaults from the struct, then the YAML file, then GYMFLEET_* environment
+// variables. Unknown keys fail start-up with their names. Only cmd/ uses
+// viper; packages receive the typed struct.
+package configload
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+
+	"github.com/spf13/viper"
+)
+
+// EnvPrefix prefixes every environment override: checkpoint.enabled is
+// GYMFLEET_CHECKPOINT_ENABLED.
+const EnvPrefix = "GYMFLEET"
+
+// Flags are the command-line flags every server takes.
+type Flags struct {
+	// Config is the YAML file; empty means defaults and environment only.
+	Config string
+	// Listen overrides the listen address from the file.
+	Listen string
+	// AddrFile, when set, receives "<name> <addr>" lines once the servers
+	// listen, so a launcher can start servers on port 0.
+	AddrFile string
+}
+
+// ParseFlags parses args with the common flags. It returns flag.ErrHelp for -h.
+func ParseFlags(name string, args []string, stderr io.Writer) (Flags, error) {
+	var f Flags
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.Config, "config", "", "YAML configuration file")
+	fs.StringVar(&f.Listen, "listen", "", "listen address host:port (overrides the file's listen; single-instance servers only)")
+	fs.StringVar(&f.AddrFile, "addr-file", "", "write the bound address to this file once listening")
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if fs.NArg() > 0 {
+		return f, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	return f, nil
+}
+
+// Load fills cfg (a pointer to a struct with mapstructure tags, holding its
+// defaults) from the file at path (optional) and the environment.
+func Load(path string, getenv func(string) string, cfg any) error {
+	v := viper.New()
+	v.SetConfigType("yaml")
+	keys := leafKeys(reflect.TypeOf(cfg).Elem(), "")
+	// Every key gets a default and an environment binding: viper ignores
+	// environment variables for keys it does not know (spf13/viper#761).
+	defaults := reflect.ValueOf(cfg).Elem()
+	for _, k := range keys {
+		v.SetDefault(k.name, fieldByPath(defaults, k.path).Interface())
+		env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(k.name, ".", "_"))
+		// Set outranks the file, so the environment wins over it.
+		if val := getenv(env); val != "" {
+			v.Set(k.name, val)
+		}
+	}
+	if path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		defer f.Close()
+		if err := v.MergeConfig(f); err != nil {
+			return fmt.Errorf("config %s: %w", filepath.Base(path), err)
+		}
+	}
+	if err := v.UnmarshalExact(cfg); err != nil {
+		return fmt.Errorf("config %s: %w", path, describe(err))
+	}
+	return nil
+}
+
+// describe keeps viper's "has invalid keys: x, y" wording, which names the
+// keys, and drops mapstructure's noise around it.
+func describe(err error) error {
+	msg := err.Error()
+	if i := strings.Index(msg, "has invalid keys:"); i >= 0 {
+		rest := msg[i+len("has invalid keys:"):]
+		if j := strings.IndexByte(rest, '\n'); j >= 0 {
+			rest = rest[:j]
+		}
+		return errors.New("unknown keys:" + rest)
+	}
+	return err
+}
+
+type leafKey struct {
+	name string
+	path []int
+}
+
+// leafKeys lists the dotted mapstructure keys of every non-struct field.
+// Slices and maps are leaves: they come from the file.
+func leafKeys(t reflect.Type, prefix string) []leafKey {
+	var out []leafKey
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag := strings.Split(f.Tag.Get("mapstructure"), ",")[0]
+		if tag == "-" {
+			continue
+		}
+		if tag == "" {
+			tag = strings.ToLower(f.Name)
+		}
+		name := tag
+		if prefix != "" {
+			name = prefix + "." + tag
+		}
+		if f.Type.Kind() == reflect.Struct && f.Type.String() != "time.Time" {
+			for _, k := range leafKeys(f.Type, name) {
+				out = append(out, leafKey{name: k.name, path: append([]int{i}, k.path...)})
+			}
+			continue
+		}
+		out = append(out, leafKey{name: name, path: []int{i}})
+	}
+	return out
+}
+
+func fieldByPath(v reflect.Value, path []int) reflect.Value {
+	for _, i := range path {
+		v = v.Field(i)
+	}
+	return v
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/gymfleet/gymfleet/cmd/internal/configload"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func noEnv(string) string { return "" }
+
+func TestShippedConfigLoadsAndValidates(t *testing.T) {
+	cfg, err := loadConfig(configload.Flags{Config: "../../configs/modelserver.yaml"}, noEnv)
+	if err != nil {
+		t.Fatalf("configs/modelserver.yaml: %v", err)
+	}
+	if cfg.Listen != "127.0.0.1:18010" || cfg.Name != "policy_model" || !cfg.ReturnTokenIDs {
+		t.Errorf("unexpected config: %+v", cfg)
+	}
+	if u := cfg.Upstream; u.BaseURL != "http://127.0.0.1:18000/v1" || u.Model != "fake-model" || !u.H2C || u.APIKey != "" {
+		t.Errorf("upstream = %+v", u)
+	}
+	if cfg.Capture.Dir != ".gymfleet/capture/policy_model" || cfg.Checkpoint.Enabled || cfg.Checkpoint.LeaseGraceSeconds != 600 {
+		t.Errorf("capture %+v, checkpoint %+v", cfg.Capture, cfg.Checkpoint)
+	}
+}
+
+func TestUnknownKeyFailsNamingIt(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, key string }{
+		{"top level", "listen: 127.0.0.1:0\nreturn_token_id_information: true\n", "return_token_id_information"},
+		{"inside upstream", "upstream:\n  base_url: http://x:1/v1\n  modle: m\n", "modle"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "model.yaml")
+			if err := os.WriteFile(path, []byte(tc.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := loadConfig(configload.Flags{Config: path}, noEnv)
+			if err == nil || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("loadConfig = %v, want an error naming %q", err, tc.key)
+			}
+		})
+	}
+}
+
+func TestEnvironmentOverrides(t *testing.T) {
+	env := map[string]string{
+		"GYMFLEET_UPSTREAM_BASE_URL": "http://gpu1:8000/v1",
+		"GYMFLEET_UPSTREAM_H2C":      "false",
+		"GYMFLEET_RETURN_TOKEN_IDS":  "false",
+	}
+	cfg, err := loadConfig(configload.Flags{Config: "../../configs/modelserver.yaml", Listen: "127.0.0.1:0"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Upstream.BaseURL != "http://gpu1:8000/v1" || cfg.Upstream.H2C || cfg.ReturnTokenIDs || cfg.Listen != "127.0.0.1:0" {
+		t.Errorf("overrides not applied: %+v", cfg)
+	}
+}
+
+func TestInvalidConfigFails(t *testing.T) {
+	env := map[string]string{"GYMFLEET_CHECKPOINT_ENABLED": "true"}
+	_, err := loadConfig(configload.Flags{Config: "../../configs/modelserver.yaml"}, func(k string) string { return env[k] })
+	if err == nil || !strings.Contains(err.Error(), "control_auth_token") {
+		t.Fatalf("checkpointing without a token: %v", err)
+	}
+}
+
+func TestHelpAndBadFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	if err := run(t.Context(), []string{"-h"}, noEnv, io.Discard, &stderr); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("run -h = %v, want flag.ErrHelp", err)
+	}
+	if err := run(t.Context(), []string{"--nope"}, noEnv, io.Discard, &stderr); err == nil {
+		t.Error("run --nope succeeded")
+	}
+}
+
+// syncBuffer is a buffer the server goroutine and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunServesUntilCancelled(t *testing.T) {
+	dir := t.TempDir()
+	addrFile := filepath.Join(dir, "addr")
+	env := map[string]string{"GYMFLEET_CAPTURE_DIR": filepath.Join(dir, "capture")}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	errc := make(chan error, 1)
+	var stdout, stderr syncBuffer
+	go func() {
+		errc <- run(ctx, []string{"--config", "../../configs/modelserver.yaml", "--listen", "127.0.0.1:0", "--addr-file", addrFile},
+			func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+	var addr string
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for addr == "" {
+		if b, err := os.ReadFile(addrFile); err == nil {
+			if f := strings.Fields(string(b)); len(f) == 2 && f[0] == "policy_model" {
+				addr = f[1]
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no address file; stderr: %s", stderr.String())
+		}
+		select {
+		case err := <-errc:
+			t.Fatalf("run ended early: %v; stderr: %s", err, stderr.String())
+		case <-tick.C:
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/capture/rollouts/r/manifest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(body)) != `{"rollout_id":"r","records":[],"failures":[]}` {
+		t.Errorf("manifest = %d %s", resp.StatusCode, body)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "capture", "LOCK")); err != nil {
+		t.Errorf("capture dir not used: %v", err)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Errorf("run = %v", err)
+	}
+	if !strings.Contains(stdout.String(), "policy_model listening on http://"+addr) {
+		t.Errorf("stdout = %q", stdout.String())
+	}
+}

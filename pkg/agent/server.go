@@ -1,0 +1,668 @@
+// Package agent implements the Simple Agent: sessions bound to a rollout
+// attempt, activations that each run the turn loop (call the policy model,
+// run its function calls against the resources server, repeat), and the
+// legacy /run that seeds, loops and verifies in one call.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/openai"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// Headers of the agent API.
+const (
+	// SessionHeader names the agent session of an activation.
+	SessionHeader = "X-Ng-Agent-Session"
+	// ActivationHeader is an activation's index: 1, 2, ...
+	ActivationHeader = "X-Ng-Activation"
+	// ResourcesSessionHeader names the resources session tool calls run in.
+	ResourcesSessionHeader = "X-Ng-Session-Id"
+)
+
+// CleanupTimeout bounds closing the resources session after a legacy /run,
+// which runs even when the /run's own request has ended.
+const CleanupTimeout = 10 * time.Second
+
+// Deps are an agent's collaborators; nil fields get working defaults.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	// Client calls the model and resources servers; nil means
+	// httpclient.New(httpclient.Options{H2C: true}).
+	Client *http.Client
+}
+
+// Server is one named Simple Agent.
+type Server struct {
+	*httpserver.Server
+	cfg    Config
+	log    *slog.Logger
+	client *http.Client
+	// ownClient is set when New made client, so Close closes its connections.
+	ownClient bool
+	router    http.Handler
+	metrics   *metrics
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	// byRollout indexes sessions by rollout, so retiring one rollout never
+	// scans every session.
+	byRollout map[string]map[string]*session
+
+	// Checkpointing (nil when it is off): the participant's state (guarded
+	// by mu), the control plane, and the tracker of legacy /run episodes.
+	ckpt *ckptState
+	ctl  *ctlplane.Controller
+	runs *episode.Tracker
+	// stopWatch ends the goroutine that relays the legacy tracker's
+	// readiness changes; watchDone closes when it has ended.
+	stopWatch chan struct{}
+	watchDone chan struct{}
+}
+
+// session is one agent session. Server.mu guards every field.
+type session struct {
+	id                 string
+	episode            rollout.EpisodeID
+	resourcesSessionID string
+	// request is the dataset row the session was opened with (may be empty).
+	request codec.RawMessage
+	// activations counts activations started, failed ones included.
+	activations         int
+	completedActivation int
+	// completedReply is the reply of completedActivation, byte for byte.
+	completedReply codec.RawMessage
+	// observations sums the completed activations.
+	observations Observations
+	closed       bool
+	// loop is the running (or last) activation's loop state. Only the
+	// goroutine running the activation touches it while running is set.
+	loop    *LoopState
+	running bool
+	// cancelRun and runDone belong to the running activation: a close
+	// cancels it and waits for it to stop.
+	cancelRun context.CancelCauseFunc
+	runDone   chan struct{}
+
+	// Checkpoint state, used only when checkpointing is on.
+	phase sessionPhase
+	// blocks is whether the session counts in ckptState.blocking.
+	blocks bool
+	// retired is set by a retire; the session is freed once its activation
+	// has stopped.
+	retired bool
+	// snap builds the loop state at the running activation's last
+	// boundary; nil when no activation is in progress.
+	snap func() LoopState
+	// at is the boundary snap was taken at.
+	at Boundary
+	// restoredLoop is the loop state a restored session's activation in
+	// progress continues from when the environment re-invokes it.
+	restoredLoop *LoopState
+	// restored is set on a session installed from a checkpoint until a
+	// request touches it: a commit whose scope leaves it out deletes it.
+	restored bool
+}
+
+// Observations summarise a session's completed activations; close returns them.
+type Observations struct {
+	Activations        int                   `json:"activations"`
+	Steps              int                   `json:"steps"`
+	ModelCalls         int                   `json:"model_calls"`
+	ToolCalls          int                   `json:"tool_calls"`
+	Usage              *openai.ResponseUsage `json:"usage"`
+	ResourcesSessionID string                `json:"resources_session_id"`
+}
+
+// add folds one completed activation's loop state into the observations.
+func (o *Observations) add(st *LoopState) {
+	o.Activations++
+	o.Steps += st.Step
+	o.ModelCalls += st.ModelCalls
+	o.ToolCalls += len(st.ToolRecords)
+	if st.Usage != nil {
+		if o.Usage == nil {
+			u := *st.Usage
+			o.Usage = &u
+		} else {
+			o.Usage.Add(st.Usage)
+		}
+	}
+}
+
+// New builds an agent from cfg; call Listen and Serve to run it.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Logger == nil {
+		deps.Logger = logging.Discard()
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	ownClient := deps.Client == nil
+	if ownClient {
+		deps.Client = httpclient.New(httpclient.Options{H2C: true})
+	}
+	s := &Server{
+		ownClient: ownClient,
+		cfg:       cfg,
+		log:       deps.Logger,
+		client:    deps.Client,
+		metrics:   newMetrics(deps.Registry),
+		sessions:  map[string]*session{},
+		byRollout: map[string]map[string]*session{},
+	}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry}
+	if cfg.Checkpoint.Enabled {
+		s.ckpt = newCkptState()
+		s.runs = episode.NewTracker()
+		ctl, err := ctlplane.New(cfg.Checkpoint, participant{s}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		if err != nil {
+			return nil, err
+		}
+		s.ctl = ctl
+		opts.Middleware = append(opts.Middleware, ctl.Middleware(classify))
+	}
+	r := httpserver.NewRouter(opts)
+	h := func(f httpserver.HandlerFunc) http.HandlerFunc { return httpserver.Handle(s.log, f) }
+	r.Post("/v1/agent_sessions", h(s.handleOpen))
+	r.Post("/v1/agent_sessions/close", h(s.handleClose))
+	r.Post("/v1/responses", h(s.handleResponses))
+	r.Post("/run", h(s.handleRun))
+	if s.ctl != nil {
+		s.ctl.Mount(r)
+		s.stopWatch, s.watchDone = make(chan struct{}), make(chan struct{})
+		go s.watchRuns()
+	}
+	s.router = r
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	return s, nil
+}
+
+// Name is the agent's instance name.
+func (s *Server) Name() string { return s.cfg.Name }
+
+// Handler is the agent's router, for serving it in process (tests, fuzzing).
+func (s *Server) Handler() http.Handler { return s.router }
+
+// Close closes the HTTP server gracefully (activations still running end
+// with their requests), then the connections of the client New made.
+func (s *Server) Close(ctx context.Context) error {
+	err := s.Server.Close(ctx)
+	if s.ctl != nil {
+		s.ctl.Close()
+		s.stopWatching()
+	}
+	if s.ownClient {
+		s.client.CloseIdleConnections()
+	}
+	return err
+}
+
+// episodeOf is the attempt a request belongs to, from its /ng-rollout prefix.
+func episodeOf(r *http.Request) (rollout.EpisodeID, error) {
+	ep, ok := rollout.FromContext(r.Context())
+	if !ok {
+		return ep, apierror.New(apierror.RolloutIDRequired, "send the request under /ng-rollout/<capture_key>/")
+	}
+	return ep, nil
+}
+
+// openRequest is the body of POST /v1/agent_sessions.
+type openRequest struct {
+	SessionID          string           `json:"session_id"`
+	ResourcesSessionID string           `json:"resources_session_id"`
+	Request            codec.RawMessage `json:"request,omitempty"`
+}
+
+// OpenReply is the reply of POST /v1/agent_sessions.
+type OpenReply struct {
+	SessionID string            `json:"session_id"`
+	EpisodeID rollout.EpisodeID `json:"episode_id"`
+}
+
+func decodeOpen(body []byte) (*openRequest, error) {
+	var req openRequest
+	if err := decodeBody(body, &req); err != nil {
+		return nil, err
+	}
+	if !rollout.ValidID(req.SessionID) {
+		return nil, apierror.New(apierror.InvalidRequest, "session_id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", req.SessionID)
+	}
+	if !rollout.ValidID(req.ResourcesSessionID) {
+		return nil, apierror.New(apierror.InvalidRequest, "resources_session_id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", req.ResourcesSessionID)
+	}
+	return &req, nil
+}
+
+func (s *Server) handleOpen(r *http.Request) (any, error) {
+	ep, err := episodeOf(r)
+	if err != nil {
+		return nil, err
+	}
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		return nil, err
+	}
+	req, err := decodeOpen(body)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sess, ok := s.sessions[req.SessionID]; ok {
+		switch {
+		case sess.episode != ep:
+			return nil, apierror.New(apierror.StaleAttempt, "agent session %s belongs to episode %s, not %s", sess.id, sess.episode.CaptureKey(), ep.CaptureKey())
+		case sess.resourcesSessionID != req.ResourcesSessionID:
+			return nil, apierror.New(apierror.SessionExists, "agent session %s is open with resources session %s, not %s", sess.id, sess.resourcesSessionID, req.ResourcesSessionID)
+		}
+		return OpenReply{SessionID: sess.id, EpisodeID: sess.episode}, nil
+	}
+	sess := &session{
+		id:                 req.SessionID,
+		episode:            ep,
+		resourcesSessionID: req.ResourcesSessionID,
+		request:            req.Request,
+		observations:       Observations{ResourcesSessionID: req.ResourcesSessionID},
+	}
+	s.sessions[sess.id] = sess
+	m := s.byRollout[ep.RolloutID]
+	if m == nil {
+		m = map[string]*session{}
+		s.byRollout[ep.RolloutID] = m
+	}
+	m[sess.id] = sess
+	s.metrics.sessions.Inc()
+	return OpenReply{SessionID: sess.id, EpisodeID: ep}, nil
+}
+
+// closeRequest is the body of POST /v1/agent_sessions/close.
+type closeRequest struct {
+	SessionID string `json:"session_id"`
+}
+
+// CloseReply is the reply of POST /v1/agent_sessions/close. Observations is
+// set on the first close only.
+type CloseReply struct {
+	SessionID    string        `json:"session_id"`
+	Closed       bool          `json:"closed"`
+	Observations *Observations `json:"observations"`
+}
+
+func decodeClose(body []byte) (*closeRequest, error) {
+	var req closeRequest
+	if err := decodeBody(body, &req); err != nil {
+		return nil, err
+	}
+	if req.SessionID == "" {
+		return nil, apierror.New(apierror.InvalidRequest, "session_id is required")
+	}
+	return &req, nil
+}
+
+// errSessionClosed is the cause an activation is cancelled with when its
+// session is closed under it.
+var errSessionClosed = apierror.New(apierror.SessionClosed, "the agent session was closed during the activation")
+
+// handleClose closes a session once. A running activation is cancelled and
+// waited for, so closing is always possible and its observations final.
+// The /ng-rollout prefix is optional here (cleanup must not need it); when
+// given, it must name the session's attempt.
+func (s *Server) handleClose(r *http.Request) (any, error) {
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		return nil, err
+	}
+	req, err := decodeClose(body)
+	if err != nil {
+		return nil, err
+	}
+	ep, hasEp := rollout.FromContext(r.Context())
+	for {
+		s.mu.Lock()
+		sess, ok := s.sessions[req.SessionID]
+		switch {
+		case !ok:
+			s.mu.Unlock()
+			return nil, apierror.New(apierror.UnknownSession, "unknown agent session %q", req.SessionID)
+		case hasEp && sess.episode != ep:
+			s.mu.Unlock()
+			return nil, apierror.New(apierror.StaleAttempt, "agent session %s belongs to episode %s, not %s", sess.id, sess.episode.CaptureKey(), ep.CaptureKey())
+		case sess.closed:
+			s.mu.Unlock()
+			return CloseReply{SessionID: sess.id}, nil
+		case sess.running:
+			sess.cancelRun(errSessionClosed)
+			done := sess.runDone
+			s.mu.Unlock()
+			select {
+			case <-done:
+				continue
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+		}
+		sess.closed = true
+		obs := sess.observations
+		// A closed session only answers later closes and stale activations;
+		// drop what it no longer needs.
+		sess.request, sess.completedReply, sess.loop = nil, nil, nil
+		s.metrics.sessions.Dec()
+		s.mu.Unlock()
+		return CloseReply{SessionID: sess.id, Closed: true, Observations: &obs}, nil
+	}
+}
+
+// handleResponses runs one activation of a session, or, without the
+// session header, the loop statelessly as NeMo Gym's /v1/responses does.
+func (s *Server) handleResponses(r *http.Request) (any, error) {
+	ep, err := episodeOf(r)
+	if err != nil {
+		return nil, err
+	}
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		return nil, err
+	}
+	params, err := decodeParams(body)
+	if err != nil {
+		return nil, err
+	}
+	sessionID := r.Header.Get(SessionHeader)
+	if sessionID == "" {
+		return s.runStateless(r, ep, params)
+	}
+	n, err := strconv.Atoi(r.Header.Get(ActivationHeader))
+	if err != nil || n < 1 {
+		return nil, apierror.New(apierror.InvalidRequest, "%s must be an activation index >= 1, got %q", ActivationHeader, r.Header.Get(ActivationHeader))
+	}
+	return s.activate(r.Context(), ep, sessionID, n, params)
+}
+
+func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *openai.ResponsesRequest) (any, error) {
+	rsid := r.Header.Get(ResourcesSessionHeader)
+	if rsid != "" && !rollout.ValidID(rsid) {
+		return nil, apierror.New(apierror.InvalidRequest, "%s %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ResourcesSessionHeader, rsid)
+	}
+	s.metrics.inFlight.Inc()
+	defer s.metrics.inFlight.Dec()
+	resp, err := s.RunLoop(r.Context(), ep, rsid, params, nil)
+	if err != nil {
+		return nil, err
+	}
+	h := http.Header{}
+	if rsid != "" {
+		h.Set(ResourcesSessionHeader, rsid)
+	}
+	return httpserver.Reply{Header: h, Body: resp}, nil
+}
+
+// activate runs activation n of a session: n == completed_activation
+// returns the stored reply; anything but completed_activation + 1 is out of
+// order; one activation runs at a time.
+func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest) (any, error) {
+	s.mu.Lock()
+	sess, ok := s.sessions[sessionID]
+	var refuse error
+	switch {
+	case !ok:
+		refuse = apierror.New(apierror.UnknownSession, "unknown agent session %q", sessionID)
+	case sess.episode != ep:
+		refuse = apierror.New(apierror.StaleAttempt, "agent session %s belongs to episode %s, not %s", sess.id, sess.episode.CaptureKey(), ep.CaptureKey())
+	case sess.closed:
+		refuse = apierror.New(apierror.SessionClosed, "agent session %s is closed", sess.id)
+	case sess.running:
+		refuse = apierror.New(apierror.EpisodeRunning, "agent session %s is running an activation", sess.id)
+	case n == sess.completedActivation:
+		reply := sess.completedReply
+		s.mu.Unlock()
+		s.metrics.activations.WithLabelValues("replayed").Inc()
+		return reply, nil
+	case n != sess.completedActivation+1:
+		refuse = apierror.New(apierror.ActivationOrder, "agent session %s completed activation %d; the next is %d, not %d", sess.id, sess.completedActivation, sess.completedActivation+1, n)
+	}
+	if refuse != nil {
+		s.mu.Unlock()
+		s.metrics.activations.WithLabelValues("refused").Inc()
+		return nil, refuse
+	}
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	act := s.newActivation(ep, sess.resourcesSessionID, params, nil)
+	sess.running, sess.cancelRun, sess.runDone = true, cancel, make(chan struct{})
+	sess.activations++
+	sess.loop = act.state
+	done := sess.runDone
+	s.mu.Unlock()
+
+	s.metrics.inFlight.Inc()
+	resp, err := act.run(runCtx)
+	s.metrics.inFlight.Dec()
+	var reply codec.RawMessage
+	if err == nil {
+		reply, err = codec.Marshal(resp)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess.running, sess.cancelRun, sess.runDone = false, nil, nil
+	close(done)
+	if err == nil && sess.closed {
+		err = errSessionClosed
+	}
+	if err != nil {
+		s.metrics.activations.WithLabelValues("failed").Inc()
+		return nil, err
+	}
+	sess.completedActivation, sess.completedReply = n, reply
+	sess.observations.add(act.state)
+	s.metrics.activations.WithLabelValues("completed").Inc()
+	return reply, nil
+}
+
+// handleRun is NeMo Gym's legacy /run: seed a fresh resources session, run
+// the loop on the row's responses_create_params, verify, and always close
+// the resources session. The reply is /verify's.
+func (s *Server) handleRun(r *http.Request) (any, error) {
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		return nil, err
+	}
+	row, err := decodeRow(body)
+	if err != nil {
+		return nil, err
+	}
+	ep, ok := rollout.FromContext(r.Context())
+	if !ok {
+		if ep, err = episodeOfRow(row); err != nil {
+			return nil, err
+		}
+	}
+	params, err := decodeParams(row[rollout.FieldParams])
+	if err != nil {
+		return nil, err
+	}
+	ctx := rollout.WithEpisode(r.Context(), ep)
+	s.metrics.inFlight.Inc()
+	defer s.metrics.inFlight.Dec()
+
+	rsid := NewResourcesSessionID()
+	resources := baseURL(s.cfg.ResourcesServerURL)
+	header := http.Header{ResourcesSessionHeader: {rsid}}
+	defer s.closeResourcesSession(ctx, ep, rsid)
+
+	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/seed_session"), header, body)
+	if err == nil {
+		err = rep.Err("seed_session")
+	}
+	if err != nil {
+		return nil, upstream(ctx, "resources server /seed_session", err)
+	}
+	resp, err := s.RunLoop(ctx, ep, rsid, params, nil)
+	if err != nil {
+		return nil, err
+	}
+	if row[openaiResponseField], err = codec.Marshal(resp); err != nil {
+		return nil, apierror.Wrap(apierror.Internal, err)
+	}
+	rep, err = httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/verify"), header, row)
+	if err == nil {
+		err = rep.Err("verify")
+	}
+	if err != nil {
+		return nil, upstream(ctx, "resources server /verify", err)
+	}
+	return codec.RawMessage(strings.TrimRight(string(rep.Body), "\r\n")), nil
+}
+
+// openaiResponseField is the row field /verify reads the loop's result from.
+const openaiResponseField = "response"
+
+// closeResourcesSession closes a /run's resources session even when the
+// /run's request has ended, bounded by CleanupTimeout.
+func (s *Server) closeResourcesSession(ctx context.Context, ep rollout.EpisodeID, rsid string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
+	defer cancel()
+	u := baseURL(s.cfg.ResourcesServerURL) + rollout.Path(ep, "/close_session")
+	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, u, http.Header{ResourcesSessionHeader: {rsid}}, codec.RawMessage("{}"))
+	if err == nil {
+		err = rep.Err("close_session")
+	}
+	if err != nil {
+		s.log.WarnContext(ctx, "closing the resources session failed", "resources_session_id", rsid, "err", err)
+	}
+}
+
+// NewResourcesSessionID returns a fresh "resources-session-<hex>" id.
+func NewResourcesSessionID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "resources-session-" + hex.EncodeToString(b[:])
+}
+
+// decodeBody decodes a JSON object body, ignoring unknown fields.
+func decodeBody(body []byte, v any) error {
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return apierror.New(apierror.InvalidRequest, "request body is empty; expected a JSON object")
+	}
+	if err := codec.Unmarshal(body, v); err != nil {
+		return apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err))
+	}
+	return nil
+}
+
+// decodeParams decodes responses_create_params strictly, as NeMo Gym does:
+// an unknown parameter is a 422, never silently dropped on the way to the
+// model server.
+func decodeParams(b []byte) (*openai.ResponsesRequest, error) {
+	t := strings.TrimSpace(string(b))
+	if t == "" || t == "null" {
+		return nil, apierror.New(apierror.InvalidRequest, "responses_create_params are required")
+	}
+	if t[0] != '{' {
+		return nil, apierror.New(apierror.InvalidRequest, "responses_create_params must be a JSON object").WithStatus(http.StatusUnprocessableEntity)
+	}
+	var p openai.ResponsesRequest
+	if err := codec.UnmarshalStrict(b, &p); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "responses_create_params: %s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
+	}
+	return &p, nil
+}
+
+// decodeRow decodes a dataset row into its fields.
+func decodeRow(body []byte) (map[string]codec.RawMessage, error) {
+	t := strings.TrimSpace(string(body))
+	if t == "" || t[0] != '{' {
+		return nil, apierror.New(apierror.InvalidRequest, "the /run body must be a dataset row (a JSON object)")
+	}
+	var row map[string]codec.RawMessage
+	if err := codec.Unmarshal(body, &row); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err))
+	}
+	if row == nil {
+		row = map[string]codec.RawMessage{}
+	}
+	return row, nil
+}
+
+// episodeOfRow reads a row's episode from its _ng_* fields.
+func episodeOfRow(row map[string]codec.RawMessage) (rollout.EpisodeID, error) {
+	ids := map[string]any{}
+	for _, k := range []string{rollout.FieldRolloutID, rollout.FieldAttemptIndex, rollout.FieldTaskIndex, rollout.FieldRolloutIndex} {
+		raw, ok := row[k]
+		if !ok {
+			continue
+		}
+		var v any
+		if err := codec.Unmarshal(raw, &v); err != nil {
+			return rollout.EpisodeID{}, apierror.New(apierror.InvalidRequest, "%s: %s", k, codec.DescribeError(err))
+		}
+		ids[k] = v
+	}
+	ep, err := rollout.FromRow(ids)
+	switch {
+	case errors.Is(err, rollout.ErrRolloutIDRequired):
+		return ep, apierror.Wrap(apierror.RolloutIDRequired, err)
+	case err != nil:
+		return ep, apierror.Wrap(apierror.InvalidRequest, err)
+	}
+	return ep, nil
+}
+
+type metrics struct {
+	sessions    prometheus.Gauge
+	activations *prometheus.CounterVec
+	modelCalls  prometheus.Counter
+	toolCalls   prometheus.Counter
+	inFlight    prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gymfleet_agent_sessions",
+			Help: "Agent sessions open (opened and not closed).",
+		}),
+		activations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gymfleet_agent_activations_total",
+			Help: "Turn loops run or refused, by outcome: completed, replayed, failed, refused.",
+		}, []string{"outcome"}),
+		modelCalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gymfleet_agent_model_calls_total",
+			Help: "Calls to the policy model server.",
+		}),
+		toolCalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gymfleet_agent_tool_calls_total",
+			Help: "Function calls run, including those with invalid arguments.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gymfleet_rollouts_in_flight",
+			Help: "Rollouts being worked on: legacy /run (seed to close), session activations and stateless /v1/responses.",
+		}),
+	}
+	reg.MustRegister(m.sessions, m.activations, m.modelCalls, m.toolCalls, m.inFlight)
+	return m
+}

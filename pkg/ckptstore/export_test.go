@@ -1,0 +1,14 @@
+package ckptstore
+
+import (
+	"bytes"
+	"context"
+
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// ReadRecordsBytes exposes the records reader to the fuzz test.
+func ReadRecordsBytes(b []byte) ([]Record, int, error) {
+	recs, n, _, err := readRecords(context.Background(), bytes.NewReader(b), func(rollout.EpisodeID) bool { return true })
+	return recs, n, err
+}

@@ -1,0 +1,477 @@
+// Package ckptstore is the checkpoint directory (SPEC §5):
+//
+//	<checkpoint_dir>/gym/<kind>/<instance>/records-<sha256>.jsonl  one JSON line per record
+//	<checkpoint_dir>/gym/<kind>/<instance>/manifest.json            written last, create-only
+//
+// Records are written to a temp name, hashed while written, fsynced and
+// renamed to their digest; then the manifest is written to a temp file,
+// fsynced, published with a hard link (never replaces: of two racing writers
+// exactly one publishes) and the directory fsynced. A directory with a
+// manifest never changes. Reading streams the records once and verifies
+// schema, kind, instance, checkpoint id, digest and count over the whole
+// file; anything torn, truncated or tampered is refused with
+// invalid_checkpoint_state and nothing is returned.
+package ckptstore
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// SchemaVersion is the manifest schema this code writes and reads.
+const SchemaVersion = 1
+
+// ManifestFile is the name of the commit record of a participant directory.
+const ManifestFile = "manifest.json"
+
+var recordsName = regexp.MustCompile(`^records(-[0-9a-f]{64})?\.jsonl$`)
+
+// Manifest is manifest.json. Extras holds participant-specific fields, which
+// are written at the top level next to the fixed ones.
+type Manifest struct {
+	SchemaVersion int            `json:"schema_version"`
+	Kind          string         `json:"kind"`
+	Instance      string         `json:"instance"`
+	CheckpointID  string         `json:"checkpoint_id"`
+	RecordsFile   string         `json:"records_file"`
+	RecordsSHA256 string         `json:"records_sha256"`
+	RecordCount   int            `json:"record_count"`
+	Extras        map[string]any `json:"-"`
+}
+
+var fixedManifestKeys = map[string]bool{
+	"schema_version": true, "kind": true, "instance": true, "checkpoint_id": true,
+	"records_file": true, "records_sha256": true, "record_count": true,
+}
+
+// MarshalJSON writes the fixed fields and the extras in one object with
+// sorted keys, so the same manifest always has the same bytes.
+func (m Manifest) MarshalJSON() ([]byte, error) {
+	all := make(map[string]any, len(m.Extras)+7)
+	for k, v := range m.Extras {
+		if fixedManifestKeys[k] {
+			return nil, fmt.Errorf("manifest extra %q collides with a fixed field", k)
+		}
+		all[k] = v
+	}
+	all["schema_version"] = m.SchemaVersion
+	all["kind"] = m.Kind
+	all["instance"] = m.Instance
+	all["checkpoint_id"] = m.CheckpointID
+	all["records_file"] = m.RecordsFile
+	all["records_sha256"] = m.RecordsSHA256
+	all["record_count"] = m.RecordCount
+	return codec.MarshalIndent(all)
+}
+
+// UnmarshalJSON reads the fixed fields, each required and of its exact
+// type, and keeps every other field as an extra.
+func (m *Manifest) UnmarshalJSON(b []byte) error {
+	var all map[string]codec.RawMessage
+	if err := codec.UnmarshalStrict(b, &all); err != nil {
+		return err
+	}
+	field := func(name string, dst any) error {
+		raw, ok := all[name]
+		if !ok {
+			return fmt.Errorf("manifest lacks %s", name)
+		}
+		if err := codec.UnmarshalStrict(raw, dst); err != nil {
+			return fmt.Errorf("manifest %s: %s", name, codec.DescribeError(err))
+		}
+		return nil
+	}
+	var out Manifest
+	for _, f := range []struct {
+		name string
+		dst  any
+	}{
+		{"schema_version", &out.SchemaVersion}, {"kind", &out.Kind}, {"instance", &out.Instance},
+		{"checkpoint_id", &out.CheckpointID}, {"records_file", &out.RecordsFile},
+		{"records_sha256", &out.RecordsSHA256}, {"record_count", &out.RecordCount},
+	} {
+		if err := field(f.name, f.dst); err != nil {
+			return err
+		}
+	}
+	for k, raw := range all {
+		if fixedManifestKeys[k] {
+			continue
+		}
+		if out.Extras == nil {
+			out.Extras = map[string]any{}
+		}
+		var v any
+		if err := codec.UnmarshalStrict(raw, &v); err != nil {
+			return fmt.Errorf("manifest extra %q: %w", k, err)
+		}
+		out.Extras[k] = v
+	}
+	*m = out
+	return nil
+}
+
+// Record is one line of a records file.
+type Record struct {
+	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	Data      codec.RawMessage  `json:"record"`
+}
+
+// Errors.
+var (
+	// ErrStopped reports a write stopped by a resume before it published.
+	ErrStopped = errors.New("checkpoint write stopped before it was published")
+	// ErrDifferentCommit reports a directory that already holds another commit.
+	ErrDifferentCommit = errors.New("checkpoint directory already holds a different commit")
+)
+
+// invalid wraps a verification failure as invalid_checkpoint_state.
+func invalid(format string, args ...any) error {
+	return apierror.New(apierror.InvalidCheckpointState, format, args...)
+}
+
+// WriteStop lets a resume stop a write: the writer checks it before every
+// record, and publication happens under its lock, so once Stop returns no
+// manifest will ever appear.
+type WriteStop struct {
+	mu      sync.Mutex
+	stopped bool
+}
+
+// Stop stops the write; it waits for a publication in progress to finish.
+func (s *WriteStop) Stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+}
+
+// Stopped reports whether Stop was called.
+func (s *WriteStop) Stopped() bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+// publish runs fn under the lock unless stopped.
+func (s *WriteStop) publish(fn func() error) error {
+	if s == nil {
+		return fn()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return ErrStopped
+	}
+	return fn()
+}
+
+// Store reads and writes participant directories through a Backend.
+type Store struct {
+	b Backend
+}
+
+// New returns a store over b.
+func New(b Backend) *Store { return &Store{b: b} }
+
+// Target names one participant's directory of one checkpoint.
+type Target struct {
+	Dir          string
+	Kind         string
+	Instance     string
+	CheckpointID string
+}
+
+// validate checks the path components; an empty checkpoint id is allowed
+// only for reads that accept any.
+func (t Target) validate(requireID bool) error {
+	if t.Dir == "" {
+		return apierror.New(apierror.InvalidRequest, "checkpoint_dir is empty")
+	}
+	for _, c := range []struct{ what, v string }{{"kind", t.Kind}, {"instance", t.Instance}, {"checkpoint id", t.CheckpointID}} {
+		if c.v == "" && c.what == "checkpoint id" && !requireID {
+			continue
+		}
+		if !rollout.ValidID(c.v) {
+			return apierror.New(apierror.InvalidRequest, "%s %q is not a valid path component", c.what, c.v)
+		}
+	}
+	return nil
+}
+
+// ParticipantDir is <dir>/gym/<kind>/<instance>.
+func (t Target) ParticipantDir() string { return path.Join(t.Dir, "gym", t.Kind, t.Instance) }
+
+// Written reports a finished write.
+type Written struct {
+	Manifest Manifest
+	Bytes    int64
+	// Existing is set when the directory already held this commit.
+	Existing bool
+}
+
+// Write writes one participant's commit: emit is called once with a function
+// that appends one record, and returns the extras for the manifest.
+func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(add func(Record) error) (map[string]any, error)) (Written, error) {
+	if err := t.validate(true); err != nil {
+		return Written{}, err
+	}
+	dir := t.ParticipantDir()
+	// A directory that already has a manifest never changes: re-committing
+	// the same checkpoint returns it, another commit is refused.
+	if m, err := s.readManifest(ctx, dir); err == nil {
+		if m.CheckpointID == t.CheckpointID && m.Kind == t.Kind && m.Instance == t.Instance {
+			return Written{Manifest: m, Existing: true}, nil
+		}
+		return Written{}, fmt.Errorf("%w: %s holds checkpoint %s", ErrDifferentCommit, dir, m.CheckpointID)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return Written{}, err
+	}
+	if err := s.b.MkdirAll(ctx, dir); err != nil {
+		return Written{}, fmt.Errorf("create %s: %w", dir, err)
+	}
+	rw, err := s.b.NewRecords(ctx, dir)
+	if err != nil {
+		return Written{}, fmt.Errorf("create records in %s: %w", dir, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = rw.Abort()
+		}
+	}()
+	h := sha256.New()
+	bw := bufio.NewWriterSize(io.MultiWriter(rw, h), 256<<10)
+	count := 0
+	var line []byte
+	add := func(r Record) error {
+		if stop.Stopped() {
+			return ErrStopped
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := r.EpisodeID.Validate(); err != nil {
+			return fmt.Errorf("record %d: %w", count, err)
+		}
+		if len(r.Data) == 0 || !codec.Valid(r.Data) {
+			return fmt.Errorf("record %d (%s): data is not one JSON value", count, r.EpisodeID)
+		}
+		var err error
+		line, err = appendRecord(line[:0], r)
+		if err != nil {
+			return err
+		}
+		count++
+		_, err = bw.Write(line)
+		return err
+	}
+	extras, err := emit(add)
+	if err != nil {
+		return Written{}, err
+	}
+	if err := bw.Flush(); err != nil {
+		return Written{}, fmt.Errorf("write records: %w", err)
+	}
+	digest := hex.EncodeToString(h.Sum(nil))
+	name := "records-" + digest + ".jsonl"
+	size, err := rw.Commit(name)
+	if err != nil {
+		return Written{}, fmt.Errorf("commit records %s: %w", name, err)
+	}
+	committed = true
+	m := Manifest{
+		SchemaVersion: SchemaVersion, Kind: t.Kind, Instance: t.Instance, CheckpointID: t.CheckpointID,
+		RecordsFile: name, RecordsSHA256: digest, RecordCount: count, Extras: extras,
+	}
+	data, err := m.MarshalJSON()
+	if err != nil {
+		return Written{}, err
+	}
+	err = stop.publish(func() error {
+		return s.b.PublishManifest(ctx, dir, append(data, '\n'))
+	})
+	if errors.Is(err, fs.ErrExist) {
+		// Another writer published first; it is our commit only if identical.
+		other, rerr := s.readManifest(ctx, dir)
+		if rerr == nil && other.CheckpointID == m.CheckpointID && other.RecordsSHA256 == m.RecordsSHA256 && other.RecordCount == m.RecordCount {
+			return Written{Manifest: other, Bytes: size, Existing: true}, nil
+		}
+		return Written{}, fmt.Errorf("%w: %s", ErrDifferentCommit, dir)
+	}
+	if err != nil {
+		return Written{}, err
+	}
+	return Written{Manifest: m, Bytes: size}, nil
+}
+
+func appendRecord(dst []byte, r Record) ([]byte, error) {
+	id, err := codec.Marshal(r.EpisodeID)
+	if err != nil {
+		return nil, err
+	}
+	// The record bytes are written exactly as exported, so restored state
+	// serialises exactly as it was captured.
+	dst = append(dst, `{"episode_id":`...)
+	dst = append(dst, id...)
+	dst = append(dst, `,"record":`...)
+	dst = append(dst, bytes.TrimSpace(r.Data)...)
+	dst = append(dst, '}', '\n')
+	return dst, nil
+}
+
+// Read verifies one participant's commit and returns the records keep
+// selects (all when keep is nil). The whole file is hashed and counted even
+// when keep drops records. Every failure is invalid_checkpoint_state.
+func (s *Store) Read(ctx context.Context, t Target, keep func(rollout.EpisodeID) bool) (Manifest, []Record, int64, error) {
+	if err := t.validate(false); err != nil {
+		return Manifest{}, nil, 0, err
+	}
+	dir := t.ParticipantDir()
+	m, err := s.readManifest(ctx, dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return Manifest{}, nil, 0, invalid("%s has no manifest: the commit never finished", dir)
+		}
+		return Manifest{}, nil, 0, invalid("%s: %v", dir, err)
+	}
+	switch {
+	case m.SchemaVersion != SchemaVersion:
+		return m, nil, 0, invalid("%s: schema_version %d, this build reads %d", dir, m.SchemaVersion, SchemaVersion)
+	case m.Kind != t.Kind || m.Instance != t.Instance:
+		return m, nil, 0, invalid("%s holds %s/%s, not %s/%s", dir, m.Kind, m.Instance, t.Kind, t.Instance)
+	case t.CheckpointID != "" && m.CheckpointID != t.CheckpointID:
+		return m, nil, 0, invalid("%s holds checkpoint %s, not %s", dir, m.CheckpointID, t.CheckpointID)
+	case !recordsName.MatchString(m.RecordsFile):
+		return m, nil, 0, invalid("%s: records_file %q is not a records file name", dir, m.RecordsFile)
+	case m.RecordCount < 0:
+		return m, nil, 0, invalid("%s: negative record_count", dir)
+	}
+	names, err := s.b.List(ctx, dir)
+	if err != nil {
+		return m, nil, 0, invalid("%s: %v", dir, err)
+	}
+	// Nothing in a shared directory is ever deleted (a racing writer could
+	// lose a file the published manifest names), so records files of failed
+	// attempts and dot-prefixed temp files may remain; anything else is not
+	// ours.
+	for _, n := range names {
+		if n != ManifestFile && !recordsName.MatchString(n) && !strings.HasPrefix(n, ".") {
+			return m, nil, 0, invalid("%s holds an unexpected file %q", dir, n)
+		}
+	}
+	rc, err := s.b.OpenRecords(ctx, dir, m.RecordsFile)
+	if err != nil {
+		return m, nil, 0, invalid("%s: open %s: %v", dir, m.RecordsFile, err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	recs, n, size, err := readRecords(ctx, io.TeeReader(rc, h), keep)
+	if err != nil {
+		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != m.RecordsSHA256 {
+		return m, nil, 0, invalid("%s/%s: sha256 %s does not match the manifest's %s", dir, m.RecordsFile, got, m.RecordsSHA256)
+	}
+	if n != m.RecordCount {
+		return m, nil, 0, invalid("%s/%s: %d records, the manifest says %d", dir, m.RecordsFile, n, m.RecordCount)
+	}
+	return m, recs, size, nil
+}
+
+func readRecords(ctx context.Context, r io.Reader, keep func(rollout.EpisodeID) bool) ([]Record, int, int64, error) {
+	br := bufio.NewReaderSize(r, 256<<10)
+	var out []Record
+	n := 0
+	var size int64
+	for {
+		line, err := br.ReadBytes('\n')
+		size += int64(len(line))
+		if len(line) > 0 {
+			if line[len(line)-1] != '\n' {
+				return nil, 0, 0, fmt.Errorf("record %d is torn (no newline at the end of the file)", n+1)
+			}
+			var rec Record
+			if err := codec.UnmarshalStrict(line, &rec); err != nil {
+				return nil, 0, 0, fmt.Errorf("record %d: %s", n+1, codec.DescribeError(err))
+			}
+			if err := rec.EpisodeID.Validate(); err != nil {
+				return nil, 0, 0, fmt.Errorf("record %d: %v", n+1, err)
+			}
+			if len(rec.Data) == 0 {
+				return nil, 0, 0, fmt.Errorf("record %d has no data", n+1)
+			}
+			n++
+			if keep == nil || keep(rec.EpisodeID) {
+				out = append(out, rec)
+			}
+			if n%4096 == 0 {
+				if err := ctx.Err(); err != nil {
+					return nil, 0, 0, err
+				}
+			}
+		}
+		if err == io.EOF {
+			return out, n, size, nil
+		}
+		if err != nil {
+			return nil, 0, 0, err
+		}
+	}
+}
+
+func (s *Store) readManifest(ctx context.Context, dir string) (Manifest, error) {
+	b, err := s.b.ReadManifest(ctx, dir)
+	if err != nil {
+		return Manifest{}, err
+	}
+	var m Manifest
+	if err := m.UnmarshalJSON(b); err != nil {
+		return Manifest{}, fmt.Errorf("manifest: %s", codec.DescribeError(err))
+	}
+	return m, nil
+}
+
+// Verify reads every participant directory under dir and reports each
+// manifest, or the first error. Used by operators and tests.
+func (s *Store) Verify(ctx context.Context, dir string) ([]Manifest, error) {
+	kinds, err := s.b.List(ctx, path.Join(dir, "gym"))
+	if err != nil {
+		return nil, invalid("%s: %v", dir, err)
+	}
+	sort.Strings(kinds)
+	var out []Manifest
+	for _, kind := range kinds {
+		insts, err := s.b.List(ctx, path.Join(dir, "gym", kind))
+		if err != nil {
+			return nil, invalid("%s: %v", dir, err)
+		}
+		sort.Strings(insts)
+		for _, inst := range insts {
+			m, _, _, err := s.Read(ctx, Target{Dir: dir, Kind: kind, Instance: inst}, func(rollout.EpisodeID) bool { return false })
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,386 @@
+package ckptstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+func records(n int, tag string) func(add func(ckptstore.Record) error) (map[string]any, error) {
+	return func(add func(ckptstore.Record) error) (map[string]any, error) {
+		for i := 0; i < n; i++ {
+			data, _ := codec.Marshal(map[string]any{"i": i, "tag": tag, "z": "last", "a": "first"})
+			if err := add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: fmt.Sprintf("r%d", i), Attempt: i % 3}, Data: data}); err != nil {
+				return nil, err
+			}
+		}
+		return map[string]any{"extra_field": tag}, nil
+	}
+}
+
+func target(dir string) ckptstore.Target {
+	return ckptstore.Target{Dir: dir, Kind: "environment", Instance: "env", CheckpointID: "c1"}
+}
+
+func TestStore_RoundTrip(t *testing.T) {
+	ctx := context.Background()
+	s := ckptstore.New(ckptstore.NewLocal())
+	dir := t.TempDir()
+	w, err := s.Write(ctx, target(dir), nil, records(5, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := w.Manifest.RecordCount, 5; got != want {
+		t.Fatalf("RecordCount=%d, want %d", got, want)
+	}
+	if !strings.HasPrefix(w.Manifest.RecordsFile, "records-"+w.Manifest.RecordsSHA256) {
+		t.Fatalf("records file %q is not named by its digest %s", w.Manifest.RecordsFile, w.Manifest.RecordsSHA256)
+	}
+	m, recs, size, err := s.Read(ctx, target(dir), func(id rollout.EpisodeID) bool { return id.Attempt == 1 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size != w.Bytes || m.Extras["extra_field"] != "x" {
+		t.Fatalf("size %d vs %d, extras %v", size, w.Bytes, m.Extras)
+	}
+	if got := len(recs); got != 2 { // r1 and r4 have attempt 1
+		t.Fatalf("selected %d records, want 2", got)
+	}
+	// Record bytes come back exactly as exported, key order included.
+	if want := `{"a":"first","i":1,"tag":"x","z":"last"}`; string(recs[0].Data) != want {
+		t.Fatalf("record data %s, want %s", recs[0].Data, want)
+	}
+	// Re-committing the same checkpoint returns the existing manifest.
+	again, err := s.Write(ctx, target(dir), nil, records(1, "different"))
+	if err != nil || !again.Existing || again.Manifest.RecordsSHA256 != w.Manifest.RecordsSHA256 {
+		t.Fatalf("re-commit: %+v, %v", again, err)
+	}
+	// Another checkpoint into the same directory fails.
+	other := target(dir)
+	other.CheckpointID = "c2"
+	if _, err := s.Write(ctx, other, nil, records(1, "x")); !errors.Is(err, ckptstore.ErrDifferentCommit) {
+		t.Fatalf("a different commit into the same directory: %v", err)
+	}
+	if ms, err := s.Verify(ctx, dir); err != nil || len(ms) != 1 {
+		t.Fatalf("Verify = %v, %v", ms, err)
+	}
+}
+
+func TestStore_ConcurrentCommits(t *testing.T) {
+	ctx := context.Background()
+	s := ckptstore.New(ckptstore.NewLocal())
+	t.Run("SameContent", func(t *testing.T) {
+		dir := t.TempDir()
+		var wg sync.WaitGroup
+		results := make([]ckptstore.Written, 8)
+		errs := make([]error, 8)
+		for i := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i], errs[i] = s.Write(ctx, target(dir), nil, records(50, "same"))
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("writer %d: %v", i, err)
+			}
+			if results[i].Manifest.RecordsSHA256 != results[0].Manifest.RecordsSHA256 {
+				t.Fatalf("writers disagree on the manifest")
+			}
+		}
+		if _, _, _, err := s.Read(ctx, target(dir), nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("DifferentContent", func(t *testing.T) {
+		dir := t.TempDir()
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = s.Write(ctx, target(dir), nil, records(20, fmt.Sprint("w", i)))
+			}()
+		}
+		wg.Wait()
+		ok := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case !errors.Is(err, ckptstore.ErrDifferentCommit):
+				t.Fatalf("unexpected error: %v", err)
+			}
+		}
+		if ok < 1 {
+			t.Fatal("no writer published")
+		}
+		// Whoever published, the directory verifies as one whole commit.
+		if _, recs, _, err := s.Read(ctx, target(dir), nil); err != nil || len(recs) != 20 {
+			t.Fatalf("read after racing writers: %d records, %v", len(recs), err)
+		}
+	})
+}
+
+// crashFS fails (as a crash would stop) the manifest publication.
+type crashFS struct {
+	atomicfile.FS
+	failLink bool
+	failSync int // fail the n-th File.Sync (1-based); 0 never
+	syncs    int
+	mu       sync.Mutex
+}
+
+type crashFile struct {
+	atomicfile.File
+	fs *crashFS
+}
+
+func (c *crashFS) CreateTemp(dir, pattern string) (atomicfile.File, error) {
+	f, err := c.FS.CreateTemp(dir, pattern)
+	if err != nil {
+		return nil, err
+	}
+	return crashFile{f, c}, nil
+}
+
+func (f crashFile) Sync() error {
+	f.fs.mu.Lock()
+	f.fs.syncs++
+	n := f.fs.syncs
+	f.fs.mu.Unlock()
+	if n == f.fs.failSync {
+		return &os.PathError{Op: "fsync", Path: f.Name(), Err: syscall.EIO}
+	}
+	return f.File.Sync()
+}
+
+func (c *crashFS) Link(o, n string) error {
+	if c.failLink {
+		return errors.New("process killed before the manifest was published")
+	}
+	return c.FS.Link(o, n)
+}
+
+func TestStore_CrashBetweenRecordsAndManifest(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	crashing := ckptstore.New(&ckptstore.Local{FS: &crashFS{FS: atomicfile.OS, failLink: true}})
+	if _, err := crashing.Write(ctx, target(dir), nil, records(3, "x")); err == nil {
+		t.Fatal("the write should fail at publication")
+	}
+	s := ckptstore.New(ckptstore.NewLocal())
+	if _, _, _, err := s.Read(ctx, target(dir), nil); !apierror.HasCode(err, apierror.InvalidCheckpointState) {
+		t.Fatalf("a directory with records and no manifest must be refused, got %v", err)
+	}
+	// A retry of the commit completes, with the leftover records file there.
+	if _, err := s.Write(ctx, target(dir), nil, records(3, "x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, recs, _, err := s.Read(ctx, target(dir), nil); err != nil || len(recs) != 3 {
+		t.Fatalf("after the retry: %d records, %v", len(recs), err)
+	}
+}
+
+func TestStore_FsyncErrorFailsTheCommit(t *testing.T) {
+	for _, n := range []int{1, 2} { // 1: records fsync, 2: manifest fsync
+		t.Run(fmt.Sprint("sync", n), func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			s := ckptstore.New(&ckptstore.Local{FS: &crashFS{FS: atomicfile.OS, failSync: n}})
+			_, err := s.Write(ctx, target(dir), nil, records(3, "x"))
+			if !errors.Is(err, syscall.EIO) {
+				t.Fatalf("an fsync error must fail the commit, got %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(target(dir).ParticipantDir(), "manifest.json")); !os.IsNotExist(err) {
+				t.Fatalf("no manifest may exist after a failed fsync: %v", err)
+			}
+		})
+	}
+}
+
+func TestStore_TamperedDirectoriesAreRefused(t *testing.T) {
+	ctx := context.Background()
+	s := ckptstore.New(ckptstore.NewLocal())
+	setup := func(t *testing.T) (string, ckptstore.Manifest) {
+		dir := t.TempDir()
+		w, err := s.Write(ctx, target(dir), nil, records(4, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dir, w.Manifest
+	}
+	recordsPath := func(dir string, m ckptstore.Manifest) string {
+		return filepath.Join(target(dir).ParticipantDir(), m.RecordsFile)
+	}
+	cases := []struct {
+		name   string
+		tamper func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target
+	}{
+		{"Truncated", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			p := recordsPath(dir, m)
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, b[:len(b)-7], 0o644)
+			return target(dir)
+		}},
+		{"LastLineTorn", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			p := recordsPath(dir, m)
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, b[:len(b)-1], 0o644)
+			return target(dir)
+		}},
+		{"FlippedByte", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			p := recordsPath(dir, m)
+			b, _ := os.ReadFile(p)
+			i := bytes.IndexByte(b, 'x')
+			b[i] = 'y'
+			os.WriteFile(p, b, 0o644)
+			return target(dir)
+		}},
+		{"RecordAppended", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			f, _ := os.OpenFile(recordsPath(dir, m), os.O_APPEND|os.O_WRONLY, 0)
+			f.WriteString(`{"episode_id":{"rollout_id":"evil","attempt":0},"record":{}}` + "\n")
+			f.Close()
+			return target(dir)
+		}},
+		{"WrongCheckpointID", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			tg := target(dir)
+			tg.CheckpointID = "c-other"
+			return tg
+		}},
+		{"WrongKind", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			src := target(dir).ParticipantDir()
+			dst := filepath.Join(dir, "gym", "agent", "env")
+			os.MkdirAll(filepath.Dir(dst), 0o755)
+			if err := os.Rename(src, dst); err != nil {
+				t.Fatal(err)
+			}
+			tg := target(dir)
+			tg.Kind = "agent"
+			return tg
+		}},
+		{"ExtraFile", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			os.WriteFile(filepath.Join(target(dir).ParticipantDir(), "notes.txt"), []byte("hi"), 0o644)
+			return target(dir)
+		}},
+		{"ManifestCountEdited", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			p := filepath.Join(target(dir).ParticipantDir(), "manifest.json")
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, bytes.Replace(b, []byte(`"record_count": 4`), []byte(`"record_count": 3`), 1), 0o644)
+			return target(dir)
+		}},
+		{"ManifestTruncated", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			p := filepath.Join(target(dir).ParticipantDir(), "manifest.json")
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, b[:len(b)/2], 0o644)
+			return target(dir)
+		}},
+		{"RecordsFileMissing", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			os.Remove(recordsPath(dir, m))
+			return target(dir)
+		}},
+		{"RecordsFileNameEscapes", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
+			p := filepath.Join(target(dir).ParticipantDir(), "manifest.json")
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, bytes.Replace(b, []byte(m.RecordsFile), []byte("../../../etc/passwd"), 1), 0o644)
+			return target(dir)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, m := setup(t)
+			tg := tc.tamper(t, dir, m)
+			_, recs, _, err := s.Read(ctx, tg, nil)
+			if !apierror.HasCode(err, apierror.InvalidCheckpointState) {
+				t.Fatalf("got %v, want invalid_checkpoint_state", err)
+			}
+			if recs != nil {
+				t.Fatalf("records returned from a refused directory: %d", len(recs))
+			}
+		})
+	}
+}
+
+func TestStore_RejectsBadTargets(t *testing.T) {
+	s := ckptstore.New(ckptstore.NewLocal())
+	_, err := s.Write(context.Background(), ckptstore.Target{Dir: t.TempDir(), Kind: "..", Instance: "x", CheckpointID: "c"}, nil, records(1, "x"))
+	if !apierror.HasCode(err, apierror.InvalidRequest) {
+		t.Fatalf("a kind that is not a path component: %v", err)
+	}
+}
+
+func TestStore_StopBeforePublish(t *testing.T) {
+	s := ckptstore.New(ckptstore.NewLocal())
+	stop := &ckptstore.WriteStop{}
+	stop.Stop()
+	dir := t.TempDir()
+	if _, err := s.Write(context.Background(), target(dir), stop, records(3, "x")); !errors.Is(err, ckptstore.ErrStopped) {
+		t.Fatalf("got %v, want ErrStopped", err)
+	}
+	if _, err := os.Stat(filepath.Join(target(dir).ParticipantDir(), "manifest.json")); !os.IsNotExist(err) {
+		t.Fatal("a stopped write published a manifest")
+	}
+}
+
+func FuzzManifest(f *testing.F) {
+	m := ckptstore.Manifest{SchemaVersion: 1, Kind: "model", Instance: "m", CheckpointID: "c", RecordsFile: "records.jsonl", RecordsSHA256: "00", RecordCount: 2, Extras: map[string]any{"staging_keys": []any{"a"}}}
+	b, _ := m.MarshalJSON()
+	f.Add(b)
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"schema_version":"1"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var got ckptstore.Manifest
+		if err := got.UnmarshalJSON(data); err != nil {
+			return
+		}
+		again, err := got.MarshalJSON()
+		if err != nil {
+			return // an extra colliding with a fixed field cannot be written
+		}
+		var back ckptstore.Manifest
+		if err := back.UnmarshalJSON(again); err != nil {
+			t.Fatalf("a manifest we wrote does not read back: %v\n%s", err, again)
+		}
+		if back.CheckpointID != got.CheckpointID || back.RecordCount != got.RecordCount || back.RecordsSHA256 != got.RecordsSHA256 {
+			t.Fatalf("round trip changed the manifest: %+v vs %+v", back, got)
+		}
+	})
+}
+
+func FuzzRecordsReader(f *testing.F) {
+	f.Add([]byte(`{"episode_id":{"rollout_id":"r","attempt":0},"record":{"a":1}}` + "\n"))
+	f.Add([]byte(`{"episode_id":{"rollout_id":"r","attempt":0},"record":{"a":1}}`))
+	f.Add([]byte("\n\n"))
+	f.Add([]byte(`{"episode_id":{"rollout_id":"../x","attempt":-1},"record":null}` + "\n"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		recs, n, err := ckptstore.ReadRecordsBytes(body)
+		if err != nil {
+			return
+		}
+		// Every accepted line is one record: no line is skipped or split.
+		if n != len(recs) || n != bytes.Count(body, []byte("\n")) {
+			t.Fatalf("counted %d records, returned %d, for %q", n, len(recs), body)
+		}
+		for _, r := range recs {
+			if r.EpisodeID.Validate() != nil || !codec.Valid(r.Data) {
+				t.Fatalf("reader accepted an invalid record %+v", r)
+			}
+		}
+	})
+}

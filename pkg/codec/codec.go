@@ -1,0 +1,99 @@
+// Package codec is the one place the fleet encodes and decodes JSON.
+//
+// The data path (model payloads, records, replies) goes through goccy/go-json,
+// which is measurably faster on the large OpenAI-shaped bodies the fleet
+// proxies. Strict decoding of control bodies, manifests and configuration goes
+// through encoding/json: those are small, must reject unknown fields exactly,
+// and are where a codec bug would cost the most. codec_fuzz_test.go checks the
+// two agree on our own types, so a goccy regression on a Go upgrade shows up
+// as a failing test rather than a corrupt checkpoint.
+package codec
+
+import (
+	"bytes"
+	stdjson "encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	gojson "github.com/goccy/go-json"
+)
+
+// RawMessage is a raw encoded JSON value, shared by both codecs.
+type RawMessage = stdjson.RawMessage
+
+// Number is a JSON number literal kept as text.
+type Number = stdjson.Number
+
+// Marshal encodes v as compact JSON.
+func Marshal(v any) ([]byte, error) { return gojson.Marshal(v) }
+
+// Unmarshal decodes data into v, ignoring unknown object fields.
+func Unmarshal(data []byte, v any) error { return gojson.Unmarshal(data, v) }
+
+// Valid reports whether data is one valid JSON value.
+func Valid(data []byte) bool { return stdjson.Valid(data) }
+
+// ErrTrailingData reports bytes after the one JSON value a strict decode expects.
+var ErrTrailingData = errors.New("unexpected data after the JSON value")
+
+// UnmarshalStrict decodes exactly one JSON value from data into v and refuses
+// unknown object fields and trailing data.
+func UnmarshalStrict(data []byte, v any) error {
+	dec := stdjson.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return ErrTrailingData
+	}
+	return nil
+}
+
+// MarshalStable encodes v with encoding/json. Used for the bytes a digest is
+// taken over (manifests, task digests), where the encoding must not change
+// with the data-path codec.
+func MarshalStable(v any) ([]byte, error) { return stdjson.Marshal(v) }
+
+// MarshalIndent encodes v indented, for files people read.
+func MarshalIndent(v any) ([]byte, error) { return stdjson.MarshalIndent(v, "", " ") }
+
+// Encoder writes a stream of JSON values, one per line.
+type Encoder struct {
+	w   io.Writer
+	buf []byte
+}
+
+// NewEncoder returns an encoder of JSON lines on w.
+func NewEncoder(w io.Writer) *Encoder { return &Encoder{w: w} }
+
+// Encode writes v and a newline in one Write.
+func (e *Encoder) Encode(v any) error {
+	b, err := gojson.Marshal(v)
+	if err != nil {
+		return err
+	}
+	e.buf = append(append(e.buf[:0], b...), '\n')
+	_, err = e.w.Write(e.buf)
+	return err
+}
+
+// DescribeError turns a decode error into a short text for an error reply,
+// naming the field when the codec knows it.
+func DescribeError(err error) string {
+	var syn *stdjson.SyntaxError
+	var typ *stdjson.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ):
+		if typ.Field != "" {
+			return fmt.Sprintf("field %q: expected %s, got JSON %s", typ.Field, typ.Type, typ.Value)
+		}
+		return fmt.Sprintf("expected %s, got JSON %s", typ.Type, typ.Value)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "empty or truncated JSON body"
+	}
+	return err.Error()
+}

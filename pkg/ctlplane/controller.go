@@ -1,0 +1,856 @@
+package ctlplane
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// ReadyRecheck bounds the time between readiness checks while a prepare
+// waits: readiness is signalled by notification, and this only catches a
+// participant that missed one.
+const ReadyRecheck = time.Second
+
+// Deps are what a Controller needs besides its participant.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	// Clock defaults to the wall clock.
+	Clock Clock
+	// Store defaults to the local filesystem.
+	Store *ckptstore.Store
+}
+
+// Controller is one server's control plane: it owns the phase state, the
+// lease, the attempt fence and data-route admission, and drives its
+// Participant through them.
+type Controller struct {
+	p       Participant
+	cfg     Config
+	clock   Clock
+	store   *ckptstore.Store
+	log     *slog.Logger
+	metrics *metrics
+	fence   *Fence
+	gate    gate
+
+	// ctx is cancelled by Close; background writes and installs derive from it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu         sync.Mutex
+	st         State
+	leaseUntil time.Time
+	leaseTimer Timer
+	prepared   *PrepareReply
+	write      *task
+	install    *task
+	committed  *CommitReply
+	restored   *RestoreReply
+}
+
+type task struct {
+	id   string
+	done chan struct{}
+	stop *ckptstore.WriteStop
+	// Set before done is closed.
+	reply any
+	err   error
+}
+
+func newTask(id string) *task {
+	return &task{id: id, done: make(chan struct{}), stop: &ckptstore.WriteStop{}}
+}
+
+func (t *task) finish(reply any, err error) {
+	t.reply, t.err = reply, err
+	close(t.done)
+}
+
+// New returns the control plane of participant p. cfg must be enabled and valid.
+func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
+	if !cfg.Enabled {
+		return nil, errors.New("ctlplane.New called with checkpointing disabled")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !rollout.ValidID(p.Kind()) || !rollout.ValidID(p.Instance()) {
+		return nil, fmt.Errorf("participant kind %q and instance %q must match the id pattern (they are path components)", p.Kind(), p.Instance())
+	}
+	if deps.Logger == nil {
+		deps.Logger = logging.Discard()
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	if deps.Clock == nil {
+		deps.Clock = RealClock{}
+	}
+	if deps.Store == nil {
+		deps.Store = ckptstore.New(ckptstore.NewLocal())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Controller{
+		p: p, cfg: cfg, clock: deps.Clock, store: deps.Store,
+		log:   deps.Logger.With("component", "ctlplane"),
+		fence: NewFence(), ctx: ctx, cancel: cancel,
+	}
+	c.metrics = newMetrics(deps.Registry, c)
+	return c, nil
+}
+
+// Close stops the lease timer and waits for background writes and installs.
+func (c *Controller) Close() {
+	c.mu.Lock()
+	if c.leaseTimer != nil {
+		c.leaseTimer.Stop()
+		c.leaseTimer = nil
+	}
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+}
+
+// Fence is the attempt fence, for participants that check it themselves
+// (the environment reads the episode from the /run body).
+func (c *Controller) Fence() *Fence { return c.fence }
+
+// CheckFence returns stale_attempt if id is retired.
+func (c *Controller) CheckFence(id rollout.EpisodeID) error {
+	if c.fence.Refuses(id) {
+		c.metrics.refusal(apierror.StaleAttempt)
+		return apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired", id.Attempt, id.RolloutID)
+	}
+	return nil
+}
+
+// AdmissionClosed reports whether a checkpoint holds admission closed, and
+// the channel that closes when it reopens.
+func (c *Controller) AdmissionClosed() (bool, <-chan struct{}) { return c.gate.state() }
+
+// WaitOpen blocks until admission is open or ctx ends.
+func (c *Controller) WaitOpen(ctx context.Context) error { return c.gate.wait(ctx) }
+
+// Phase is the current phase and checkpoint id.
+func (c *Controller) Phase() (Phase, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st.Phase, c.st.CheckpointID
+}
+
+func (c *Controller) now() time.Time { return c.clock.Now() }
+
+// deadline converts and checks deadline_ts.
+func (c *Controller) deadline(ts float64) (time.Time, error) {
+	if math.IsNaN(ts) || math.IsInf(ts, 0) || ts <= 0 {
+		return time.Time{}, apierror.New(apierror.InvalidRequest, "deadline_ts must be a positive finite Unix time in seconds")
+	}
+	d := time.Unix(0, int64(ts*1e9))
+	if !d.After(c.now()) {
+		return time.Time{}, apierror.New(apierror.DeadlineExceeded, "deadline_ts %.3f is in the past", ts)
+	}
+	return d, nil
+}
+
+func validCheckpointID(id string) error {
+	if !rollout.ValidID(id) {
+		return apierror.New(apierror.InvalidRequest, "checkpoint_id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", id)
+	}
+	return nil
+}
+
+func validDir(dir string) error {
+	if dir == "" || !filepath.IsAbs(dir) {
+		return apierror.New(apierror.InvalidRequest, "checkpoint_dir %q must be an absolute path every server can reach", dir)
+	}
+	return nil
+}
+
+func validEpisodes(ids []rollout.EpisodeID) error {
+	for _, id := range ids {
+		if err := id.Validate(); err != nil {
+			return apierror.Wrap(apierror.InvalidRequest, err)
+		}
+	}
+	return nil
+}
+
+// scopeDigest names a scope canonically, to tell retries from conflicts.
+func scopeDigest(s Scope) string {
+	h := sha256.New()
+	for _, id := range s.IDs() {
+		h.Write([]byte(id.CaptureKey()))
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// extendLease moves the lease to deadline + grace if that is later, and
+// (re)arms the expiry timer. Called with c.mu held.
+func (c *Controller) extendLease(deadline time.Time) {
+	until := deadline.Add(c.cfg.LeaseGrace())
+	if !until.After(c.leaseUntil) {
+		return
+	}
+	c.leaseUntil = until
+	if c.leaseTimer != nil {
+		c.leaseTimer.Stop()
+	}
+	id := c.st.CheckpointID
+	c.leaseTimer = c.clock.AfterFunc(until.Sub(c.now()), func() { c.leaseExpired(id) })
+}
+
+func (c *Controller) leaseExpired(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.now().Before(c.leaseUntil) {
+		return // extended since this timer was armed
+	}
+	d := Step(c.st, Input{Op: OpLeaseExpired, CheckpointID: id})
+	if d.Action != ActReopen {
+		return
+	}
+	c.log.Warn("checkpoint lease expired; reopening as a resume would", "checkpoint_id", id, "phase", c.st.Phase.String())
+	c.metrics.leaseExpiries.Inc()
+	c.reopenLocked()
+	c.st = d.Next
+}
+
+// reopenLocked undoes a checkpoint: stop an unfinished write before it
+// publishes, reopen admission, drop the lease and cached replies.
+func (c *Controller) reopenLocked() {
+	if c.write != nil {
+		c.write.stop.Stop()
+		c.write = nil
+	}
+	c.install = nil
+	c.gate.open()
+	c.p.OpenAdmission()
+	if c.leaseTimer != nil {
+		c.leaseTimer.Stop()
+		c.leaseTimer = nil
+	}
+	c.leaseUntil = time.Time{}
+	c.prepared, c.committed, c.restored = nil, nil, nil
+}
+
+// CheckpointRequest is the body of prepare, renew and resume.
+type CheckpointRequest struct {
+	CheckpointID string  `json:"checkpoint_id"`
+	DeadlineTS   float64 `json:"deadline_ts"`
+}
+
+// PrepareReply is prepare's reply.
+type PrepareReply struct {
+	Phase  Phase  `json:"phase"`
+	Report Report `json:"report"`
+}
+
+// Prepare closes admission and waits, until the deadline, for the
+// participant to be ready.
+func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*PrepareReply, error) {
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
+	}
+	deadline, err := c.deadline(req.DeadlineTS)
+	if err != nil {
+		return nil, err
+	}
+	id := req.CheckpointID
+	c.mu.Lock()
+	prev := c.st
+	d := Step(c.st, Input{Op: OpPrepare, CheckpointID: id})
+	if d.Err != nil {
+		c.mu.Unlock()
+		return nil, d.Err
+	}
+	c.st = d.Next
+	switch d.Action {
+	case ActReplay:
+		c.extendLease(deadline)
+		r := c.prepared
+		c.mu.Unlock()
+		return r, nil
+	case ActCloseAndWait:
+		c.gate.close()
+		cctx, cancel := context.WithDeadline(ctx, deadline)
+		err := c.p.CloseAdmission(cctx)
+		cancel()
+		if err != nil {
+			// Phase and admission never disagree: reopen and refuse.
+			c.gate.open()
+			c.p.OpenAdmission()
+			c.st = prev
+			c.mu.Unlock()
+			return nil, fmt.Errorf("close admission: %w", err)
+		}
+	}
+	c.extendLease(deadline)
+	c.mu.Unlock()
+
+	ready := c.waitReady(ctx, deadline)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.st.CheckpointID != id || (c.st.Phase != PhasePreparing && c.st.Phase != PhasePrepared) {
+		return nil, apierror.New(apierror.StaleCheckpoint, "checkpoint %s was resumed while preparing", id)
+	}
+	if c.st.Phase == PhasePrepared {
+		return c.prepared, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if ready {
+		c.st = Step(c.st, Input{Op: OpReady, CheckpointID: id}).Next
+		c.prepared = &PrepareReply{Phase: PhasePrepared, Report: c.p.Report(MaxBlockers)}
+		c.prepared.Report.Ready = true
+		return c.prepared, nil
+	}
+	// At the deadline the reply says preparing, with the blockers, and
+	// admission stays closed: the controller resumes or retires them.
+	c.metrics.notReady.Inc()
+	rep := c.p.Report(MaxBlockers)
+	rep.Ready = false
+	return &PrepareReply{Phase: PhasePreparing, Report: rep}, nil
+}
+
+// waitReady waits for readiness by notification, rechecking at least every
+// ReadyRecheck, until the deadline or ctx ends.
+func (c *Controller) waitReady(ctx context.Context, deadline time.Time) bool {
+	expired := make(chan struct{})
+	t := c.clock.AfterFunc(deadline.Sub(c.now()), func() { close(expired) })
+	defer t.Stop()
+	recheck := time.NewTimer(ReadyRecheck)
+	defer recheck.Stop()
+	for {
+		changed := c.p.ReadyChanged()
+		if c.p.Ready() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-recheck.C:
+			recheck.Reset(ReadyRecheck)
+		case <-expired:
+			return c.p.Ready()
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// Renew extends the lease of the open checkpoint.
+func (c *Controller) Renew(req CheckpointRequest) (map[string]any, error) {
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
+	}
+	deadline, err := c.deadline(req.DeadlineTS)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := Step(c.st, Input{Op: OpRenew, CheckpointID: req.CheckpointID})
+	if d.Err != nil {
+		return nil, d.Err
+	}
+	c.extendLease(deadline)
+	return map[string]any{"lease_expires_at": unixSeconds(c.leaseUntil)}, nil
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+// CommitRequest is commit's body. EpisodeIDs is the scope: every episode the
+// controller continues.
+type CommitRequest struct {
+	CheckpointID  string              `json:"checkpoint_id"`
+	DeadlineTS    float64             `json:"deadline_ts"`
+	CheckpointDir string              `json:"checkpoint_dir"`
+	EpisodeIDs    []rollout.EpisodeID `json:"episode_ids"`
+	Stop          bool                `json:"stop"`
+}
+
+// CommitReply is commit's reply: the manifest, the capture keys actually
+// exported, and the participant's reply extras.
+type CommitReply struct {
+	Phase      Phase
+	Manifest   ckptstore.Manifest
+	EpisodeIDs []string
+	Extras     map[string]any
+	Records    int
+	Bytes      int64
+}
+
+// MarshalJSON flattens the extras next to the fixed fields.
+func (r CommitReply) MarshalJSON() ([]byte, error) {
+	m := make(map[string]any, len(r.Extras)+3)
+	for k, v := range r.Extras {
+		m[k] = v
+	}
+	m["phase"] = r.Phase
+	m["manifest"] = r.Manifest
+	keys := r.EpisodeIDs
+	if keys == nil {
+		keys = []string{}
+	}
+	m["episode_ids"] = keys
+	return marshalMap(m)
+}
+
+// Commit exports the scope once and writes it once; a retry awaits or
+// replays the same write.
+func (c *Controller) Commit(ctx context.Context, req CommitRequest) (*CommitReply, error) {
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
+	}
+	deadline, err := c.deadline(req.DeadlineTS)
+	if err != nil {
+		return nil, err
+	}
+	if err := validDir(req.CheckpointDir); err != nil {
+		return nil, err
+	}
+	if req.EpisodeIDs == nil {
+		return nil, apierror.New(apierror.InvalidRequest, "episode_ids is required: name every episode the controller continues (an empty list continues none)")
+	}
+	if err := validEpisodes(req.EpisodeIDs); err != nil {
+		return nil, err
+	}
+	scope := NewScope(req.EpisodeIDs)
+	digest := scopeDigest(scope)
+	if req.Stop {
+		digest += "+stop"
+	}
+	id := req.CheckpointID
+
+	c.mu.Lock()
+	d := Step(c.st, Input{Op: OpCommit, CheckpointID: id, Dir: req.CheckpointDir, Scope: digest, Ready: c.p.Ready()})
+	if d.Err != nil {
+		c.mu.Unlock()
+		return nil, d.Err
+	}
+	switch d.Action {
+	case ActReplay:
+		c.extendLease(deadline)
+		r := c.committed
+		c.mu.Unlock()
+		return r, nil
+	case ActAwaitWrite:
+		c.extendLease(deadline)
+		t := c.write
+		c.mu.Unlock()
+		return awaitTask[*CommitReply](ctx, c, t, deadline)
+	}
+	// ActWrite. A scope that names an episode this participant can only
+	// restart would promise a continuation nobody can give.
+	if restarts := c.p.Report(0).Restarts; len(restarts) > 0 {
+		for _, k := range restarts {
+			if eid, err := rollout.ParseCaptureKey(k); err == nil && scope.Has(eid) {
+				c.mu.Unlock()
+				return nil, apierror.New(apierror.RestartInScope, "episode %s is a restart on this %s participant and cannot be continued; leave it out of the scope", k, c.p.Kind())
+			}
+		}
+	}
+	c.st = d.Next
+	c.extendLease(deadline)
+	t := newTask(id)
+	c.write = t
+	c.wg.Add(1)
+	go c.runWrite(t, req, scope)
+	c.mu.Unlock()
+	return awaitTask[*CommitReply](ctx, c, t, deadline)
+}
+
+func (c *Controller) runWrite(t *task, req CommitRequest, scope Scope) {
+	defer c.wg.Done()
+	start := time.Now()
+	var keys []string
+	var extras Extras
+	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
+	w, err := c.store.Write(c.ctx, target, t.stop, func(add func(ckptstore.Record) error) (map[string]any, error) {
+		var err error
+		extras, err = c.p.Export(c.ctx, scope, func(r Record) error {
+			keys = append(keys, r.EpisodeID.CaptureKey())
+			return add(r)
+		})
+		return extras.Manifest, err
+	})
+	if err == nil {
+		err = c.p.Committed(c.ctx, scope, req.Stop)
+		if err != nil {
+			err = fmt.Errorf("after the commit was written: %w", err)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.metrics.observe("commit_write", start, err)
+	if err != nil {
+		c.st = Step(c.st, Input{Op: OpCommitDone, CheckpointID: t.id, OK: false}).Next
+		if c.write == t {
+			c.write = nil
+		}
+		t.finish(nil, commitError(err))
+		return
+	}
+	c.st = Step(c.st, Input{Op: OpCommitDone, CheckpointID: t.id, OK: true}).Next
+	reply := &CommitReply{Phase: PhaseCommitted, Manifest: w.Manifest, EpisodeIDs: keys, Extras: extras.Reply, Records: w.Manifest.RecordCount, Bytes: w.Bytes}
+	if c.st.Phase == PhaseCommitted && c.st.CheckpointID == t.id {
+		c.committed = reply
+	}
+	c.metrics.records.WithLabelValues("commit").Add(float64(w.Manifest.RecordCount))
+	c.metrics.bytes.WithLabelValues("commit").Add(float64(w.Bytes))
+	if c.write == t {
+		c.write = nil
+	}
+	t.finish(reply, nil)
+}
+
+func commitError(err error) error {
+	switch {
+	case errors.Is(err, ckptstore.ErrStopped):
+		return apierror.New(apierror.StaleCheckpoint, "the checkpoint was resumed before its write was published")
+	case errors.Is(err, ckptstore.ErrDifferentCommit):
+		return apierror.Wrap(apierror.CheckpointConflict, err)
+	}
+	var ae *apierror.Error
+	if errors.As(err, &ae) {
+		return err
+	}
+	return apierror.Wrap(apierror.Internal, fmt.Errorf("commit write failed: %w", err))
+}
+
+// awaitTask waits for t until the deadline; a deadline that passes fails
+// the call while the task goes on, so a retry can await it.
+func awaitTask[T any](ctx context.Context, c *Controller, t *task, deadline time.Time) (T, error) {
+	var zero T
+	expired := make(chan struct{})
+	timer := c.clock.AfterFunc(deadline.Sub(c.now()), func() { close(expired) })
+	defer timer.Stop()
+	select {
+	case <-t.done:
+		if t.err != nil {
+			return zero, t.err
+		}
+		return t.reply.(T), nil
+	case <-expired:
+		return zero, apierror.New(apierror.DeadlineExceeded, "the deadline passed while checkpoint %s was still being written or installed; retry with the same id to await it", t.id)
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+// RestoreRequest is restore's body: the checkpointed attempts to continue.
+type RestoreRequest struct {
+	CheckpointID  string              `json:"checkpoint_id"`
+	DeadlineTS    float64             `json:"deadline_ts"`
+	CheckpointDir string              `json:"checkpoint_dir"`
+	EpisodeIDs    []rollout.EpisodeID `json:"episode_ids"`
+}
+
+// RestoreReply is restore's reply: the next attempts installed.
+type RestoreReply struct {
+	Phase              Phase    `json:"phase"`
+	SourceCheckpointID string   `json:"source_checkpoint_id"`
+	Restored           []string `json:"restored"`
+	Records            int      `json:"-"`
+}
+
+// Restore reads this participant's records of the scope and installs them
+// under the next attempts, in a fresh process, all or nothing.
+func (c *Controller) Restore(ctx context.Context, req RestoreRequest) (*RestoreReply, error) {
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
+	}
+	deadline, err := c.deadline(req.DeadlineTS)
+	if err != nil {
+		return nil, err
+	}
+	if err := validDir(req.CheckpointDir); err != nil {
+		return nil, err
+	}
+	if req.EpisodeIDs == nil {
+		return nil, apierror.New(apierror.InvalidRequest, "episode_ids is required: name the checkpointed attempts to continue")
+	}
+	if err := validEpisodes(req.EpisodeIDs); err != nil {
+		return nil, err
+	}
+	scope := NewScope(req.EpisodeIDs)
+	digest := scopeDigest(scope)
+
+	c.mu.Lock()
+	d := Step(c.st, Input{Op: OpRestore, CheckpointID: req.CheckpointID, Dir: req.CheckpointDir, Scope: digest})
+	if d.Err != nil {
+		c.mu.Unlock()
+		return nil, d.Err
+	}
+	switch d.Action {
+	case ActReplay:
+		c.extendLease(deadline)
+		r := c.restored
+		c.mu.Unlock()
+		return r, nil
+	case ActAwaitInstall:
+		c.extendLease(deadline)
+		t := c.install
+		c.mu.Unlock()
+		return awaitTask[*RestoreReply](ctx, c, t, deadline)
+	}
+	if err := c.p.Fresh(); err != nil {
+		c.mu.Unlock()
+		return nil, apierror.New(apierror.InvalidPhase, "restore requires a fresh process: %v", err)
+	}
+	c.st = d.Next
+	c.extendLease(deadline)
+	c.gate.close()
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	err = c.p.CloseAdmission(cctx)
+	cancel()
+	if err != nil {
+		c.gate.open()
+		c.p.OpenAdmission()
+		c.st = Step(c.st, Input{Op: OpRestoreDone, CheckpointID: req.CheckpointID}).Next
+		c.mu.Unlock()
+		return nil, fmt.Errorf("close admission: %w", err)
+	}
+	t := newTask(req.CheckpointID)
+	c.install = t
+	c.wg.Add(1)
+	go c.runInstall(t, req, scope)
+	c.mu.Unlock()
+	return awaitTask[*RestoreReply](ctx, c, t, deadline)
+}
+
+func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
+	defer c.wg.Done()
+	start := time.Now()
+	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
+	m, recs, size, err := c.store.Read(c.ctx, target, scope.Has)
+	var installed []rollout.EpisodeID
+	if err == nil {
+		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
+		if err != nil && !apierror.HasCode(err, apierror.Internal) {
+			var ae *apierror.Error
+			if !errors.As(err, &ae) {
+				err = apierror.Wrap(apierror.InvalidCheckpointState, err)
+			}
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.metrics.observe("restore_install", start, err)
+	if err != nil {
+		before := c.st
+		c.st = Step(c.st, Input{Op: OpRestoreDone, CheckpointID: t.id, OK: false}).Next
+		if before.Busy && before.CheckpointID == t.id {
+			// Nothing is recorded: admission reopens and the phase is idle.
+			c.gate.open()
+			c.p.OpenAdmission()
+			if c.leaseTimer != nil {
+				c.leaseTimer.Stop()
+				c.leaseTimer = nil
+			}
+			c.leaseUntil = time.Time{}
+		}
+		if c.install == t {
+			c.install = nil
+		}
+		t.finish(nil, err)
+		return
+	}
+	keys := make([]string, len(installed))
+	for i, id := range installed {
+		keys[i] = id.CaptureKey()
+	}
+	reply := &RestoreReply{Phase: PhaseRestored, SourceCheckpointID: t.id, Restored: keys, Records: len(recs)}
+	c.st = Step(c.st, Input{Op: OpRestoreDone, CheckpointID: t.id, OK: true}).Next
+	if c.st.Phase == PhaseRestored && c.st.CheckpointID == t.id {
+		c.restored = reply
+	}
+	c.metrics.records.WithLabelValues("restore").Add(float64(len(recs)))
+	c.metrics.bytes.WithLabelValues("restore").Add(float64(size))
+	if c.install == t {
+		c.install = nil
+	}
+	t.finish(reply, nil)
+}
+
+// ResumeReply is resume's reply.
+type ResumeReply struct {
+	Phase      Phase `json:"phase"`
+	Idempotent bool  `json:"idempotent"`
+}
+
+// Resume reopens (also aborting an unpublished checkpoint).
+func (c *Controller) Resume(req CheckpointRequest) (*ResumeReply, error) {
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
+	}
+	if _, err := c.deadline(req.DeadlineTS); err != nil && !apierror.HasCode(err, apierror.DeadlineExceeded) {
+		// A late resume still reopens: a controller must always be able to
+		// undo a checkpoint.
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := Step(c.st, Input{Op: OpResume, CheckpointID: req.CheckpointID})
+	if d.Err != nil {
+		return nil, d.Err
+	}
+	if d.Action == ActReopen {
+		c.reopenLocked()
+	}
+	c.st = d.Next
+	return &ResumeReply{Phase: c.st.Phase, Idempotent: d.Idempotent}, nil
+}
+
+// RetireRequest is retire's body.
+type RetireRequest struct {
+	CheckpointID string              `json:"checkpoint_id,omitempty"`
+	DeadlineTS   float64             `json:"deadline_ts"`
+	EpisodeIDs   []rollout.EpisodeID `json:"episode_ids"`
+}
+
+// Retire raises the fence for the attempts, then has the participant stop
+// their work and free their state.
+func (c *Controller) Retire(ctx context.Context, req RetireRequest) (map[string]any, error) {
+	if req.CheckpointID != "" {
+		if err := validCheckpointID(req.CheckpointID); err != nil {
+			return nil, err
+		}
+	}
+	deadline, err := c.deadline(req.DeadlineTS)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.EpisodeIDs) == 0 {
+		return nil, apierror.New(apierror.InvalidRequest, "episode_ids must name at least one episode")
+	}
+	if err := validEpisodes(req.EpisodeIDs); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	d := Step(c.st, Input{Op: OpRetire, CheckpointID: req.CheckpointID})
+	if d.Err != nil {
+		c.mu.Unlock()
+		return nil, d.Err
+	}
+	// The mark goes up before anything stops: a request sent just before the
+	// retire may arrive after it.
+	c.fence.Raise(req.EpisodeIDs)
+	c.mu.Unlock()
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if err := c.p.Retire(rctx, req.EpisodeIDs); err != nil {
+		if rctx.Err() != nil && ctx.Err() == nil {
+			return nil, apierror.New(apierror.DeadlineExceeded, "retire did not finish before its deadline; the work stays tracked and a retry stops it again")
+		}
+		return nil, err
+	}
+	keys := make([]string, len(req.EpisodeIDs))
+	for i, id := range req.EpisodeIDs {
+		keys[i] = id.CaptureKey()
+	}
+	return map[string]any{"retired": keys}, nil
+}
+
+// ForgetRequest is forget's body.
+type ForgetRequest struct {
+	CheckpointID string   `json:"checkpoint_id,omitempty"`
+	DeadlineTS   float64  `json:"deadline_ts"`
+	RolloutIDs   []string `json:"rollout_ids"`
+}
+
+// Forget drops the fence marks of rollouts that are done for good.
+func (c *Controller) Forget(ctx context.Context, req ForgetRequest) (map[string]any, error) {
+	if req.CheckpointID != "" {
+		if err := validCheckpointID(req.CheckpointID); err != nil {
+			return nil, err
+		}
+	}
+	deadline, err := c.deadline(req.DeadlineTS)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.RolloutIDs) == 0 {
+		return nil, apierror.New(apierror.InvalidRequest, "rollout_ids must name at least one rollout")
+	}
+	for _, r := range req.RolloutIDs {
+		if err := rollout.ValidateRolloutID(r); err != nil {
+			return nil, apierror.Wrap(apierror.InvalidRequest, err)
+		}
+	}
+	c.mu.Lock()
+	d := Step(c.st, Input{Op: OpForget, CheckpointID: req.CheckpointID})
+	c.mu.Unlock()
+	if d.Err != nil {
+		return nil, d.Err
+	}
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	// The participant may refuse (retire_incomplete); the marks stay then.
+	if err := c.p.Forget(rctx, req.RolloutIDs); err != nil {
+		return nil, err
+	}
+	c.fence.Forget(req.RolloutIDs)
+	return map[string]any{"forgotten": dedupe(req.RolloutIDs)}, nil
+}
+
+func dedupe(ss []string) []string {
+	seen := make(map[string]bool, len(ss))
+	out := make([]string, 0, len(ss))
+	for _, s := range ss {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Status is GET status: phase, lease, fence size, readiness and extras.
+func (c *Controller) Status() map[string]any {
+	c.mu.Lock()
+	st := c.st
+	lease := c.leaseUntil
+	c.mu.Unlock()
+	m := map[string]any{}
+	for k, v := range c.p.StatusExtra() {
+		m[k] = v
+	}
+	m["kind"] = c.p.Kind()
+	m["instance"] = c.p.Instance()
+	m["phase"] = st.Phase
+	m["checkpoint_id"] = nilIfEmpty(st.CheckpointID)
+	if lease.IsZero() {
+		m["lease_expires_at"] = nil
+	} else {
+		m["lease_expires_at"] = unixSeconds(lease)
+	}
+	m["retired_rollouts"] = c.fence.Len()
+	m["report"] = c.p.Report(MaxBlockers)
+	return m
+}
+
+func nilIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}

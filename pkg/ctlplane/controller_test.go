@@ -1,0 +1,415 @@
+package ctlplane_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeServer serves a Fake participant's control plane and one data route,
+// /probe, behind the fence middleware.
+func fakeServer(t *testing.T, cfg ctlplane.Config, f *ctlplanetest.Fake, deps ctlplane.Deps) (*ctlplane.Controller, string) {
+	t.Helper()
+	c, err := ctlplane.New(cfg, f, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httpserver.NewRouter(httpserver.RouterOptions{Middleware: []func(http.Handler) http.Handler{c.Middleware(nil)}})
+	c.Mount(r)
+	r.Post("/probe", func(w http.ResponseWriter, r *http.Request) {
+		httpserver.WriteJSON(w, 200, map[string]bool{"ok": true})
+	})
+	srv := httptest.NewServer(r)
+	t.Cleanup(func() {
+		srv.Close()
+		c.Close()
+	})
+	return c, srv.URL
+}
+
+func probe(url string) func(ctx context.Context, id rollout.EpisodeID) (int, string) {
+	c := httpclient.New(httpclient.Options{})
+	return func(ctx context.Context, id rollout.EpisodeID) (int, string) {
+		rep, err := httpclient.Do(ctx, c, http.MethodPost, url+rollout.Path(id, "/probe"), nil, map[string]any{})
+		if err != nil {
+			return 0, err.Error()
+		}
+		if e := apierror.Parse(rep.Status, rep.Body); e != nil {
+			return rep.Status, string(e.Code)
+		}
+		return rep.Status, ""
+	}
+}
+
+func TestConformance_Fake(t *testing.T) {
+	ctlplanetest.Run(t, func(t *testing.T, cfg ctlplane.Config) ctlplanetest.Subject {
+		_, url := fakeServer(t, cfg, ctlplanetest.NewFake("resources", "fake"), ctlplane.Deps{})
+		return ctlplanetest.Subject{URL: url, Kind: "resources", Instance: "fake", Probe: probe(url)}
+	})
+}
+
+func TestConformance_Disabled(t *testing.T) {
+	r := httpserver.NewRouter(httpserver.RouterOptions{})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	ctlplanetest.RunDisabled(t, srv.URL)
+}
+
+func TestNew_RefusesEnablingWithoutAToken(t *testing.T) {
+	_, err := ctlplane.New(ctlplane.Config{Enabled: true, LeaseGraceSeconds: 1}, ctlplanetest.NewFake("model", "m"), ctlplane.Deps{})
+	if err == nil {
+		t.Fatal("enabling checkpoints without a token must fail start-up")
+	}
+}
+
+var epoch = time.Unix(1_800_000_000, 0)
+
+func deadlineIn(clock ctlplane.Clock, d time.Duration) float64 {
+	return float64(clock.Now().Add(d).UnixNano()) / 1e9
+}
+
+func newController(t *testing.T, f *ctlplanetest.Fake, clock ctlplane.Clock, store *ckptstore.Store) *ctlplane.Controller {
+	t.Helper()
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60}
+	c, err := ctlplane.New(cfg, f, ctlplane.Deps{Clock: clock, Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Ensure an expired lease reopens exactly as a resume would, without sleeping.
+func TestController_LeaseExpiryReopens(t *testing.T) {
+	clock := ctlplane.NewManualClock(epoch)
+	f := ctlplanetest.NewFake("agent", "a")
+	c := newController(t, f, clock, nil)
+	ctx := context.Background()
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 10*time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Closed() {
+		t.Fatal("prepare must close admission")
+	}
+	// A renew with a later deadline moves the lease.
+	if _, err := c.Renew(ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 30*time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(69 * time.Second) // first lease (10s + 60s) passed, renewed one (30s + 60s) not
+	if p, _ := c.Phase(); p != ctlplane.PhasePrepared || !f.Closed() {
+		t.Fatalf("phase %s closed %v before the renewed lease expired", p, f.Closed())
+	}
+	clock.Advance(22 * time.Second)
+	if p, _ := c.Phase(); p != ctlplane.PhaseIdle {
+		t.Fatalf("phase after expiry = %s, want idle", p)
+	}
+	if f.Closed() {
+		t.Fatal("expiry must reopen admission")
+	}
+	_, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 10*time.Second)})
+	if !apierror.HasCode(err, apierror.StaleCheckpoint) {
+		t.Fatalf("a call of the expired checkpoint must be stale, got %v", err)
+	}
+	if n := clock.Pending(); n != 0 {
+		t.Fatalf("%d lease timers still pending after expiry", n)
+	}
+}
+
+// Ensure prepare waits for readiness by notification and replies prepared
+// once the last blocker reaches its boundary.
+func TestController_PrepareWaitsForNotification(t *testing.T) {
+	f := ctlplanetest.NewFake("environment", "env")
+	blocker := rollout.EpisodeID{RolloutID: "r1"}
+	f.SetEpisode(blocker, false)
+	c := newController(t, f, ctlplane.RealClock{}, nil)
+	done := make(chan *ctlplane.PrepareReply, 1)
+	go func() {
+		r, err := c.Prepare(context.Background(), ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(ctlplane.RealClock{}, 30*time.Second)})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	waitFor(t, f.Closed)
+	select {
+	case r := <-done:
+		t.Fatalf("prepare replied %v while an episode blocks", r)
+	default:
+	}
+	f.SetEpisode(blocker, true)
+	r := <-done
+	if r.Phase != ctlplane.PhasePrepared || !r.Report.Ready {
+		t.Fatalf("reply = %+v, want prepared and ready", r)
+	}
+}
+
+// Ensure a prepare that reaches its deadline replies preparing with the
+// blockers and keeps admission closed.
+func TestController_PrepareAtDeadlineReportsBlockers(t *testing.T) {
+	clock := ctlplane.NewManualClock(epoch)
+	f := ctlplanetest.NewFake("environment", "env")
+	for _, r := range []string{"r3", "r1", "r2"} {
+		f.SetEpisode(rollout.EpisodeID{RolloutID: r}, false)
+	}
+	f.SetRestart(rollout.EpisodeID{RolloutID: "r9"})
+	c := newController(t, f, clock, nil)
+	done := make(chan *ctlplane.PrepareReply, 1)
+	go func() {
+		r, err := c.Prepare(context.Background(), ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 5*time.Second)})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	waitFor(t, f.Closed)
+	waitFor(t, func() bool { return clock.Pending() >= 2 }) // lease and deadline timers armed
+	clock.Advance(5 * time.Second)
+	r := <-done
+	if r.Phase != ctlplane.PhasePreparing || r.Report.Ready || r.Report.BlockerCount != 3 {
+		t.Fatalf("reply = %+v", r)
+	}
+	if got := r.Report.Blockers; len(got) != 3 || got[0] != "r1" || got[2] != "r3" {
+		t.Fatalf("blockers = %v, want sorted r1 r2 r3", got)
+	}
+	if len(r.Report.Restarts) != 1 || r.Report.Restarts[0] != "r9" {
+		t.Fatalf("restarts = %v", r.Report.Restarts)
+	}
+	if !f.Closed() {
+		t.Fatal("admission must stay closed after a prepare that was not ready")
+	}
+	// Commit of an unprepared checkpoint is refused.
+	_, err := c.Commit(context.Background(), ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 5*time.Second), CheckpointDir: t.TempDir(), EpisodeIDs: []rollout.EpisodeID{}})
+	if !apierror.HasCode(err, apierror.InvalidPhase) {
+		t.Fatalf("commit while preparing: %v", err)
+	}
+}
+
+// Ensure commit re-checks readiness and refuses a scope naming a restart.
+func TestController_CommitRechecksReadinessAndRestarts(t *testing.T) {
+	f := ctlplanetest.NewFake("resources", "r")
+	c := newController(t, f, ctlplane.RealClock{}, nil)
+	ctx := context.Background()
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+	restart := rollout.EpisodeID{RolloutID: "restart-me"}
+	f.SetRestart(restart)
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: t.TempDir(), EpisodeIDs: []rollout.EpisodeID{restart}})
+	if !apierror.HasCode(err, apierror.RestartInScope) {
+		t.Fatalf("a scope naming a restart: %v", err)
+	}
+	f.SetEpisode(rollout.EpisodeID{RolloutID: "late"}, false)
+	_, err = c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: t.TempDir(), EpisodeIDs: []rollout.EpisodeID{}})
+	if !apierror.HasCode(err, apierror.InvalidPhase) {
+		t.Fatalf("readiness regressed: %v", err)
+	}
+	if p, _ := c.Phase(); p != ctlplane.PhasePrepared {
+		t.Fatalf("phase = %s, want prepared", p)
+	}
+}
+
+// blockingFS blocks the records fsync until released, to hold a write.
+type blockingFS struct {
+	atomicfile.FS
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+type blockingFile struct {
+	atomicfile.File
+	fs *blockingFS
+}
+
+func (b *blockingFS) CreateTemp(dir, pattern string) (atomicfile.File, error) {
+	f, err := b.FS.CreateTemp(dir, pattern)
+	if err != nil {
+		return nil, err
+	}
+	return blockingFile{File: f, fs: b}, nil
+}
+
+func (f blockingFile) Sync() error {
+	f.fs.once.Do(func() { close(f.fs.entered) })
+	<-f.fs.release
+	return f.File.Sync()
+}
+
+// Ensure a resume during a write stops it before it publishes: the
+// directory never gets a manifest.
+func TestController_ResumeStopsAnUnfinishedWrite(t *testing.T) {
+	bfs := &blockingFS{FS: atomicfile.OS, entered: make(chan struct{}), release: make(chan struct{})}
+	store := ckptstore.New(&ckptstore.Local{FS: bfs})
+	f := ctlplanetest.NewFake("model", "m")
+	f.SetEpisode(rollout.EpisodeID{RolloutID: "r1"}, true)
+	c := newController(t, f, ctlplane.RealClock{}, store)
+	ctx := context.Background()
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+	dir := t.TempDir()
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: []rollout.EpisodeID{{RolloutID: "r1"}}})
+		errc <- err
+	}()
+	<-bfs.entered
+	if _, err := c.Resume(ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	close(bfs.release)
+	if err := <-errc; !apierror.HasCode(err, apierror.StaleCheckpoint) {
+		t.Fatalf("the stopped commit must fail as resumed, got %v", err)
+	}
+	_, _, _, err := store.Read(ctx, ckptstore.Target{Dir: dir, Kind: "model", Instance: "m", CheckpointID: "c1"}, nil)
+	if !apierror.HasCode(err, apierror.InvalidCheckpointState) {
+		t.Fatalf("a stopped write must never publish a manifest; read gave %v", err)
+	}
+}
+
+// Ensure a failed install leaves the participant idle and open.
+func TestController_FailedRestoreReopens(t *testing.T) {
+	ctx := context.Background()
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+	dir := t.TempDir()
+	src := ctlplanetest.NewFake("agent", "a")
+	src.SetEpisode(rollout.EpisodeID{RolloutID: "r1"}, true)
+	c := newController(t, src, ctlplane.RealClock{}, nil)
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: []rollout.EpisodeID{{RolloutID: "r1"}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := ctlplanetest.NewFake("agent", "a")
+	fresh.InstallErr = errors.New("invalid session state")
+	c2 := newController(t, fresh, ctlplane.RealClock{}, nil)
+	_, err := c2.Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: []rollout.EpisodeID{{RolloutID: "r1"}}})
+	if !apierror.HasCode(err, apierror.InvalidCheckpointState) {
+		t.Fatalf("restore with a failing install: %v", err)
+	}
+	if p, _ := c2.Phase(); p != ctlplane.PhaseIdle || fresh.Closed() {
+		t.Fatalf("after a failed restore: phase %s closed %v, want idle and open", p, fresh.Closed())
+	}
+
+	ok := ctlplanetest.NewFake("agent", "a")
+	c3 := newController(t, ok, ctlplane.RealClock{}, nil)
+	r, err := c3.Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: []rollout.EpisodeID{{RolloutID: "r1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Restored) != 1 || r.Restored[0] != "r1-a1" {
+		t.Fatalf("restored = %v, want [r1-a1] (the next attempt)", r.Restored)
+	}
+	if !ok.Closed() {
+		t.Fatal("admission stays closed until resume after a restore")
+	}
+	// A process that served something is not fresh.
+	_, err = c.Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c2", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: []rollout.EpisodeID{}})
+	if err == nil {
+		t.Fatal("restore into a process that served episodes must be refused")
+	}
+}
+
+// Ensure retire raises the fence before the participant stops anything.
+func TestController_RetireRaisesTheFenceFirst(t *testing.T) {
+	f := ctlplanetest.NewFake("environment", "env")
+	c := newController(t, f, ctlplane.RealClock{}, nil)
+	id := rollout.EpisodeID{RolloutID: "r1", Attempt: 2}
+	var fencedDuringRetire bool
+	f.OnRetire = func([]rollout.EpisodeID) { fencedDuringRetire = c.Fence().Refuses(id) }
+	if _, err := c.Retire(context.Background(), ctlplane.RetireRequest{DeadlineTS: deadlineIn(ctlplane.RealClock{}, 30*time.Second), EpisodeIDs: []rollout.EpisodeID{id}}); err != nil {
+		t.Fatal(err)
+	}
+	if !fencedDuringRetire {
+		t.Fatal("the participant's Retire ran before the fence was raised")
+	}
+	if err := c.CheckFence(rollout.EpisodeID{RolloutID: "r1", Attempt: 1}); !apierror.HasCode(err, apierror.StaleAttempt) {
+		t.Fatalf("an earlier attempt must be fenced too: %v", err)
+	}
+	if err := c.CheckFence(rollout.EpisodeID{RolloutID: "r1", Attempt: 3}); err != nil {
+		t.Fatalf("the next attempt must pass: %v", err)
+	}
+}
+
+// Ensure a retire cut short by its deadline fails with deadline_exceeded and
+// keeps the fence.
+func TestController_RetireDeadline(t *testing.T) {
+	f := ctlplanetest.NewFake("resources", "r")
+	f.RetireGate = make(chan struct{})
+	defer close(f.RetireGate)
+	c := newController(t, f, ctlplane.RealClock{}, nil)
+	id := rollout.EpisodeID{RolloutID: "r1"}
+	_, err := c.Retire(context.Background(), ctlplane.RetireRequest{DeadlineTS: deadlineIn(ctlplane.RealClock{}, 50*time.Millisecond), EpisodeIDs: []rollout.EpisodeID{id}})
+	if !apierror.HasCode(err, apierror.DeadlineExceeded) {
+		t.Fatalf("got %v, want deadline_exceeded", err)
+	}
+	if !c.Fence().Refuses(id) {
+		t.Fatal("the mark stays even if the retire failed")
+	}
+}
+
+// Ensure the middleware refuses or holds data requests while closed.
+func TestController_MiddlewareAdmission(t *testing.T) {
+	f := ctlplanetest.NewFake("resources", "r")
+	c := newController(t, f, ctlplane.RealClock{}, nil)
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })
+	refuse := c.Middleware(ctlplane.ByPrefix(ctlplane.AdmitRefuse))(ok)
+	wait := c.Middleware(ctlplane.ByPrefix(ctlplane.AdmitWait))(ok)
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+	if _, err := c.Prepare(context.Background(), ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	refuse.ServeHTTP(rec, httptest.NewRequest("POST", "/x", nil))
+	if rec.Code != http.StatusConflict {
+		t.Fatalf("refused while closed: %d", rec.Code)
+	}
+	done := make(chan int, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		wait.ServeHTTP(rec, httptest.NewRequest("POST", "/x", nil))
+		done <- rec.Code
+	}()
+	select {
+	case code := <-done:
+		t.Fatalf("a waiting request passed while closed: %d", code)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if _, err := c.Resume(ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	if code := <-done; code != 200 {
+		t.Fatalf("the waiting request after resume: %d", code)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		<-time.After(2 * time.Millisecond)
+	}
+}

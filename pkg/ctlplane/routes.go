@@ -1,0 +1,213 @@
+package ctlplane
+
+import (
+	"crypto/subtle"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// Route prefixes: our own, and the reference's, so its Python coordination
+// can drive a gymfleet fleet.
+const (
+	RoutePrefix          = "/_ckpt"
+	ReferenceRoutePrefix = "/ng-control/v1/checkpoint"
+)
+
+// Mount adds the control routes under both prefixes.
+func (c *Controller) Mount(r chi.Router) {
+	r.Mount(RoutePrefix, c.Routes())
+	r.Mount(ReferenceRoutePrefix, c.Routes())
+}
+
+// Routes is the control API, bearer-protected.
+func (c *Controller) Routes() chi.Router {
+	r := chi.NewRouter()
+	r.Use(c.auth)
+	r.Get("/status", c.handle("status", func(r *http.Request) (any, error) { return c.Status(), nil }))
+	r.Post("/prepare", c.handle("prepare", func(r *http.Request) (any, error) {
+		var req CheckpointRequest
+		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Prepare(r.Context(), req)
+	}))
+	r.Post("/renew", c.handle("renew", func(r *http.Request) (any, error) {
+		var req CheckpointRequest
+		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Renew(req)
+	}))
+	r.Post("/commit", c.handle("commit", func(r *http.Request) (any, error) {
+		var req CommitRequest
+		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Commit(r.Context(), req)
+	}))
+	r.Post("/restore", c.handle("restore", func(r *http.Request) (any, error) {
+		var req RestoreRequest
+		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Restore(r.Context(), req)
+	}))
+	r.Post("/resume", c.handle("resume", func(r *http.Request) (any, error) {
+		var req CheckpointRequest
+		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Resume(req)
+	}))
+	r.Post("/retire", c.handle("retire", func(r *http.Request) (any, error) {
+		var req RetireRequest
+		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Retire(r.Context(), req)
+	}))
+	r.Post("/forget", c.handle("forget", func(r *http.Request) (any, error) {
+		var req ForgetRequest
+		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Forget(r.Context(), req)
+	}))
+	return r
+}
+
+// handle wraps an operation with metrics and the error envelope.
+func (c *Controller) handle(op string, h httpserver.HandlerFunc) http.HandlerFunc {
+	inner := httpserver.Handle(c.log, h)
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &codeRecorder{ResponseWriter: w}
+		inner(rec, r)
+		var err error
+		if rec.status >= 400 {
+			err = apierror.New(rec.code(), "")
+		}
+		if op != "status" {
+			c.metrics.observe(op, start, err)
+		}
+	}
+}
+
+// codeRecorder remembers the status, to count refusals by code.
+type codeRecorder struct {
+	http.ResponseWriter
+	status int
+	body   []byte
+}
+
+func (r *codeRecorder) WriteHeader(s int) {
+	r.status = s
+	r.ResponseWriter.WriteHeader(s)
+}
+
+func (r *codeRecorder) Write(b []byte) (int, error) {
+	if r.status >= 400 && len(r.body) < 4096 {
+		r.body = append(r.body, b...)
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *codeRecorder) code() apierror.Code {
+	if e := apierror.Parse(r.status, r.body); e != nil {
+		return e.Code
+	}
+	return apierror.Internal
+}
+
+func (c *Controller) auth(next http.Handler) http.Handler {
+	want := []byte("Bearer " + c.cfg.ControlAuthToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			c.metrics.refusal(apierror.Unauthorized)
+			apierror.Write(w, r, nil, apierror.New(apierror.Unauthorized, "missing or wrong bearer token for the checkpoint control API"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Admission says what happens to a data request while a checkpoint holds
+// admission closed.
+type Admission uint8
+
+const (
+	// AdmitPass lets the request through; the participant decides (it may
+	// hold or park the work itself).
+	AdmitPass Admission = iota
+	// AdmitWait holds the request until admission reopens. It is not "in
+	// flight" while it waits.
+	AdmitWait
+	// AdmitRefuse answers 409 admission_closed; the caller resends it
+	// unchanged after the checkpoint.
+	AdmitRefuse
+)
+
+// Classifier tells the middleware which episode a data request belongs to
+// (ok false: none) and how admission treats it.
+type Classifier func(r *http.Request) (id rollout.EpisodeID, ok bool, a Admission)
+
+// ByPrefix classifies by the /ng-rollout/<capture_key> prefix and admits
+// every request with a.
+func ByPrefix(a Admission) Classifier {
+	return func(r *http.Request) (rollout.EpisodeID, bool, Admission) {
+		id, ok := rollout.FromContext(r.Context())
+		return id, ok, a
+	}
+}
+
+// Middleware applies the attempt fence and admission to a server's data
+// routes. It must run after the /ng-rollout prefix is stripped (it is, as
+// httpserver.RouterOptions.Middleware).
+func (c *Controller) Middleware(classify Classifier) func(http.Handler) http.Handler {
+	if classify == nil {
+		classify = ByPrefix(AdmitPass)
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			id, named, adm := classify(r)
+			if named {
+				if err := c.CheckFence(id); err != nil {
+					apierror.Write(w, r, nil, err)
+					return
+				}
+			}
+			switch adm {
+			case AdmitRefuse:
+				if closed, _ := c.gate.state(); closed {
+					c.metrics.refusal(apierror.AdmissionClosed)
+					apierror.Write(w, r, nil, apierror.New(apierror.AdmissionClosed, "a checkpoint is in progress; resend this request unchanged after it"))
+					return
+				}
+			case AdmitWait:
+				if err := c.gate.wait(r.Context()); err != nil {
+					apierror.Write(w, r, nil, err)
+					return
+				}
+				// A retire may have run while this waited.
+				if named {
+					if err := c.CheckFence(id); err != nil {
+						apierror.Write(w, r, nil, err)
+						return
+					}
+				}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// marshalMap encodes a reply map with stable key order.
+func marshalMap(m map[string]any) ([]byte, error) { return codec.MarshalStable(m) }

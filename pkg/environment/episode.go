@@ -1,0 +1,181 @@
+package environment
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// Stage names a step of single_agent_turn (protocol.md §4.4). A boundary's
+// Next is the stage an episode continues with.
+type Stage string
+
+// The stages of single_agent_turn, in order.
+const (
+	StageSeed        Stage = "seed"
+	StageInvokeAgent Stage = "invoke_agent"
+	StageCloseAgent  Stage = "close_agent"
+	StageVerify      Stage = "verify"
+	StageReturn      Stage = "return"
+)
+
+// Mode says what a checkpoint does with a stage still running when admission
+// closes (SPEC §6).
+type Mode string
+
+const (
+	// ModeWait: the checkpoint waits for the stage, which is unsafe to run twice.
+	ModeWait Mode = "wait"
+	// ModeReplay: the checkpoint does not wait; after a crash the stage runs
+	// again from the boundary before it.
+	ModeReplay Mode = "replay"
+)
+
+// Handles are the caller-assigned session ids an episode carries in every
+// boundary, so a reseed after a crash names the same sessions.
+type Handles struct {
+	ResourcesSessionID string `json:"resources_session_id"`
+	AgentSessionID     string `json:"agent_session_id"`
+	// ResourcesVerify is the mode /verify runs in, as the resources server
+	// announced on its seed reply (X-Ng-Checkpoint-Verify); wait when absent.
+	ResourcesVerify Mode `json:"resources_verify"`
+}
+
+// Boundary is where an episode stands between two stages: the stage to run
+// next and what that stage needs. It is the value a checkpoint records.
+type Boundary struct {
+	Next    Stage   `json:"next"`
+	Handles Handles `json:"handles"`
+	// Response is the agent's reply to the activation (after invoke_agent).
+	Response codec.RawMessage `json:"response,omitempty"`
+	// Observations is the agent's close reply (after close_agent).
+	Observations codec.RawMessage `json:"observations,omitempty"`
+	// Result is /verify's reply (after verify).
+	Result codec.RawMessage `json:"result,omitempty"`
+}
+
+// newHandles assigns fresh session ids; verification waits until the seed
+// reply says otherwise.
+func newHandles() Handles {
+	return Handles{
+		ResourcesSessionID: "resources-session-" + randomHex(),
+		AgentSessionID:     "agent-session-" + randomHex(),
+		ResourcesVerify:    ModeWait,
+	}
+}
+
+func randomHex() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+).
+	return hex.EncodeToString(b[:])
+}
+
+// episode is one live /run. The server keeps it in its live map, keyed by
+// capture key, from admission until its final cleanup has ended.
+type episode struct {
+	id       rollout.EpisodeID
+	protocol string
+	agent    AgentConfig
+	req      *RunRequest
+	started  time.Time
+	log      *slog.Logger
+
+	mu sync.Mutex
+	// boundary is the latest boundary recorded; checkpoint export reads it.
+	boundary Boundary
+	// agentOpened is set once the agent session open was sent: from then on
+	// a session may exist even if the reply was lost.
+	agentOpened bool
+	// agentClosed is set once close_agent returned the observations.
+	agentClosed bool
+
+	cleanup cleanupStack
+}
+
+// recordBoundary is called after every completed stage. Today it keeps the
+// latest boundary for inspection; with checkpointing it is where the episode
+// records the boundary and parks while a checkpoint is open.
+func (ep *episode) recordBoundary(_ context.Context, b Boundary) {
+	ep.mu.Lock()
+	ep.boundary = b
+	ep.mu.Unlock()
+}
+
+// step runs one stage in its mode. Today it only runs fn; with checkpointing
+// it is where a wait step holds a checkpoint back and a replay step lets it
+// proceed (SPEC §6).
+func (ep *episode) step(ctx context.Context, _ Mode, fn func(context.Context) (Boundary, error)) (Boundary, error) {
+	return fn(ctx)
+}
+
+// latest returns the latest recorded boundary.
+func (ep *episode) latest() Boundary {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return ep.boundary
+}
+
+func (ep *episode) setAgentOpened() {
+	ep.mu.Lock()
+	ep.agentOpened = true
+	ep.mu.Unlock()
+}
+
+func (ep *episode) setAgentClosed() {
+	ep.mu.Lock()
+	ep.agentClosed = true
+	ep.mu.Unlock()
+}
+
+// agentNeedsClose reports whether final cleanup must close the agent session.
+func (ep *episode) agentNeedsClose() bool {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return ep.agentOpened && !ep.agentClosed
+}
+
+// cleanupStack is an episode's final cleanup: callbacks registered as the
+// episode opens sessions, run last-in first-out exactly once, within one
+// total timeout, whatever path the episode ends on. Callbacks must be
+// idempotent on the remote side; their failures are logged, not returned,
+// since the episode's reply is already decided.
+type cleanupStack struct {
+	mu  sync.Mutex
+	fns []cleanupFunc
+	ran bool
+}
+
+type cleanupFunc struct {
+	name string
+	fn   func(context.Context) error
+}
+
+func (c *cleanupStack) push(name string, fn func(context.Context) error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fns = append(c.fns, cleanupFunc{name: name, fn: fn})
+}
+
+// run runs every callback once, newest first.
+func (c *cleanupStack) run(ctx context.Context, log *slog.Logger) {
+	c.mu.Lock()
+	if c.ran {
+		c.mu.Unlock()
+		return
+	}
+	c.ran = true
+	fns := c.fns
+	c.fns = nil
+	c.mu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		if err := fns[i].fn(ctx); err != nil {
+			log.WarnContext(ctx, "final cleanup step failed", "step", fns[i].name, "err", err)
+		}
+	}
+}

@@ -1,0 +1,275 @@
+// Package environment is the environment server: POST /run takes a NeMo Gym
+// dataset row and runs one episode of it, either as the explicit stages of
+// single_agent_turn (seed → invoke_agent → close_agent → verify → return,
+// over a typed boundary) or by relaying it to an agent's legacy /run. Final
+// cleanup (closing the agent and resources sessions) runs before /run replies
+// on every path, including a client that went away.
+package environment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// Deps are the server's collaborators; nil fields get working defaults.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+}
+
+// Server is an environment server.
+type Server struct {
+	*httpserver.Server
+	cfg     Config
+	log     *slog.Logger
+	client  *http.Client
+	agents  map[string]AgentConfig
+	metrics *metrics
+
+	mu      sync.Mutex
+	live    map[string]*episode // by capture key
+	closing bool
+	running sync.WaitGroup // /run handlers, so Close can wait for their cleanup
+}
+
+// New validates cfg and builds the server; call Listen and Serve (or run it
+// through lifecycle.Run).
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("environment config: %w", err)
+	}
+	if deps.Logger == nil {
+		deps.Logger = logging.Discard()
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     deps.Logger,
+		client:  httpclient.New(httpclient.Options{H2C: true}),
+		agents:  make(map[string]AgentConfig, len(cfg.Agents)),
+		metrics: newMetrics(deps.Registry),
+		live:    make(map[string]*episode),
+	}
+	for _, a := range cfg.Agents {
+		a.URL = strings.TrimRight(a.URL, "/")
+		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
+		s.agents[a.Name] = a
+	}
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry})
+	r.Post("/run", httpserver.Handle(deps.Logger, s.handleRun))
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	return s, nil
+}
+
+// Close stops serving and waits until every /run has finished its final
+// cleanup (each is bounded by cleanup_timeout once its request is cancelled).
+func (s *Server) Close(ctx context.Context) error {
+	err := s.Server.Close(ctx)
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	// Every handler's request is cancelled by now, and its cleanup is bounded
+	// by cleanup_timeout, so this wait is bounded too.
+	s.running.Wait()
+	s.client.CloseIdleConnections()
+	return err
+}
+
+// LiveEpisode describes an episode in flight.
+type LiveEpisode struct {
+	Episode  rollout.EpisodeID `json:"episode_id"`
+	Protocol string            `json:"protocol"`
+	Agent    string            `json:"agent"`
+	Started  time.Time         `json:"started"`
+	// Boundary is the latest boundary (single_agent_turn only).
+	Boundary Boundary `json:"boundary"`
+}
+
+// Live lists the episodes in flight, by capture key.
+func (s *Server) Live() []LiveEpisode {
+	s.mu.Lock()
+	eps := make([]*episode, 0, len(s.live))
+	for _, ep := range s.live {
+		eps = append(eps, ep)
+	}
+	s.mu.Unlock()
+	out := make([]LiveEpisode, 0, len(eps))
+	for _, ep := range eps {
+		out = append(out, LiveEpisode{Episode: ep.id, Protocol: ep.protocol, Agent: ep.agent.Name, Started: ep.started, Boundary: ep.latest()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Episode.CaptureKey() < out[j].Episode.CaptureKey() })
+	return out
+}
+
+func (s *Server) handleRun(r *http.Request) (any, error) {
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		return nil, err
+	}
+	req, err := DecodeRunRequest(r.Context(), body)
+	if err != nil {
+		return nil, err
+	}
+	name := req.Agent
+	if name == "" {
+		name = s.cfg.defaultAgent()
+	}
+	agent, ok := s.agents[name]
+	if !ok {
+		return nil, apierror.New(apierror.InvalidRequest, "agent_ref.name %q is not an agent of environment %s (known: %s)", name, s.cfg.Name, strings.Join(s.agentNames(), ", "))
+	}
+
+	ctx := rollout.WithEpisode(r.Context(), req.Episode)
+	ep := &episode{
+		id:       req.Episode,
+		protocol: s.cfg.protocolOf(agent),
+		agent:    agent,
+		req:      req,
+		started:  time.Now(),
+		log:      s.log,
+	}
+	if err := s.admit(ep); err != nil {
+		return nil, err
+	}
+	defer s.release(ep)
+
+	reply, err := s.runEpisode(ctx, ep)
+	outcome := "ok"
+	if err != nil {
+		outcome = string(apierror.CodeOf(err))
+		s.log.WarnContext(ctx, "episode failed", "protocol", ep.protocol, "agent", agent.Name, "err", err)
+	}
+	s.metrics.episodes.WithLabelValues(ep.protocol, outcome).Inc()
+	if err != nil {
+		return nil, err
+	}
+	return reply, nil
+}
+
+// admit registers an episode as live, refusing a second /run of an attempt
+// that is still running: the live one is never disturbed.
+func (s *Server) admit(ep *episode) error {
+	key := ep.id.CaptureKey()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return apierror.New(apierror.Unavailable, "environment %s is shutting down", s.cfg.Name)
+	}
+	if _, dup := s.live[key]; dup {
+		return apierror.New(apierror.EpisodeRunning, "episode %s is already running on environment %s", key, s.cfg.Name)
+	}
+	s.live[key] = ep
+	s.running.Add(1)
+	s.metrics.inFlight.Inc()
+	return nil
+}
+
+func (s *Server) release(ep *episode) {
+	s.mu.Lock()
+	delete(s.live, ep.id.CaptureKey())
+	s.mu.Unlock()
+	s.metrics.inFlight.Dec()
+	s.running.Done()
+}
+
+// runEpisode runs the protocol under episode_timeout, then the final cleanup
+// under cleanup_timeout, detached from the request so that a client that went
+// away still gets its sessions closed before the handler returns.
+func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage, error) {
+	epCtx, cancel := context.WithTimeout(ctx, s.cfg.EpisodeTimeout)
+	defer cancel()
+
+	var reply codec.RawMessage
+	var err error
+	switch ep.protocol {
+	case ProtocolLegacy:
+		reply, err = s.runLegacy(epCtx, ep)
+	default:
+		reply, err = s.runSingleAgentTurn(epCtx, ep, Boundary{Next: StageSeed, Handles: newHandles()})
+	}
+
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
+	ep.cleanup.run(cctx, s.log)
+	ccancel()
+
+	if err != nil {
+		return nil, s.episodeError(ctx, epCtx, ep, err)
+	}
+	return reply, nil
+}
+
+// episodeError maps an episode's failure to the /run error: the client went
+// away, the episode ran out of time, or an upstream failed.
+func (s *Server) episodeError(reqCtx, epCtx context.Context, ep *episode, err error) error {
+	key := ep.id.CaptureKey()
+	switch {
+	case reqCtx.Err() != nil:
+		return apierror.New(apierror.ClientClosed, "episode %s: the client closed the request: %v", key, err)
+	case errors.Is(epCtx.Err(), context.DeadlineExceeded):
+		return apierror.New(apierror.UpstreamTimeout, "episode %s exceeded episode_timeout %v: %v", key, s.cfg.EpisodeTimeout, err)
+	}
+	var se *stageError
+	if errors.As(err, &se) {
+		return apierror.New(apierror.UpstreamError, "episode %s: %v", key, err)
+	}
+	return apierror.From(err)
+}
+
+func (s *Server) agentNames() []string {
+	names := make([]string, 0, len(s.agents))
+	for n := range s.agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+type metrics struct {
+	inFlight prometheus.Gauge
+	episodes *prometheus.CounterVec
+	stage    *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gymfleet_rollouts_in_flight",
+			Help: "Episodes (/run requests) being run by this environment server.",
+		}),
+		episodes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gymfleet_env_episodes_total",
+			Help: "Episodes finished, by protocol and outcome (ok or the error code).",
+		}, []string{"protocol", "outcome"}),
+		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gymfleet_env_stage_seconds",
+			Help:    "Time one episode stage took, by stage.",
+			Buckets: []float64{.005, .02, .1, .5, 2, 10, 60, 300, 1800},
+		}, []string{"stage"}),
+	}
+	reg.MustRegister(m.inFlight, m.episodes, m.stage)
+	return m
+}
+
+// stageTimer starts timing a stage; call the result when it ends.
+func (m *metrics) stageTimer(stage Stage) func() {
+	start := time.Now()
+	return func() { m.stage.WithLabelValues(string(stage)).Observe(time.Since(start).Seconds()) }
+}

@@ -1,0 +1,577 @@
+// Package episode tracks episodes as sequences of steps with boundaries, the
+// checkpoint side of the environment server and of the agent's legacy /run
+// (SPEC §6, reference protocol.md §4.1).
+//
+// After each completed step the owner records a boundary: a JSON value naming
+// the next step and what it needs. A checkpoint can always be taken at a
+// boundary. A step still running when admission closes runs in one of two
+// modes: Wait (the checkpoint waits for it; for anything unsafe to run twice)
+// or Replay (the checkpoint does not wait: the episode counts as parked at the
+// boundary before the step, and after a crash the step runs again).
+//
+// With checkpointing off there is no Tracker: every method works on a nil
+// *Tracker and a nil *Episode and does nothing, so the data path pays nothing.
+package episode
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// Mode is how a step behaves when a checkpoint closes admission while it runs.
+type Mode uint8
+
+const (
+	// Wait: the checkpoint waits for the step; its result is recorded and it
+	// never runs twice.
+	Wait Mode = iota
+	// Replay: the checkpoint does not wait; after a crash the step runs again
+	// from the boundary before it.
+	Replay
+)
+
+func (m Mode) String() string {
+	if m == Replay {
+		return "replay"
+	}
+	return "wait"
+}
+
+// ParseMode reads "wait" or "replay".
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "wait":
+		return Wait, nil
+	case "replay":
+		return Replay, nil
+	}
+	return Wait, fmt.Errorf("step mode %q: want wait or replay", s)
+}
+
+type state uint8
+
+const (
+	running state = iota
+	inWaitStep
+	inReplayStep
+	parked
+	finishing
+)
+
+// Tracker holds the live episodes of one server and the episodes restored
+// from a checkpoint whose replacement has not started.
+type Tracker struct {
+	mu       sync.Mutex
+	episodes map[string]*Episode
+	// byRollout indexes live episodes by rollout id, so a retire never scans
+	// every episode.
+	byRollout map[string]map[*Episode]struct{}
+	// pending are restored records by the capture key of the replacement
+	// attempt that will claim them.
+	pending map[string]*Record
+	closed  bool
+	// reopened is closed when admission reopens.
+	reopened chan struct{}
+	// blocking counts episodes that keep a checkpoint from being ready;
+	// changed is closed (and replaced) whenever it drops to zero.
+	blocking int
+	changed  chan struct{}
+	served   int
+}
+
+// NewTracker returns an empty tracker with admission open.
+func NewTracker() *Tracker {
+	return &Tracker{
+		episodes:  map[string]*Episode{},
+		byRollout: map[string]map[*Episode]struct{}{},
+		pending:   map[string]*Record{},
+		changed:   make(chan struct{}),
+	}
+}
+
+// Record is an exported episode: the task it runs and its last boundary
+// (null when it had none: it starts over from its input).
+type Record struct {
+	EpisodeID  rollout.EpisodeID `json:"episode_id"`
+	TaskDigest string            `json:"task_digest"`
+	Boundary   codec.RawMessage  `json:"boundary"`
+}
+
+// Episode is one live episode.
+type Episode struct {
+	t  *Tracker
+	id rollout.EpisodeID
+	// Guarded by t.mu.
+	state       state
+	boundary    any
+	hasBoundary bool
+	taskDigest  string
+	restart     bool
+	retired     bool
+	ended       bool
+	cancel      context.CancelFunc
+	done        chan struct{}
+	blocks      bool
+}
+
+// ID is the episode's id.
+func (e *Episode) ID() rollout.EpisodeID { return e.id }
+
+// TaskDigest is sha256 of the task's canonical JSON, which a replacement
+// attempt must match.
+func TaskDigest(task any) (string, error) {
+	b, err := codec.MarshalStable(task)
+	if err != nil {
+		return "", err
+	}
+	return digestHex(b), nil
+}
+
+// isBlocking is the one definition of what keeps a checkpoint waiting: an
+// episode being retired, or one that is neither a restart nor parked at a
+// boundary nor inside a replay step nor in its final cleanup.
+func (e *Episode) isBlocking() bool {
+	if e.ended {
+		return false
+	}
+	if e.retired {
+		return true
+	}
+	return !e.restart && (e.state == running || e.state == inWaitStep)
+}
+
+// update recomputes e's contribution to the blocking count. Called with t.mu.
+func (t *Tracker) update(e *Episode) {
+	b := e.isBlocking()
+	if b == e.blocks {
+		return
+	}
+	e.blocks = b
+	if b {
+		t.blocking++
+		return
+	}
+	t.blocking--
+	if t.blocking == 0 {
+		close(t.changed)
+		t.changed = make(chan struct{})
+	}
+}
+
+// Continuation is what a replacement attempt starts from.
+type Continuation struct {
+	// Boundary is the restored boundary, or nil to start from the input.
+	Boundary codec.RawMessage
+}
+
+// Begin registers an episode. A replacement attempt with a restored record
+// claims it (its task digest must match) and gets it as a continuation. A
+// new episode is refused with admission_closed while a checkpoint is open,
+// and a duplicate of a running attempt with episode_running. cancel stops
+// the episode's work (used by Retire). The caller checks the attempt fence
+// first.
+func (t *Tracker) Begin(id rollout.EpisodeID, taskDigest string, cancel context.CancelFunc) (*Episode, *Continuation, error) {
+	if t == nil {
+		return nil, nil, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	key := id.CaptureKey()
+	if _, ok := t.episodes[key]; ok {
+		return nil, nil, apierror.New(apierror.EpisodeRunning, "episode %s is already running", key)
+	}
+	var cont *Continuation
+	if rec, ok := t.pending[key]; ok {
+		if rec.TaskDigest != taskDigest {
+			return nil, nil, apierror.New(apierror.TaskMismatch, "episode %s continues a checkpoint recorded for a different task", key)
+		}
+		delete(t.pending, key)
+		cont = &Continuation{}
+		if len(rec.Boundary) > 0 && string(rec.Boundary) != "null" {
+			cont.Boundary = rec.Boundary
+		}
+	} else if t.closed {
+		return nil, nil, apierror.New(apierror.AdmissionClosed, "a checkpoint is in progress; resend this /run unchanged after it")
+	}
+	e := &Episode{t: t, id: id, taskDigest: taskDigest, cancel: cancel, done: make(chan struct{})}
+	t.episodes[key] = e
+	if t.byRollout[id.RolloutID] == nil {
+		t.byRollout[id.RolloutID] = map[*Episode]struct{}{}
+	}
+	t.byRollout[id.RolloutID][e] = struct{}{}
+	t.served++
+	t.update(e)
+	return e, cont, nil
+}
+
+// Step runs fn as a step of the given mode.
+func (e *Episode) Step(ctx context.Context, mode Mode, fn func(context.Context) error) error {
+	if e == nil {
+		return fn(ctx)
+	}
+	t := e.t
+	t.mu.Lock()
+	if mode == Replay {
+		e.state = inReplayStep
+	} else {
+		e.state = inWaitStep
+	}
+	t.update(e)
+	t.mu.Unlock()
+	err := fn(ctx)
+	t.mu.Lock()
+	e.state = running
+	t.update(e)
+	t.mu.Unlock()
+	return err
+}
+
+// Boundary records a boundary (a JSON-encodable value, which must not
+// change afterwards) and, while a checkpoint is open, parks the episode there
+// until admission reopens (or ctx ends). A restart never parks.
+func (e *Episode) Boundary(ctx context.Context, b any) error {
+	if e == nil {
+		return nil
+	}
+	t := e.t
+	t.mu.Lock()
+	e.boundary, e.hasBoundary = b, true
+	t.mu.Unlock()
+	return e.park(ctx)
+}
+
+// park waits at the current boundary while a checkpoint is open. If a new
+// checkpoint closes before the episode wakes, it stays parked for that one.
+func (e *Episode) park(ctx context.Context) error {
+	t := e.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for t.closed && !e.restart {
+		e.state = parked
+		t.update(e)
+		ch := t.reopened
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.mu.Lock()
+			e.state = running
+			t.update(e)
+			return ctx.Err()
+		}
+		t.mu.Lock()
+	}
+	e.state = running
+	t.update(e)
+	return nil
+}
+
+// MarkRestart makes the episode a restart: it never blocks, parks or is
+// exported, and the controller starts it over after a crash. It waits for
+// admission to reopen first, so the restart set is stable during a checkpoint.
+func (e *Episode) MarkRestart(ctx context.Context) error {
+	if e == nil {
+		return nil
+	}
+	t := e.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for t.closed {
+		ch := t.reopened
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.mu.Lock()
+			return ctx.Err()
+		}
+		t.mu.Lock()
+	}
+	e.restart = true
+	t.update(e)
+	return nil
+}
+
+// Finishing marks the start of the episode's final cleanup: a retire no
+// longer cancels it (cancelling would interrupt the cleanup) and only waits.
+func (e *Episode) Finishing() {
+	if e == nil {
+		return
+	}
+	t := e.t
+	t.mu.Lock()
+	e.state = finishing
+	t.update(e)
+	t.mu.Unlock()
+}
+
+// End removes the episode; every path of an episode calls it once.
+func (e *Episode) End() {
+	if e == nil {
+		return
+	}
+	t := e.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	key := e.id.CaptureKey()
+	if t.episodes[key] == e {
+		delete(t.episodes, key)
+		if set := t.byRollout[e.id.RolloutID]; set != nil {
+			delete(set, e)
+			if len(set) == 0 {
+				delete(t.byRollout, e.id.RolloutID)
+			}
+		}
+	}
+	e.ended = true
+	t.update(e)
+	close(e.done)
+}
+
+// CloseAdmission closes admission: new episodes are refused and live ones
+// park at their next boundary.
+func (t *Tracker) CloseAdmission() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.closed {
+		t.closed = true
+		t.reopened = make(chan struct{})
+	}
+}
+
+// OpenAdmission reopens and wakes every parked episode.
+func (t *Tracker) OpenAdmission() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		t.closed = false
+		close(t.reopened)
+	}
+}
+
+// Ready reports whether no episode blocks a checkpoint (a count check).
+func (t *Tracker) Ready() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.blocking == 0
+}
+
+// ReadyChanged returns a channel closed the next time the blocking count
+// drops to zero.
+func (t *Tracker) ReadyChanged() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.changed
+}
+
+// Report lists at most limit blockers, counts and restarts. It scans the
+// episodes, so it is called once per reply.
+func (t *Tracker) Report(limit int) ctlplane.Report {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var blockers []string
+	restarts := []string{}
+	parkedN := 0
+	for key, e := range t.episodes {
+		switch {
+		case e.isBlocking():
+			blockers = append(blockers, key)
+		case e.restart:
+			restarts = append(restarts, key)
+		case e.state == parked || e.state == inReplayStep:
+			parkedN++
+		}
+	}
+	sort.Strings(restarts)
+	listed, n := ctlplane.Blockers(blockers, limit)
+	return ctlplane.Report{
+		Ready: n == 0, Blockers: listed, BlockerCount: n, Restarts: restarts,
+		Counts: map[string]int{"episodes": len(t.episodes), "parked": parkedN, "restarts": len(restarts), "restored_pending": len(t.pending)},
+	}
+}
+
+// Export emits a record for every exportable episode in scope: live ones
+// parked at a boundary or inside a replay step (not retired, not restarts),
+// and restored ones whose replacement has not started, which the scope names
+// by their replacement attempt.
+func (t *Tracker) Export(scope ctlplane.Scope, emit func(ctlplane.Record) error) error {
+	t.mu.Lock()
+	var recs []Record
+	for _, e := range t.episodes {
+		if e.retired || e.restart || !scope.Has(e.id) || (e.state != parked && e.state != inReplayStep) {
+			continue
+		}
+		b := codec.RawMessage("null")
+		if e.hasBoundary {
+			raw, err := codec.Marshal(e.boundary)
+			if err != nil {
+				t.mu.Unlock()
+				return fmt.Errorf("boundary of %s: %w", e.id, err)
+			}
+			b = raw
+		}
+		recs = append(recs, Record{EpisodeID: e.id, TaskDigest: e.taskDigest, Boundary: b})
+	}
+	for _, r := range t.pending {
+		if scope.Has(r.EpisodeID) {
+			recs = append(recs, *r)
+		}
+	}
+	t.mu.Unlock()
+	sort.Slice(recs, func(i, j int) bool { return recs[i].EpisodeID.CaptureKey() < recs[j].EpisodeID.CaptureKey() })
+	for _, r := range recs {
+		data, err := codec.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if err := emit(ctlplane.Record{EpisodeID: r.EpisodeID, Data: data}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteRestoredOutside drops restored records the scope leaves out (no
+// fence: the controller may start that rollout over as that attempt).
+func (t *Tracker) DeleteRestoredOutside(scope ctlplane.Scope) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for key, r := range t.pending {
+		if !scope.Has(r.EpisodeID) {
+			delete(t.pending, key)
+			n++
+		}
+	}
+	return n
+}
+
+// ErrNotFresh reports a tracker that has run episodes; restore needs a
+// fresh process.
+var ErrNotFresh = errors.New("this process has run episodes")
+
+// Fresh reports whether no episode ever ran and nothing was restored.
+func (t *Tracker) Fresh() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.served > 0 || len(t.episodes) > 0 || len(t.pending) > 0 {
+		return ErrNotFresh
+	}
+	return nil
+}
+
+// Install validates every record and then installs every one as pending
+// under its episode's next attempt. It returns the next attempts.
+func (t *Tracker) Install(records []ctlplane.Record) ([]rollout.EpisodeID, error) {
+	recs := make([]*Record, 0, len(records))
+	for i, raw := range records {
+		var r Record
+		if err := codec.UnmarshalStrict(raw.Data, &r); err != nil {
+			return nil, fmt.Errorf("episode record %d: %s", i, codec.DescribeError(err))
+		}
+		if r.EpisodeID != raw.EpisodeID {
+			return nil, fmt.Errorf("episode record %d names %s but is filed under %s", i, r.EpisodeID, raw.EpisodeID)
+		}
+		if r.TaskDigest == "" {
+			return nil, fmt.Errorf("episode record %s has no task digest", r.EpisodeID)
+		}
+		if len(r.Boundary) == 0 || !codec.Valid(r.Boundary) {
+			return nil, fmt.Errorf("episode record %s has an invalid boundary", r.EpisodeID)
+		}
+		r.EpisodeID = r.EpisodeID.Next()
+		recs = append(recs, &r)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]rollout.EpisodeID, len(recs))
+	for i, r := range recs {
+		t.pending[r.EpisodeID.CaptureKey()] = r
+		out[i] = r.EpisodeID
+	}
+	return out, nil
+}
+
+// Pending lists the capture keys of restored records not yet claimed.
+func (t *Tracker) Pending() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.pending))
+	for k := range t.pending {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Len is the number of live episodes.
+func (t *Tracker) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.episodes)
+}
+
+// Retire stops every live episode of the given attempts (and earlier
+// attempts of the same rollouts) and waits until each has ended; restored
+// records they cover are dropped. An episode already in its final cleanup is
+// not cancelled, only waited for, so its reply still means its sessions are
+// closed. Until a retired episode has ended it blocks prepares; a retire cut
+// short by ctx leaves it so, and a retry stops it again.
+func (t *Tracker) Retire(ctx context.Context, ids []rollout.EpisodeID) error {
+	t.mu.Lock()
+	var waits []chan struct{}
+	for _, id := range ids {
+		for e := range t.byRollout[id.RolloutID] {
+			if e.id.Attempt > id.Attempt {
+				continue
+			}
+			if !e.retired {
+				e.retired = true
+				t.update(e)
+				if e.state != finishing && e.cancel != nil {
+					// Cancelled once: a second cancel would interrupt the
+					// cleanup the first one started.
+					e.cancel()
+				}
+			}
+			waits = append(waits, e.done)
+		}
+		// A pending record is filed under the attempt that would continue
+		// it; retiring that attempt (or a later one) drops it.
+		for key, r := range t.pending {
+			if r.EpisodeID.RolloutID == id.RolloutID && r.EpisodeID.Attempt <= id.Attempt {
+				delete(t.pending, key)
+			}
+		}
+	}
+	t.mu.Unlock()
+	for _, ch := range waits {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Closed reports whether admission is closed.
+func (t *Tracker) Closed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+func digestHex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

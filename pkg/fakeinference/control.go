@@ -1,0 +1,207 @@
+package fakeinference
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+)
+
+// HoldRequest is the body of POST /_ctl/hold; exactly one field is set.
+//   - AfterCalls: every call after the first n received (since start or the
+//     last reset) waits until released.
+//   - AfterCallsPerRollout: per rollout id (attempts counted together), the
+//     (n+1)-th and later calls wait. Calls that name no rollout never wait.
+//
+// A hold placed while another is active replaces the threshold and keeps the
+// calls already waiting: one release frees them all.
+type HoldRequest struct {
+	AfterCalls           *int `json:"after_calls,omitempty"`
+	AfterCallsPerRollout *int `json:"after_calls_per_rollout,omitempty"`
+}
+
+// HoldReply answers POST /_ctl/hold: the hold now active and how many calls
+// wait.
+type HoldReply struct {
+	Hold HoldRequest `json:"hold"`
+	Held int         `json:"held"`
+}
+
+// ReleaseRequest is the optional body of POST /_ctl/release. Calls k
+// releases the k oldest held calls and keeps the hold; no body (or no
+// calls) releases every held call and removes the hold.
+type ReleaseRequest struct {
+	Calls *int `json:"calls,omitempty"`
+}
+
+// ReleaseReply answers POST /_ctl/release.
+type ReleaseReply struct {
+	Released int `json:"released"`
+}
+
+// CallCount answers GET /_ctl/call_count, cheap enough to poll. Counted
+// since start or the last reset; Received = Returned + Cut + Failed + Held +
+// InFlight.
+type CallCount struct {
+	Received int `json:"received"`
+	Returned int `json:"returned"`
+	Failed   int `json:"failed"`
+	Cut      int `json:"cut"`
+	Held     int `json:"held"`
+	InFlight int `json:"in_flight"`
+}
+
+// CallInfo is one entry of GET /_ctl/calls. CompletionTokens of a call
+// still generating is the count produced so far.
+type CallInfo struct {
+	Index              int        `json:"index"`
+	CallID             string     `json:"call_id"`
+	CaptureKey         *string    `json:"capture_key"`
+	RolloutID          *string    `json:"rollout_id"`
+	Attempt            *int       `json:"attempt"`
+	NMessages          int        `json:"n_messages"`
+	Stream             bool       `json:"stream"`
+	PromptTokens       int        `json:"prompt_tokens"`
+	CompletionTokens   int        `json:"completion_tokens"`
+	FinishReason       *string    `json:"finish_reason"`
+	Status             string     `json:"status"`
+	Held               bool       `json:"held"`
+	ContinuedFrom      *string    `json:"continued_from"`
+	ReusedPrefixTokens int        `json:"reused_prefix_tokens"`
+	ReceivedAt         time.Time  `json:"received_at"`
+	FinishedAt         *time.Time `json:"finished_at"`
+}
+
+// CallsReply answers GET /_ctl/calls, in arrival order.
+type CallsReply struct {
+	Calls []CallInfo `json:"calls"`
+}
+
+// CutsReply answers GET /_ctl/cuts: per generation-cut request (that listed
+// at least one call), the ids of the calls it cut with a durable prefix.
+type CutsReply struct {
+	Rounds [][]string `json:"rounds"`
+}
+
+// ScriptReply answers POST and GET /_ctl/script: the script every call
+// without its own uses (null: the configured script, or none).
+type ScriptReply struct {
+	Script *Script `json:"script"`
+}
+
+// ResetReply answers POST /_ctl/reset.
+type ResetReply struct {
+	Reset bool `json:"reset"`
+}
+
+func (s *Server) handleHold(r *http.Request) (any, error) {
+	var req HoldRequest
+	if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
+		return nil, err
+	}
+	if (req.AfterCalls == nil) == (req.AfterCallsPerRollout == nil) {
+		return nil, apierror.New(apierror.InvalidRequest, "send exactly one of after_calls and after_calls_per_rollout")
+	}
+	for _, n := range []*int{req.AfterCalls, req.AfterCallsPerRollout} {
+		if n != nil && *n < 0 {
+			return nil, apierror.New(apierror.InvalidRequest, "the hold threshold must be >= 0, got %d", *n)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The held calls stay in s.waiters: only the threshold changes.
+	s.hold = &req
+	s.log.InfoContext(r.Context(), "hold placed", "after_calls", req.AfterCalls, "after_calls_per_rollout", req.AfterCallsPerRollout, "held", s.counts.Held)
+	return HoldReply{Hold: req, Held: s.counts.Held}, nil
+}
+
+func (s *Server) handleRelease(r *http.Request) (any, error) {
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		return nil, err
+	}
+	var req ReleaseRequest
+	if len(strings.TrimSpace(string(body))) > 0 {
+		if err := codec.UnmarshalStrict(body, &req); err != nil {
+			return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
+		}
+		if req.Calls != nil && *req.Calls < 1 {
+			return nil, apierror.New(apierror.InvalidRequest, "calls must be >= 1, got %d", *req.Calls)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := 0
+	if req.Calls != nil {
+		k = *req.Calls
+	} else {
+		s.hold = nil
+	}
+	n := s.releaseLocked(k)
+	s.log.InfoContext(r.Context(), "held calls released", "released", n, "hold_kept", s.hold != nil)
+	return ReleaseReply{Released: n}, nil
+}
+
+func (s *Server) handleCallCount(*http.Request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts, nil
+}
+
+func (s *Server) handleCalls(*http.Request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	out := CallsReply{Calls: make([]CallInfo, len(s.calls))}
+	for i, c := range s.calls {
+		out.Calls[i] = c.info(now)
+	}
+	return out, nil
+}
+
+func (s *Server) handleScript(r *http.Request) (any, error) {
+	var sc Script
+	if err := httpserver.DecodeJSONStrict(r, &sc); err != nil {
+		return nil, err
+	}
+	if err := sc.Normalize(); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "%v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.script = nil
+	if !sc.IsZero() {
+		s.script = &sc
+	}
+	return ScriptReply{Script: s.script}, nil
+}
+
+func (s *Server) handleGetScript(*http.Request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return ScriptReply{Script: s.script}, nil
+}
+
+func (s *Server) handleCuts(*http.Request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := CutsReply{Rounds: make([][]string, len(s.cuts))}
+	for i, round := range s.cuts {
+		out.Rounds[i] = append([]string{}, round...)
+	}
+	return out, nil
+}
+
+func (s *Server) handleReset(r *http.Request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.counts.Held > 0 || s.counts.InFlight > 0 {
+		return nil, apierror.New(apierror.InvalidPhase, "cannot reset while %d calls are held and %d generating: release them and let them finish first", s.counts.Held, s.counts.InFlight)
+	}
+	s.resetLocked()
+	s.log.InfoContext(r.Context(), "fake inference reset")
+	return ResetReply{Reset: true}, nil
+}

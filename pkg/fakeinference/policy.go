@@ -1,0 +1,369 @@
+package fakeinference
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/openai"
+)
+
+// Greeting is the final answer of a conversation that had no tool round.
+const Greeting = "Hello! How can I help you?"
+
+// AnswerPrefix starts the final answer after tool rounds; the content of the
+// last tool message follows it.
+const AnswerPrefix = "The answer is: "
+
+// MetadataScriptKey is the request metadata key that carries a per-request
+// Script as JSON text.
+const MetadataScriptKey = "fake_script"
+
+// Limits of scripts and of what the default policy reads from a prompt.
+const (
+	MaxScriptToolRounds = 1000
+	// maxDefaultRounds bounds the JSON objects read from user text.
+	maxDefaultRounds = 64
+	// maxScanSteps bounds the work of finding JSON objects in user text, so
+	// a pathological prompt ("{{{{...") costs linear time at worst.
+	maxScanSteps = 4 << 20
+)
+
+// Script scripts the fake policy. Each field overrides only its own part of
+// the default policy:
+//   - ToolCalls, when present, are the rounds (round k calls ToolCalls[k];
+//     rounds past the list repeat its last entry);
+//   - ToolRounds, when present, is the number of rounds (default: the length
+//     of ToolCalls, or of the rounds read from the user's text);
+//   - FinalText, when not empty, is the final answer.
+type Script struct {
+	ToolRounds *int             `json:"tool_rounds,omitempty"`
+	ToolCalls  []ScriptToolCall `json:"tool_calls,omitempty"`
+	FinalText  string           `json:"final_text,omitempty"`
+}
+
+// ScriptToolCall is one scripted tool call. Arguments is a JSON object, or a
+// JSON string holding one; absent means {}.
+type ScriptToolCall struct {
+	Name      string           `json:"name"`
+	Arguments codec.RawMessage `json:"arguments,omitempty"`
+}
+
+// IsZero reports a script that sets nothing (the body {} clears the script).
+func (s *Script) IsZero() bool {
+	return s == nil || (s.ToolRounds == nil && s.ToolCalls == nil && s.FinalText == "")
+}
+
+// ParseScript decodes and normalises a script from JSON text. Unknown fields
+// are refused, so a misspelt field never silently does nothing.
+func ParseScript(text string) (*Script, error) {
+	var s Script
+	if err := codec.UnmarshalStrict([]byte(text), &s); err != nil {
+		return nil, fmt.Errorf("script is not a valid script object: %s", codec.DescribeError(err))
+	}
+	if err := s.Normalize(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Normalize validates the script and rewrites every tool call's arguments
+// as compact JSON object text.
+func (s *Script) Normalize() error {
+	if s.ToolRounds != nil && (*s.ToolRounds < 0 || *s.ToolRounds > MaxScriptToolRounds) {
+		return fmt.Errorf("tool_rounds must be in [0, %d], got %d", MaxScriptToolRounds, *s.ToolRounds)
+	}
+	if len(s.ToolCalls) > MaxScriptToolRounds {
+		return fmt.Errorf("at most %d tool_calls", MaxScriptToolRounds)
+	}
+	for i := range s.ToolCalls {
+		tc := &s.ToolCalls[i]
+		if strings.TrimSpace(tc.Name) == "" || len(tc.Name) > 256 {
+			return fmt.Errorf("tool_calls[%d].name must be 1 to 256 characters", i)
+		}
+		args, err := normalizeArguments(tc.Arguments)
+		if err != nil {
+			return fmt.Errorf("tool_calls[%d].arguments: %w", i, err)
+		}
+		tc.Arguments = codec.RawMessage(args)
+	}
+	return nil
+}
+
+func normalizeArguments(raw codec.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "{}", nil
+	}
+	if raw[0] == '"' {
+		var inner string
+		if err := json.Unmarshal(raw, &inner); err != nil {
+			return "", errors.New("not a JSON string")
+		}
+		raw = bytes.TrimSpace([]byte(inner))
+	}
+	if len(raw) == 0 || raw[0] != '{' || !json.Valid(raw) {
+		return "", errors.New("must be a JSON object (or a string holding one)")
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return "", err
+	}
+	return buf.String(), nil
+}
+
+// Decision is what the fake policy answers to a conversation.
+type Decision struct {
+	// ToolCall is set when the policy calls a tool; ToolName and Arguments
+	// (compact JSON object text) name the call.
+	ToolCall  bool
+	ToolName  string
+	Arguments string
+	// Round counts the tool rounds before this reply (assistant messages
+	// with tool calls in the conversation).
+	Round int
+	// FinalText is the answer when ToolCall is false.
+	FinalText string
+}
+
+// Decide is the fake policy. When the request offers tools (and tool_choice
+// is not "none") and fewer tool rounds happened than the rounds to do, it
+// calls a tool for the next round; otherwise it answers FinalText: the
+// script's, or AnswerPrefix + the last tool message's content, or Greeting
+// when the conversation has no tool message.
+//
+// Without a script the rounds are the JSON objects in the user messages, in
+// order; round k passes the k-th object as arguments to the offered tool
+// whose name appears closest before the object in the text (else the first
+// offered tool). Tools offered but no object found: one round with {}
+// arguments, calling the first offered tool the text names (else the first).
+func Decide(req *openai.ChatRequest, script *Script) Decision {
+	d := Decision{}
+	for i := range req.Messages {
+		if req.Messages[i].Role == "assistant" && len(req.Messages[i].ToolCalls) > 0 {
+			d.Round++
+		}
+	}
+	tools := offeredTools(req)
+	if len(tools) > 0 {
+		rounds, n := plannedRounds(req, tools, script)
+		if d.Round < n {
+			call := ScriptToolCall{Name: tools[0], Arguments: codec.RawMessage("{}")}
+			switch {
+			case d.Round < len(rounds):
+				call = rounds[d.Round]
+			case len(rounds) > 0:
+				call = rounds[len(rounds)-1]
+			}
+			d.ToolCall, d.ToolName, d.Arguments = true, call.Name, string(call.Arguments)
+			return d
+		}
+	}
+	switch {
+	case script != nil && script.FinalText != "":
+		d.FinalText = script.FinalText
+	default:
+		d.FinalText = Greeting
+		for i := len(req.Messages) - 1; i >= 0; i-- {
+			if req.Messages[i].Role == "tool" {
+				d.FinalText = AnswerPrefix + req.Messages[i].Content.String()
+				break
+			}
+		}
+	}
+	return d
+}
+
+// offeredTools lists the function tools the model may call.
+func offeredTools(req *openai.ChatRequest) []string {
+	if tc := bytes.TrimSpace(req.ToolChoice); string(tc) == `"none"` {
+		return nil
+	}
+	var names []string
+	for _, t := range req.Tools {
+		if t.Function.Name != "" {
+			names = append(names, t.Function.Name)
+		}
+	}
+	return names
+}
+
+// plannedRounds returns the round list and the number of rounds to do.
+func plannedRounds(req *openai.ChatRequest, tools []string, script *Script) ([]ScriptToolCall, int) {
+	var rounds []ScriptToolCall
+	if script != nil && script.ToolCalls != nil {
+		rounds = script.ToolCalls
+	} else {
+		rounds = DefaultRounds(userText(req), tools)
+	}
+	n := len(rounds)
+	if script != nil && script.ToolRounds != nil {
+		n = *script.ToolRounds
+	}
+	return rounds, n
+}
+
+// userText joins the text of the user messages.
+func userText(req *openai.ChatRequest) string {
+	var b strings.Builder
+	for i := range req.Messages {
+		if req.Messages[i].Role != "user" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(req.Messages[i].Content.String())
+	}
+	return b.String()
+}
+
+// DefaultRounds reads the tool rounds of the default policy from text: one
+// per JSON object, calling the tool named closest before it. With no object,
+// one round with {} arguments.
+func DefaultRounds(text string, tools []string) []ScriptToolCall {
+	if len(tools) == 0 {
+		return nil
+	}
+	objs := JSONObjects(text, maxDefaultRounds)
+	if len(objs) == 0 {
+		name := tools[0]
+		best := -1
+		for _, t := range tools {
+			if i := firstWordIndex(text, t); i >= 0 && (best < 0 || i < best) {
+				best, name = i, t
+			}
+		}
+		return []ScriptToolCall{{Name: name, Arguments: codec.RawMessage("{}")}}
+	}
+	rounds := make([]ScriptToolCall, 0, len(objs))
+	for _, o := range objs {
+		name := tools[0]
+		bestEnd := -1
+		for _, t := range tools {
+			if end := lastWordEnd(text[:o.Start], t); end > bestEnd {
+				bestEnd, name = end, t
+			}
+		}
+		rounds = append(rounds, ScriptToolCall{Name: name, Arguments: codec.RawMessage(o.Compact)})
+	}
+	return rounds
+}
+
+// JSONObject is a JSON object found in text.
+type JSONObject struct {
+	Start, End int    // text[Start:End] is the object
+	Compact    string // the object as compact JSON
+}
+
+// JSONObjects finds up to max balanced {...} spans of text that parse as
+// JSON objects, in order, not overlapping.
+func JSONObjects(text string, max int) []JSONObject {
+	var out []JSONObject
+	steps := 0
+	for i := 0; i < len(text) && len(out) < max && steps < maxScanSteps; i++ {
+		if text[i] != '{' {
+			continue
+		}
+		end, n := balancedEnd(text, i, maxScanSteps-steps)
+		steps += n
+		if end < 0 {
+			continue
+		}
+		raw := []byte(text[i:end])
+		if !json.Valid(raw) {
+			continue
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, raw); err != nil {
+			continue
+		}
+		out = append(out, JSONObject{Start: i, End: end, Compact: buf.String()})
+		i = end - 1
+	}
+	return out
+}
+
+// balancedEnd returns the end of the brace-balanced span starting at
+// text[start] == '{' (skipping braces inside JSON strings), or -1, and the
+// steps it took (at most budget).
+func balancedEnd(text string, start, budget int) (int, int) {
+	depth := 0
+	inString, escaped := false, false
+	steps := 0
+	for j := start; j < len(text); j++ {
+		steps++
+		if steps > budget {
+			return -1, steps
+		}
+		c := text[j]
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{':
+			depth++
+		case c == '}':
+			depth--
+			if depth == 0 {
+				return j + 1, steps
+			}
+		}
+	}
+	return -1, steps
+}
+
+func isWordByte(b byte) bool {
+	return b == '_' || b >= '0' && b <= '9' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z'
+}
+
+// wordAt reports whether word occurs in text at i as a whole word.
+func wordAt(text string, i int, word string) bool {
+	if i > 0 && isWordByte(text[i-1]) {
+		return false
+	}
+	j := i + len(word)
+	return j >= len(text) || !isWordByte(text[j])
+}
+
+// lastWordEnd is the end of word's last whole-word occurrence in text, or -1.
+func lastWordEnd(text, word string) int {
+	for hi := len(text); hi >= 0; {
+		i := strings.LastIndex(text[:hi], word)
+		if i < 0 {
+			return -1
+		}
+		if wordAt(text, i, word) {
+			return i + len(word)
+		}
+		hi = i + len(word) - 1
+	}
+	return -1
+}
+
+// firstWordIndex is the start of word's first whole-word occurrence, or -1.
+func firstWordIndex(text, word string) int {
+	for lo := 0; lo <= len(text); {
+		i := strings.Index(text[lo:], word)
+		if i < 0 {
+			return -1
+		}
+		i += lo
+		if wordAt(text, i, word) {
+			return i
+		}
+		lo = i + 1
+	}
+	return -1
+}

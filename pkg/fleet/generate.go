@@ -1,0 +1,209 @@
+package fleet
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Topology describes a local fleet to generate: which resources servers,
+// agents and environment routes it has. Generate writes one config file per
+// process with free loopback ports, the way configs/ holds them for the
+// fixed-port local fleet. The crash suite, the demo and the scale bench run
+// fleets generated from a Topology.
+type Topology struct {
+	// Dir receives the config files and the run directory.
+	Dir string
+	// BinDir holds the server binaries.
+	BinDir string
+	// Token enables checkpointing on every server when set.
+	Token string
+	// LeaseGraceSeconds overrides the lease grace (0: the default).
+	LeaseGraceSeconds float64
+	// TokensPerSecond and MinCallSeconds pace fakeinference.
+	TokensPerSecond float64
+	MinCallSeconds  float64
+	// GenerationCuts lets the model server cut in-flight generations.
+	GenerationCuts bool
+	Resources      []ResourcesSpec
+	Agents         []AgentSpec
+	// Routes are the environment server's agent entries; rows pick one by
+	// agent_ref.name.
+	Routes []RouteSpec
+	// LogLevel of every server (default info).
+	LogLevel string
+}
+
+// ResourcesSpec is one resources server.
+type ResourcesSpec struct {
+	Name, Type, CheckpointMode, VerifyMode string
+}
+
+// AgentSpec is one agent, bound to a resources server.
+type AgentSpec struct {
+	Name, Resources string
+	MaxSteps        int
+	Stream          bool
+}
+
+// RouteSpec is one environment route: a name rows use as agent_ref.name,
+// the agent behind it and the protocol.
+type RouteSpec struct {
+	Name, Agent, Protocol string
+}
+
+// Standard is the topology of the crash suite and the demo: weather,
+// counter and slow_verify resources with an agent each, each reachable
+// through single_agent_turn (route named like the agent) and legacy (route
+// "<agent>_legacy").
+func Standard(dir, binDir, token string) Topology {
+	t := Topology{
+		Dir: dir, BinDir: binDir, Token: token, GenerationCuts: true,
+		TokensPerSecond: 2000, MinCallSeconds: 0.002,
+		Resources: []ResourcesSpec{
+			{Name: "weather", Type: "weather"},
+			{Name: "counter", Type: "counter"},
+			{Name: "slow", Type: "slow_verify"},
+		},
+	}
+	for _, r := range t.Resources {
+		a := r.Name + "_agent"
+		t.Agents = append(t.Agents, AgentSpec{Name: a, Resources: r.Name, MaxSteps: 10})
+		t.Routes = append(t.Routes, RouteSpec{Name: a, Agent: a, Protocol: "single_agent_turn"}, RouteSpec{Name: a + "_legacy", Agent: a, Protocol: "legacy"})
+	}
+	return t
+}
+
+// FreePort asks the kernel for a free loopback port. The port is released
+// before use, so another process could take it first; the launcher then
+// fails that start loudly rather than silently.
+func FreePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Generate writes the topology's config files and returns its fleet.
+func Generate(t Topology) (*Config, error) {
+	if t.LogLevel == "" {
+		t.LogLevel = "info"
+	}
+	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	urls := map[string]string{}
+	listen := map[string]string{}
+	for _, name := range t.names() {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		listen[name] = fmt.Sprintf("127.0.0.1:%d", port)
+		urls[name] = "http://" + listen[name]
+	}
+	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token}
+	if t.LeaseGraceSeconds > 0 {
+		checkpoint["lease_grace_seconds"] = t.LeaseGraceSeconds
+	}
+	files := map[string]any{
+		"fakeinference.yaml": map[string]any{
+			"listen": listen["fakeinference"], "log_level": t.LogLevel,
+			"tokens_per_second": t.TokensPerSecond, "min_call_seconds": t.MinCallSeconds,
+			"control_auth_token": t.Token,
+		},
+		"modelserver.yaml": map[string]any{
+			"listen": listen["policy_model"], "name": "policy_model", "log_level": t.LogLevel,
+			"upstream":   map[string]any{"base_url": urls["fakeinference"] + "/v1", "h2c": true},
+			"capture":    map[string]any{"dir": filepath.Join(t.Dir, "run", "capture")},
+			"checkpoint": checkpoint,
+		},
+	}
+	if t.GenerationCuts && t.Token != "" {
+		files["modelserver.yaml"].(map[string]any)["generation_cuts"] = map[string]any{"enabled": true, "control_auth_token": t.Token}
+	}
+	var servers []map[string]any
+	for _, r := range t.Resources {
+		s := map[string]any{"name": r.Name, "type": r.Type, "listen": listen[r.Name]}
+		if r.CheckpointMode != "" {
+			s["checkpoint_mode"] = r.CheckpointMode
+		}
+		if r.VerifyMode != "" {
+			s["verify_mode"] = r.VerifyMode
+		}
+		servers = append(servers, s)
+	}
+	files["resourceserver.yaml"] = map[string]any{"log_level": t.LogLevel, "checkpoint": checkpoint, "servers": servers}
+	var agents []map[string]any
+	resourcesOf := map[string]string{}
+	for _, a := range t.Agents {
+		resourcesOf[a.Name] = urls[a.Resources]
+		agents = append(agents, map[string]any{
+			"name": a.Name, "listen": listen[a.Name], "model_server_url": urls["policy_model"],
+			"resources_server_url": urls[a.Resources], "max_steps": a.MaxSteps, "stream": a.Stream,
+		})
+	}
+	files["agentserver.yaml"] = map[string]any{"log_level": t.LogLevel, "checkpoint": checkpoint, "agents": agents}
+	var routes []map[string]any
+	for _, r := range t.Routes {
+		routes = append(routes, map[string]any{"name": r.Name, "url": urls[r.Agent], "resources_url": resourcesOf[r.Agent], "protocol": r.Protocol})
+	}
+	env := map[string]any{"listen": listen["env"], "name": "env", "log_level": t.LogLevel, "agents": routes, "checkpoint": checkpoint}
+	if len(routes) > 0 {
+		env["default_agent"] = t.Routes[0].Name
+	}
+	files["envserver.yaml"] = env
+	for name, v := range files {
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(t.Dir, name), b, 0o644); err != nil {
+			return nil, err
+		}
+	}
+
+	cfg := &Config{
+		RunDir: filepath.Join(t.Dir, "run"), BinDir: t.BinDir, BaseDir: t.Dir,
+		Checkpoint: Checkpoint{Enabled: t.Token != "", ControlAuthToken: t.Token},
+	}
+	proc := func(name, binary, config string, eps ...Endpoint) {
+		cfg.Processes = append(cfg.Processes, Process{Name: name, Binary: binary, Config: filepath.Join(t.Dir, config), Endpoints: eps})
+	}
+	proc("fakeinference", "fakeinference", "fakeinference.yaml", Endpoint{Name: "fakeinference", Kind: KindFakeInference, URL: urls["fakeinference"]})
+	proc("policy_model", "modelserver", "modelserver.yaml", Endpoint{Name: "policy_model", Kind: KindModel, URL: urls["policy_model"]})
+	var resEps, agentEps []Endpoint
+	for _, r := range t.Resources {
+		resEps = append(resEps, Endpoint{Name: r.Name, Kind: KindResources, URL: urls[r.Name]})
+	}
+	for _, a := range t.Agents {
+		agentEps = append(agentEps, Endpoint{Name: a.Name, Kind: KindAgent, URL: urls[a.Name]})
+	}
+	if len(resEps) > 0 {
+		proc("resources", "resourceserver", "resourceserver.yaml", resEps...)
+	}
+	if len(agentEps) > 0 {
+		proc("agents", "agentserver", "agentserver.yaml", agentEps...)
+	}
+	proc("env", "envserver", "envserver.yaml", Endpoint{Name: "env", Kind: KindEnvironment, URL: urls["env"]})
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func (t Topology) names() []string {
+	names := []string{"fakeinference", "policy_model", "env"}
+	for _, r := range t.Resources {
+		names = append(names, r.Name)
+	}
+	for _, a := range t.Agents {
+		names = append(names, a.Name)
+	}
+	return names
+}

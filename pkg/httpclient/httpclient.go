@@ -1,0 +1,220 @@
+// Package httpclient builds the clients the fleet's servers call each other
+// with, and the one JSON call helper that turns non-2xx replies into
+// apierror values.
+//
+// Between our own servers the transport speaks HTTP/2 without TLS (prior
+// knowledge), so thousands of rollouts in flight share a handful of
+// connections instead of needing a socket each. Clients carry no overall
+// Timeout: generations and held calls are long by design, and every call is
+// bounded by its context instead.
+package httpclient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+)
+
+// Options configures a transport.
+type Options struct {
+	// H2C speaks HTTP/2 without TLS; set it for our own servers. Without it
+	// the transport speaks HTTP/1.1 (a vLLM endpoint, for example).
+	H2C bool
+	// MaxConnsPerHost bounds connections per host for HTTP/1.1; 0 means 1024.
+	MaxConnsPerHost int
+	DialTimeout     time.Duration
+	IdleConnTimeout time.Duration
+}
+
+// NewTransport returns a transport configured by opts.
+func NewTransport(opts Options) *http.Transport {
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = 10 * time.Second
+	}
+	if opts.IdleConnTimeout == 0 {
+		opts.IdleConnTimeout = 90 * time.Second
+	}
+	if opts.MaxConnsPerHost == 0 {
+		opts.MaxConnsPerHost = 1024
+	}
+	t := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        opts.MaxConnsPerHost,
+		MaxIdleConnsPerHost: opts.MaxConnsPerHost,
+		MaxConnsPerHost:     opts.MaxConnsPerHost,
+		IdleConnTimeout:     opts.IdleConnTimeout,
+		// Bodies we forward are already compact JSON; gzip only costs CPU on
+		// loopback and hides SSE framing.
+		DisableCompression: true,
+	}
+	if opts.H2C {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		t.Protocols = &p
+		// The server's MaxConcurrentStreams decides how many streams share a
+		// connection; a new connection opens only when it is reached.
+		t.HTTP2 = &http.HTTP2Config{
+			SendPingTimeout: 30 * time.Second,
+			PingTimeout:     15 * time.Second,
+		}
+	}
+	return t
+}
+
+// New returns a client over NewTransport(opts).
+func New(opts Options) *http.Client {
+	return &http.Client{Transport: NewTransport(opts)}
+}
+
+// MaxReplyBytes bounds a reply body the JSON helper reads.
+const MaxReplyBytes = 256 << 20
+
+// Reply is a complete HTTP reply.
+type Reply struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// OK reports a 2xx status.
+func (r *Reply) OK() bool { return r.Status >= 200 && r.Status < 300 }
+
+// Err returns nil for a 2xx reply, else the error the reply carries: its
+// envelope when it has one, else an upstream_error with the body's text.
+func (r *Reply) Err(what string) error {
+	if r.OK() {
+		return nil
+	}
+	if e := apierror.Parse(r.Status, r.Body); e != nil {
+		return e
+	}
+	text := strings.TrimSpace(string(r.Body))
+	if len(text) > 512 {
+		text = text[:512] + "..."
+	}
+	return &apierror.Error{Code: apierror.UpstreamError, Status: http.StatusBadGateway,
+		Detail: fmt.Sprintf("%s answered %d: %s", what, r.Status, text)}
+}
+
+// Do sends one request with a JSON body (nil for none) and reads the whole
+// reply. It never retries: a POST whose reply was lost is the caller's to
+// judge (SPEC §4: no /run or control call is retried blindly).
+func Do(ctx context.Context, c *http.Client, method, url string, header http.Header, body any) (*Reply, error) {
+	var rd io.Reader
+	if body != nil {
+		var b []byte
+		switch v := body.(type) {
+		case []byte:
+			b = v
+		case codec.RawMessage:
+			b = v
+		default:
+			var err error
+			if b, err = codec.Marshal(v); err != nil {
+				return nil, fmt.Errorf("encoding request to %s: %w", url, err)
+			}
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	if body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxReplyBytes))
+	if err != nil {
+		return nil, fmt.Errorf("reading reply of %s %s: %w", method, url, err)
+	}
+	return &Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// PostJSON posts in and decodes a 2xx reply into out (unless out is nil).
+func PostJSON(ctx context.Context, c *http.Client, url string, header http.Header, in, out any) (*Reply, error) {
+	rep, err := Do(ctx, c, http.MethodPost, url, header, in)
+	if err != nil {
+		return nil, err
+	}
+	if err := rep.Err(url); err != nil {
+		return rep, err
+	}
+	if out != nil {
+		if err := codec.Unmarshal(rep.Body, out); err != nil {
+			return rep, &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
+		}
+	}
+	return rep, nil
+}
+
+// GetJSON gets url and decodes a 2xx reply into out.
+func GetJSON(ctx context.Context, c *http.Client, url string, header http.Header, out any) (*Reply, error) {
+	rep, err := Do(ctx, c, http.MethodGet, url, header, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := rep.Err(url); err != nil {
+		return rep, err
+	}
+	if out != nil {
+		if err := codec.Unmarshal(rep.Body, out); err != nil {
+			return rep, &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
+		}
+	}
+	return rep, nil
+}
+
+// NewIdempotentClient returns a client that retries transport errors and 5xx
+// replies, for GET requests only. Any other method fails before it is sent:
+// retryablehttp re-sends a POST whose reply was lost, which for /run or a
+// control call would be a second execution.
+func NewIdempotentClient(base *http.Client, retries int) *http.Client {
+	rc := retryablehttp.NewClient()
+	rc.HTTPClient = base
+	rc.RetryMax = retries
+	rc.RetryWaitMin = 50 * time.Millisecond
+	rc.RetryWaitMax = time.Second
+	rc.Logger = nil
+	rc.ErrorHandler = retryablehttp.PassthroughErrorHandler
+	rc.CheckRetry = func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return retryablehttp.DefaultRetryPolicy(ctx, resp, err)
+	}
+	std := rc.StandardClient()
+	std.Transport = getOnly{std.Transport}
+	return std
+}
+
+type getOnly struct{ next http.RoundTripper }
+
+// ErrNotIdempotent is returned for a non-GET request on an idempotent client.
+var ErrNotIdempotent = errors.New("the retrying client only sends GET and HEAD requests")
+
+func (g getOnly) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return nil, fmt.Errorf("%s %s: %w", r.Method, r.URL, ErrNotIdempotent)
+	}
+	return g.next.RoundTrip(r)
+}

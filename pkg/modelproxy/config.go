@@ -1,0 +1,116 @@
+package modelproxy
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// Defaults for Config.
+const (
+	DefaultListen          = "127.0.0.1:18010"
+	DefaultName            = "policy_model"
+	DefaultUpstreamBaseURL = "http://127.0.0.1:18000/v1"
+	DefaultUpstreamModel   = "fake-model"
+	DefaultCaptureDir      = ".gymfleet/capture/policy_model"
+)
+
+// Config configures the policy model server.
+type Config struct {
+	// Listen is host:port; port 0 picks a free one.
+	Listen string `mapstructure:"listen"`
+	// Name is the server's instance name (logs, the checkpoint participant).
+	Name string `mapstructure:"name"`
+	// LogLevel is read by cmd/modelserver (debug, info, warn, error).
+	LogLevel string         `mapstructure:"log_level"`
+	Upstream UpstreamConfig `mapstructure:"upstream"`
+	// ReturnTokenIDs asks the upstream for token ids and log-probs on every
+	// call and returns them as prompt_token_ids, generation_token_ids and
+	// generation_log_probs (NeMo Gym's return_token_id_information).
+	ReturnTokenIDs bool          `mapstructure:"return_token_ids"`
+	Capture        CaptureConfig `mapstructure:"capture"`
+	// Checkpoint is the checkpoint: block. It is validated and carried; the
+	// participant that uses it mounts later.
+	Checkpoint ctlplane.Config `mapstructure:"checkpoint"`
+}
+
+// UpstreamConfig names the OpenAI-compatible inference endpoint (vLLM or
+// fakeinference) the server calls.
+type UpstreamConfig struct {
+	// BaseURL ends in /v1: chat completions go to <base_url>/chat/completions.
+	BaseURL string `mapstructure:"base_url"`
+	// APIKey is sent as a bearer token when set.
+	APIKey string `mapstructure:"api_key"`
+	// Model is the model every call is made with, whatever the client named.
+	Model string `mapstructure:"model"`
+	// H2C speaks HTTP/2 without TLS (fakeinference, our own servers). A real
+	// vLLM speaks HTTP/1.1: set it false there.
+	H2C bool `mapstructure:"h2c"`
+	// MaxConnsPerHost bounds HTTP/1.1 connections; 0 means 1024.
+	MaxConnsPerHost int `mapstructure:"max_conns_per_host"`
+}
+
+// CaptureConfig configures token capture.
+type CaptureConfig struct {
+	// Dir holds the capture ledger (pkg/tokencapture).
+	Dir string `mapstructure:"dir"`
+	// ControlAuthToken guards the ledger routes (/capture/...) with a
+	// bearer token; empty leaves them open.
+	ControlAuthToken string `mapstructure:"control_auth_token"`
+}
+
+// DefaultConfig returns the defaults of every field.
+func DefaultConfig() Config {
+	return Config{
+		Listen:   DefaultListen,
+		Name:     DefaultName,
+		LogLevel: "info",
+		Upstream: UpstreamConfig{
+			BaseURL: DefaultUpstreamBaseURL,
+			Model:   DefaultUpstreamModel,
+			H2C:     true,
+		},
+		ReturnTokenIDs: true,
+		Capture:        CaptureConfig{Dir: DefaultCaptureDir},
+		Checkpoint:     ctlplane.DefaultConfig(),
+	}
+}
+
+// Validate reports every invalid field at once.
+func (c Config) Validate() error {
+	var errs []error
+	if strings.TrimSpace(c.Listen) == "" {
+		errs = append(errs, errors.New("listen must be host:port"))
+	}
+	if !rollout.ValidID(c.Name) {
+		errs = append(errs, fmt.Errorf("name %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", c.Name))
+	}
+	if c.LogLevel != "" {
+		if _, err := logging.ParseLevel(c.LogLevel); err != nil {
+			errs = append(errs, fmt.Errorf("log_level: %w", err))
+		}
+	}
+	if u, err := url.Parse(c.Upstream.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		errs = append(errs, fmt.Errorf("upstream.base_url %q must be an absolute http(s) URL such as http://127.0.0.1:18000/v1", c.Upstream.BaseURL))
+	} else if u.Scheme == "https" && c.Upstream.H2C {
+		errs = append(errs, errors.New("upstream.h2c is HTTP/2 without TLS and cannot be used with an https base_url"))
+	}
+	if strings.TrimSpace(c.Upstream.Model) == "" {
+		errs = append(errs, errors.New("upstream.model must not be empty"))
+	}
+	if c.Upstream.MaxConnsPerHost < 0 {
+		errs = append(errs, fmt.Errorf("upstream.max_conns_per_host must be >= 0, got %d", c.Upstream.MaxConnsPerHost))
+	}
+	if strings.TrimSpace(c.Capture.Dir) == "" {
+		errs = append(errs, errors.New("capture.dir must not be empty"))
+	}
+	if err := c.Checkpoint.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

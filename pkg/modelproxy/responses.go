@@ -1,0 +1,284 @@
+package modelproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/openai"
+	"github.com/gymfleet/gymfleet/pkg/sse"
+)
+
+// knownResponsesField lists the top-level keys of a Responses request
+// (NeMo Gym's NeMoGymResponseCreateParamsNonStreaming, plus stream). Any
+// other key is refused, as NeMo Gym refuses it (extra="forbid").
+func knownResponsesField(k string) bool {
+	switch k {
+	case "input", "instructions", "max_output_tokens", "max_tool_calls", "metadata", "model",
+		"parallel_tool_calls", "previous_response_id", "prompt", "reasoning", "service_tier", "store",
+		"temperature", "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "user",
+		"background", "include", "stream":
+		return true
+	}
+	return false
+}
+
+// decodeResponsesRequest reads a Responses request strictly at the top
+// level: an unknown key is a 422 naming it.
+func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, apierror.New(apierror.InvalidRequest, "request body is empty; expected a Responses request")
+	}
+	if !codec.Valid(body) {
+		return nil, apierror.New(apierror.InvalidRequest, "request body is not valid JSON")
+	}
+	var top map[string]codec.RawMessage
+	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
+		return nil, apierror.New(apierror.InvalidRequest, "request body must be a JSON object")
+	}
+	var unknown []string
+	for k := range top {
+		if !knownResponsesField(k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return nil, apierror.New(apierror.InvalidRequest, "unknown request fields: %s", strings.Join(unknown, ", ")).WithStatus(http.StatusUnprocessableEntity)
+	}
+	if in, ok := top["input"]; !ok || string(bytes.TrimSpace(in)) == "null" {
+		return nil, apierror.New(apierror.InvalidRequest, "input is required").WithStatus(http.StatusUnprocessableEntity)
+	}
+	var req openai.ResponsesRequest
+	if err := codec.Unmarshal(body, &req); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
+	}
+	return &req, nil
+}
+
+// handleResponses serves POST /v1/responses: convert, call Chat Completions
+// upstream, convert back.
+func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
+	t := s.admit(r, routeResponses)
+	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		fail(err)
+		return
+	}
+	req, err := decodeResponsesRequest(body)
+	if err != nil {
+		fail(err)
+		return
+	}
+	chat, err := openai.ResponsesToChat(req, s.cfg.Upstream.Model)
+	if err != nil {
+		fail(apierror.New(apierror.InvalidRequest, "%v", err))
+		return
+	}
+	s.setTokenParams(chat)
+	var digest string
+	if t.captureKey != "" {
+		if digest, err = chatDigest(chat); err != nil {
+			fail(apierror.Wrap(apierror.Internal, err))
+			return
+		}
+	}
+	if req.Streaming() {
+		s.streamResponses(w, r, t, req, chat, digest)
+		return
+	}
+	s.finish(w, r, t, s.responsesOnce(r.Context(), t, req, chat, digest))
+}
+
+// setTokenParams asks the upstream for token ids, or, with return_token_ids
+// off, keeps the history's token fields from going upstream.
+func (s *Server) setTokenParams(c *openai.ChatRequest) {
+	if !s.cfg.ReturnTokenIDs {
+		for i := range c.Messages {
+			c.Messages[i].TokenFields = openai.TokenFields{}
+		}
+		return
+	}
+	yes, zero := true, 0
+	c.Logprobs, c.TopLogprobs = &yes, &zero
+	c.ReturnTokensAsTokenIDs, c.ReturnTokenIDs = &yes, &yes
+}
+
+// chatDigest is requestDigest of a converted request.
+func chatDigest(c *openai.ChatRequest) (string, error) {
+	m, err := codec.Marshal(c.Messages)
+	if err != nil {
+		return "", err
+	}
+	var tools []byte
+	if len(c.Tools) > 0 {
+		if tools, err = codec.Marshal(c.Tools); err != nil {
+			return "", err
+		}
+	}
+	return requestDigest(m, tools)
+}
+
+// applyTokens puts usable token fields on choices[0].message (where
+// ChatToResponse takes them from) and clears anything partial there.
+func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, err error) {
+	if len(c.Choices) == 0 {
+		return
+	}
+	if s.cfg.ReturnTokenIDs && err == nil {
+		c.Choices[0].Message.TokenFields = tf
+	} else {
+		c.Choices[0].Message.TokenFields = openai.TokenFields{}
+	}
+}
+
+// responsesOnce makes a non-streaming call and builds the Response.
+func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.ResponsesRequest, chat *openai.ChatRequest, digest string) reply {
+	chat.Stream = false
+	up, err := codec.Marshal(chat)
+	if err != nil {
+		return reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError}
+	}
+	outcome := outcomeOK
+	var c *openai.ChatCompletion
+	var capt *captured
+	b, err := s.postChat(ctx, t, up)
+	switch {
+	case contextOverflow(err):
+		c = syntheticOverflow(s.cfg.Upstream.Model)
+		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens}
+		outcome = outcomeOverflow
+	case err != nil:
+		return reply{err: asAPIError(err), outcome: outcomeOf(err)}
+	default:
+		c = new(openai.ChatCompletion)
+		if err := codec.Unmarshal(b, c); err != nil {
+			return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
+		}
+		tf, terr := extractTokens(c)
+		s.countTokens(c.Usage, tf)
+		s.applyTokens(c, tf, terr)
+		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
+	}
+	resp, err := openai.ChatToResponse(req, c, openai.ResponseOptions{Model: s.cfg.Upstream.Model})
+	if err != nil {
+		return reply{err: apierror.New(apierror.UpstreamError, "converting the upstream reply: %v", err), outcome: outcomeUpstreamError}
+	}
+	body, err := codec.Marshal(resp)
+	if err != nil {
+		return reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError}
+	}
+	return reply{body: body, capture: capt, outcome: outcome}
+}
+
+// streamResponses streams a Responses call: upstream chunks become
+// Responses events as they arrive; the ledger row is staged before the
+// closing events and response.completed.
+func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *ticket, req *openai.ResponsesRequest, chat *openai.ChatRequest, digest string) {
+	ctx := r.Context()
+	chat.Stream = true
+	chat.StreamOptions = &openai.StreamOptions{IncludeUsage: true}
+	up, err := codec.Marshal(chat)
+	if err != nil {
+		s.finish(w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
+		return
+	}
+	rs := newResponseStream(s, t, r, w, req)
+	start := time.Now()
+	resp, err := s.callUpstream(ctx, t, up, true)
+	if err != nil {
+		if !contextOverflow(err) {
+			s.finish(w, r, t, reply{err: asAPIError(err), outcome: outcomeOf(err)})
+			return
+		}
+		c := syntheticOverflow(s.cfg.Upstream.Model)
+		s.endResponseStream(rs, c, &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens}, outcomeOverflow)
+		return
+	}
+	defer resp.Body.Close()
+	var acc openai.ChatAccumulator
+	rd := sse.NewReader(resp.Body)
+	sawDone := false
+	var upErr error
+	for {
+		ev, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			upErr = transportError(ctx, err)
+			break
+		}
+		if string(bytes.TrimSpace(ev.Data)) == sse.Done {
+			sawDone = true
+			break
+		}
+		var ch openai.ChatChunk
+		if err := codec.Unmarshal(ev.Data, &ch); err != nil {
+			upErr = apierror.New(apierror.UpstreamError, "the upstream sent an undecodable chunk: %v", err)
+			break
+		}
+		acc.Add(&ch)
+		if err := rs.chunk(&ch); err != nil {
+			s.done(t, outcomeCanceled)
+			return
+		}
+	}
+	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
+	c := acc.Completion()
+	if upErr == nil && !sawDone && finishReason(c) == "" {
+		upErr = apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+	}
+	if upErr != nil {
+		if !rs.out.started() {
+			s.finish(w, r, t, reply{err: upErr, outcome: outcomeOf(upErr)})
+			return
+		}
+		if t.captureKey != "" {
+			s.captureFailed(ctx, t, upErr)
+		}
+		rs.fail(upErr)
+		s.done(t, outcomeStreamError)
+		return
+	}
+	tf, terr := extractTokens(c)
+	s.countTokens(c.Usage, tf)
+	s.applyTokens(c, tf, terr)
+	s.endResponseStream(rs, c, &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}, outcomeOK)
+}
+
+// endResponseStream converts the finished completion, stages the row, and
+// writes the closing events and response.completed.
+func (s *Server) endResponseStream(rs *responseStream, c *openai.ChatCompletion, capt *captured, outcome string) {
+	// The stream may not have begun yet (an empty or overflowed reply):
+	// response.created goes first, through the delivery gate.
+	if err := rs.begin(c.Created); err != nil {
+		s.done(rs.t, outcomeCanceled)
+		return
+	}
+	final, err := rs.final(c)
+	if err != nil {
+		err = apierror.New(apierror.UpstreamError, "converting the upstream reply: %v", err)
+		if rs.t.captureKey != "" {
+			s.captureFailed(rs.r.Context(), rs.t, err)
+		}
+		rs.fail(err)
+		s.done(rs.t, outcomeStreamError)
+		return
+	}
+	s.stage(rs.r.Context(), rs.t, capt)
+	if err := rs.complete(final); err != nil {
+		s.done(rs.t, outcomeCanceled)
+		return
+	}
+	s.done(rs.t, outcome)
+}

@@ -1,0 +1,161 @@
+// Package modelproxy is the policy model server: an OpenAI-compatible proxy in
+// front of a vLLM-shaped inference endpoint.
+//
+//   - POST /v1/chat/completions passes through (unknown fields forwarded, SSE
+//     relayed chunk by chunk), with the model set and vLLM's token-id
+//     parameters added;
+//   - POST /v1/responses is converted to Chat Completions and back
+//     (pkg/openai), streaming included;
+//   - calls under /ng-rollout/<capture_key>/ are captured: one ledger row per
+//     call (pkg/tokencapture), staged before the reply is delivered;
+//   - GET /capture/rollouts/{capture_key}/manifest reads a ledger.
+//
+// Every call follows one path (call.go): admit → upstream → build the reply
+// → deliver (the single point before the first byte is written, where a
+// checkpoint gate will hold undelivered responses) → stage the ledger row →
+// write.
+package modelproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/tokencapture"
+)
+
+// Deps are the server's injected dependencies; nil fields get defaults.
+type Deps struct {
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	// Upstream is the client for the inference endpoint; nil builds one from
+	// Config.Upstream.
+	Upstream *http.Client
+}
+
+// Server is the policy model server.
+type Server struct {
+	*httpserver.Server
+	cfg     Config
+	log     *slog.Logger
+	ledger  *tokencapture.Ledger
+	client  *http.Client
+	metrics *metrics
+
+	chatURL, modelsURL string
+	handler            http.Handler
+}
+
+// New opens the capture ledger and builds the server; call Listen and Serve.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Logger == nil {
+		deps.Logger = logging.Discard()
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	client := deps.Upstream
+	if client == nil {
+		client = httpclient.New(httpclient.Options{H2C: cfg.Upstream.H2C, MaxConnsPerHost: cfg.Upstream.MaxConnsPerHost})
+	}
+	ledger, err := tokencapture.Open(cfg.Capture.Dir, tokencapture.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("capture ledger: %w", err)
+	}
+	base := strings.TrimRight(cfg.Upstream.BaseURL, "/")
+	s := &Server{
+		cfg:       cfg,
+		log:       deps.Logger,
+		ledger:    ledger,
+		client:    client,
+		metrics:   newMetrics(deps.Registry),
+		chatURL:   base + "/chat/completions",
+		modelsURL: base + "/models",
+	}
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry})
+	s.routes(r)
+	s.handler = r
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	return s, nil
+}
+
+func (s *Server) routes(r chi.Router) {
+	r.Get("/v1/models", s.handleModels)
+	r.Post("/v1/chat/completions", s.handleChat)
+	r.Post("/v1/responses", s.handleResponses)
+	r.Route("/capture/rollouts", func(r chi.Router) {
+		r.Use(s.requireControlToken)
+		r.Get("/{capture_key}/manifest", httpserver.Handle(s.log, s.handleManifest))
+		r.Post("/retire", httpserver.Handle(s.log, s.handleRetire))
+		r.Post("/delete", httpserver.Handle(s.log, s.handleDelete))
+	})
+}
+
+// Handler is the server's HTTP handler, for in-process tests.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Ledger is the capture ledger the server writes.
+func (s *Server) Ledger() *tokencapture.Ledger { return s.ledger }
+
+// Config is the configuration the server runs with.
+func (s *Server) Config() Config { return s.cfg }
+
+// Close stops serving (waiting for calls in flight up to ctx's deadline),
+// then closes the ledger.
+func (s *Server) Close(ctx context.Context) error {
+	err := s.Server.Close(ctx)
+	if lerr := s.ledger.Close(); lerr != nil && !errors.Is(lerr, tokencapture.ErrClosed) {
+		err = errors.Join(err, fmt.Errorf("close capture ledger: %w", lerr))
+	}
+	s.client.CloseIdleConnections()
+	return err
+}
+
+// metrics are the server's own Prometheus series.
+type metrics struct {
+	calls           *prometheus.CounterVec
+	tokens          *prometheus.CounterVec
+	captureFailures prometheus.Counter
+	inFlight        prometheus.Gauge
+	upstreamSeconds prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gymfleet_model_calls_total",
+			Help: "Model calls answered, by route (chat, responses, models) and outcome.",
+		}, []string{"route", "outcome"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gymfleet_model_tokens_total",
+			Help: "Tokens of answered model calls, by kind (prompt, generation).",
+		}, []string{"kind"}),
+		captureFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gymfleet_model_capture_failures_total",
+			Help: "Captured model calls answered without a usable ledger row.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gymfleet_model_calls_in_flight",
+			Help: "Model calls admitted and not yet answered.",
+		}),
+		upstreamSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gymfleet_model_upstream_seconds",
+			Help:    "Time from sending a call upstream to its complete reply.",
+			Buckets: []float64{.005, .02, .1, .5, 1, 2, 5, 10, 30, 60, 300},
+		}),
+	}
+	reg.MustRegister(m.calls, m.tokens, m.captureFailures, m.inFlight, m.upstreamSeconds)
+	return m
+}

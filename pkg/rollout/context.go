@@ -1,0 +1,70 @@
+package rollout
+
+import (
+	"context"
+	"net/http"
+	"strings"
+)
+
+// PathPrefix is the first path segment that carries a capture key on data
+// routes: /ng-rollout/<capture_key>/...
+const PathPrefix = "/ng-rollout/"
+
+type ctxKey struct{}
+
+// WithEpisode returns a context that carries the episode a request belongs to.
+func WithEpisode(ctx context.Context, id EpisodeID) context.Context {
+	return context.WithValue(ctx, ctxKey{}, id)
+}
+
+// FromContext returns the episode a request belongs to, if it named one.
+func FromContext(ctx context.Context) (EpisodeID, bool) {
+	id, ok := ctx.Value(ctxKey{}).(EpisodeID)
+	return id, ok
+}
+
+// SplitPath splits /ng-rollout/<capture_key>/rest into the capture key and
+// /rest. ok is false when the path carries no prefix.
+func SplitPath(path string) (key, rest string, ok bool) {
+	if !strings.HasPrefix(path, PathPrefix) {
+		return "", path, false
+	}
+	tail := path[len(PathPrefix):]
+	i := strings.IndexByte(tail, '/')
+	if i <= 0 {
+		return "", path, false
+	}
+	return tail[:i], tail[i:], true
+}
+
+// Path builds the prefixed form of path for an episode.
+func Path(id EpisodeID, path string) string {
+	return PathPrefix + id.CaptureKey() + path
+}
+
+// StripPrefix is middleware that removes the /ng-rollout/<capture_key> prefix
+// before routing and puts the episode in the request context. A malformed
+// capture key is answered by onInvalid.
+func StripPrefix(onInvalid func(http.ResponseWriter, *http.Request, error)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key, rest, ok := SplitPath(r.URL.Path)
+			if !ok {
+				next.ServeHTTP(w, r)
+				return
+			}
+			id, err := ParseCaptureKey(key)
+			if err != nil {
+				onInvalid(w, r, err)
+				return
+			}
+			// A shallow copy: only the URL changes, and the handler never
+			// sees the prefixed path.
+			r2 := r.WithContext(WithEpisode(r.Context(), id))
+			u := *r.URL
+			u.Path, u.RawPath = rest, ""
+			r2.URL = &u
+			next.ServeHTTP(w, r2)
+		})
+	}
+}

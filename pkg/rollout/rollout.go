@@ -1,0 +1,153 @@
+// Package rollout names rollouts, attempts and capture keys (SPEC §2) and
+// reads a rollout's identity from a NeMo Gym dataset row.
+package rollout
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// MaxIDLength is the longest rollout id SPEC §2 allows.
+const MaxIDLength = 128
+
+var (
+	idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	// attemptSuffix is what a capture key of attempt N>0 ends with. A rollout id
+	// must not end with it, or a capture key could not be read back.
+	attemptSuffix = regexp.MustCompile(`-a([1-9][0-9]{0,8})$`)
+)
+
+// ErrInvalidID reports a rollout id, capture key or checkpoint id that does not
+// match the SPEC pattern.
+var ErrInvalidID = errors.New("invalid id")
+
+// ValidID reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$. Checkpoint
+// ids, instance names and kinds use the same pattern.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// ValidateRolloutID checks a rollout id: the SPEC pattern, and no trailing
+// "-a<N>", which would make its capture keys ambiguous.
+func ValidateRolloutID(s string) error {
+	if !ValidID(s) {
+		return fmt.Errorf("%w: rollout id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ErrInvalidID, s)
+	}
+	if attemptSuffix.MatchString(s) {
+		return fmt.Errorf("%w: rollout id %q must not end in -a<N>, which names an attempt", ErrInvalidID, s)
+	}
+	return nil
+}
+
+// EpisodeID names one execution (attempt) of a rollout.
+type EpisodeID struct {
+	RolloutID string `json:"rollout_id"`
+	Attempt   int    `json:"attempt"`
+}
+
+// CaptureKey is the one-string name of an attempt: r for attempt 0, r-aN after.
+func (e EpisodeID) CaptureKey() string {
+	if e.Attempt == 0 {
+		return e.RolloutID
+	}
+	return e.RolloutID + "-a" + strconv.Itoa(e.Attempt)
+}
+
+// String returns the capture key.
+func (e EpisodeID) String() string { return e.CaptureKey() }
+
+// Next is the attempt that continues this one after a restore.
+func (e EpisodeID) Next() EpisodeID { return EpisodeID{RolloutID: e.RolloutID, Attempt: e.Attempt + 1} }
+
+// Validate checks the rollout id and that the attempt is not negative.
+func (e EpisodeID) Validate() error {
+	if err := ValidateRolloutID(e.RolloutID); err != nil {
+		return err
+	}
+	if e.Attempt < 0 {
+		return fmt.Errorf("%w: attempt %d is negative", ErrInvalidID, e.Attempt)
+	}
+	return nil
+}
+
+// ParseCaptureKey reads a capture key back into its episode id.
+func ParseCaptureKey(key string) (EpisodeID, error) {
+	if !ValidID(key) {
+		return EpisodeID{}, fmt.Errorf("%w: capture key %q", ErrInvalidID, key)
+	}
+	if m := attemptSuffix.FindStringSubmatchIndex(key); m != nil {
+		n, err := strconv.Atoi(key[m[2]:m[3]])
+		if err != nil {
+			return EpisodeID{}, fmt.Errorf("%w: capture key %q", ErrInvalidID, key)
+		}
+		id := EpisodeID{RolloutID: key[:m[0]], Attempt: n}
+		if err := id.Validate(); err != nil {
+			return EpisodeID{}, err
+		}
+		return id, nil
+	}
+	return EpisodeID{RolloutID: key}, nil
+}
+
+// Row field names of NeMo Gym's rollout collection (SPEC §2).
+const (
+	FieldRolloutID    = "_ng_rollout_id"
+	FieldAttemptIndex = "_ng_attempt_index"
+	FieldTaskIndex    = "_ng_task_index"
+	FieldRolloutIndex = "_ng_rollout_index"
+	FieldAgentRef     = "agent_ref"
+	FieldParams       = "responses_create_params"
+)
+
+// ErrRolloutIDRequired reports a row that names no rollout.
+var ErrRolloutIDRequired = errors.New("rollout id required: send _ng_rollout_id, or _ng_task_index and _ng_rollout_index, or the /ng-rollout/<capture_key> prefix")
+
+// FromRow reads the episode id of a dataset row given as decoded JSON. The
+// rollout id is _ng_rollout_id, or <_ng_task_index>-<_ng_rollout_index>; the
+// attempt is _ng_attempt_index (0 when absent).
+func FromRow(row map[string]any) (EpisodeID, error) {
+	var id EpisodeID
+	if v, ok := row[FieldRolloutID]; ok && v != nil {
+		s, ok := v.(string)
+		if !ok {
+			return id, fmt.Errorf("%w: %s must be a string", ErrInvalidID, FieldRolloutID)
+		}
+		id.RolloutID = s
+	} else {
+		t, okT := intField(row, FieldTaskIndex)
+		r, okR := intField(row, FieldRolloutIndex)
+		if !okT || !okR {
+			return id, ErrRolloutIDRequired
+		}
+		id.RolloutID = strconv.FormatInt(t, 10) + "-" + strconv.FormatInt(r, 10)
+	}
+	if v, ok := row[FieldAttemptIndex]; ok && v != nil {
+		n, ok := intField(row, FieldAttemptIndex)
+		if !ok {
+			return id, fmt.Errorf("%w: %s must be a non-negative integer, got %v", ErrInvalidID, FieldAttemptIndex, v)
+		}
+		id.Attempt = int(n)
+	}
+	return id, id.Validate()
+}
+
+// intField reads a non-negative integer that JSON decoding may have produced as
+// float64, json.Number-like string or int.
+func intField(row map[string]any, name string) (int64, bool) {
+	switch v := row[name].(type) {
+	case float64:
+		if v < 0 || v != float64(int64(v)) || v > 1<<40 {
+			return 0, false
+		}
+		return int64(v), true
+	case int:
+		return int64(v), v >= 0
+	case int64:
+		return v, v >= 0
+	case interface{ String() string }: // json.Number from UseNumber decoders
+		n, err := strconv.ParseInt(strings.TrimSpace(v.String()), 10, 64)
+		return n, err == nil && n >= 0
+	}
+	return 0, false
+}
