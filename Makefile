@@ -6,7 +6,7 @@ GO        ?= go
 BIN       := $(CURDIR)/bin
 VERSION   := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
-FUZZTIME  ?= 2s
+FUZZTIME  ?= 1s
 # Packages with goroutines and shared state run under the race detector.
 RACE_PKGS := ./pkg/... ./cmd/...
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl

@@ -165,3 +165,42 @@ func waitAddr(t *testing.T, path, name string, done <-chan error) string {
 	t.Fatal("address file never named the agent")
 	return ""
 }
+
+// With checkpointing on, every agent answers the control API on its own
+// listener as an "agent" participant named after itself.
+func TestRun_CheckpointEnabled(t *testing.T) {
+	text := "log_level: warn\ncheckpoint: {enabled: true, control_auth_token: tok}\nagents:\n" +
+		"  - {name: a, listen: 127.0.0.1:0, model_server_url: http://127.0.0.1:1, resources_server_url: http://127.0.0.1:2}\n" +
+		"  - {name: b, listen: 127.0.0.1:0, model_server_url: http://127.0.0.1:1, resources_server_url: http://127.0.0.1:2}\n"
+	addrFile := filepath.Join(t.TempDir(), "addrs")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--config", writeConfig(t, text), "--addr-file", addrFile}, noEnv, &stdout, &stderr)
+	}()
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	for _, name := range []string{"a", "b"} {
+		addr := waitAddr(t, addrFile, name, done)
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/_ckpt/status", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"kind":"agent"`) || !strings.Contains(string(b), `"instance":"`+name+`"`) {
+			t.Errorf("%s status: %d %s", name, resp.StatusCode, b)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v (stderr %s)", err, stderr.String())
+	}
+}

@@ -1,6 +1,6 @@
 // Command gymctl is the operator's command line for a gymfleet fleet: start
-// a local fleet (up), collect rollouts from a JSONL dataset (collect), and
-// run the demo (demo).
+// a local fleet (up), collect rollouts from a JSONL dataset (collect), run
+// the demo (demo), and drive checkpoints (ckpt).
 package main
 
 import (
@@ -38,6 +38,7 @@ func commands() []command {
 		{"up", "start the fleet of a fleet file and keep it running until Ctrl-C", runUp},
 		{"collect", "run a JSONL dataset through an environment server", runCollect},
 		{"demo", "start the local fleet, collect the demo dataset, report, stop", runDemo},
+		{"ckpt", "drive checkpoints: status, prepare, commit, resume, restore, retire, forget, verify", runCkpt},
 	}
 }
 

@@ -65,8 +65,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	ckpt := "off"
+	if cfg.Checkpoint.Enabled {
+		ckpt = "on"
+	}
 	return lifecycle.Run(ctx, []lifecycle.Named{{Name: cfg.Name, Server: srv}}, flags.AddrFile, func(name, addr string) {
-		fmt.Fprintf(stdout, "%s listening on http://%s (upstream %s, model %s, capture dir %s)\n",
-			name, addr, cfg.Upstream.BaseURL, cfg.Upstream.Model, cfg.Capture.Dir)
+		fmt.Fprintf(stdout, "%s listening on http://%s (upstream %s, model %s, capture dir %s, checkpointing %s)\n",
+			name, addr, cfg.Upstream.BaseURL, cfg.Upstream.Model, cfg.Capture.Dir, ckpt)
 	})
 }

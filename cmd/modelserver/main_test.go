@@ -37,12 +37,16 @@ func TestShippedConfigLoadsAndValidates(t *testing.T) {
 	if cfg.Capture.Dir != ".gymfleet/capture/policy_model" || cfg.Checkpoint.Enabled || cfg.Checkpoint.LeaseGraceSeconds != 600 {
 		t.Errorf("capture %+v, checkpoint %+v", cfg.Capture, cfg.Checkpoint)
 	}
+	if g := cfg.GenerationCuts; !g.Enabled || g.ControlAuthToken != "" {
+		t.Errorf("generation_cuts = %+v", g)
+	}
 }
 
 func TestUnknownKeyFailsNamingIt(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, key string }{
 		{"top level", "listen: 127.0.0.1:0\nreturn_token_id_information: true\n", "return_token_id_information"},
 		{"inside upstream", "upstream:\n  base_url: http://x:1/v1\n  modle: m\n", "modle"},
+		{"inside generation_cuts", "generation_cuts:\n  enable: true\n", "enable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "model.yaml")
@@ -59,15 +63,17 @@ func TestUnknownKeyFailsNamingIt(t *testing.T) {
 
 func TestEnvironmentOverrides(t *testing.T) {
 	env := map[string]string{
-		"GYMFLEET_UPSTREAM_BASE_URL": "http://gpu1:8000/v1",
-		"GYMFLEET_UPSTREAM_H2C":      "false",
-		"GYMFLEET_RETURN_TOKEN_IDS":  "false",
+		"GYMFLEET_UPSTREAM_BASE_URL":                  "http://gpu1:8000/v1",
+		"GYMFLEET_UPSTREAM_H2C":                       "false",
+		"GYMFLEET_RETURN_TOKEN_IDS":                   "false",
+		"GYMFLEET_GENERATION_CUTS_CONTROL_AUTH_TOKEN": "cut-secret",
 	}
 	cfg, err := loadConfig(configload.Flags{Config: "../../configs/modelserver.yaml", Listen: "127.0.0.1:0"}, func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Upstream.BaseURL != "http://gpu1:8000/v1" || cfg.Upstream.H2C || cfg.ReturnTokenIDs || cfg.Listen != "127.0.0.1:0" {
+	if cfg.Upstream.BaseURL != "http://gpu1:8000/v1" || cfg.Upstream.H2C || cfg.ReturnTokenIDs || cfg.Listen != "127.0.0.1:0" ||
+		cfg.GenerationCuts.ControlAuthToken != "cut-secret" {
 		t.Errorf("overrides not applied: %+v", cfg)
 	}
 }

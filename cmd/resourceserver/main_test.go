@@ -145,3 +145,49 @@ func waitAddrs(t *testing.T, path string, done <-chan error) map[string]string {
 	t.Fatal("address file never appeared")
 	return nil
 }
+
+// TestRun_CheckpointEnabled: with the checkpoint block on (from the
+// environment), every server answers the control API as its own instance.
+func TestRun_CheckpointEnabled(t *testing.T) {
+	cfgPath := writeConfig(t, "log_level: warn\nservers:\n  - {name: w, type: weather, listen: 127.0.0.1:0}\n  - {name: c, type: counter, listen: 127.0.0.1:0, checkpoint_mode: restart_only}\n")
+	env := map[string]string{"GYMFLEET_CHECKPOINT_ENABLED": "true", "GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN": "tok"}
+	addrFile := filepath.Join(t.TempDir(), "addrs")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--config", cfgPath, "--addr-file", addrFile}, func(k string) string { return env[k] }, &stdout, &stderr)
+	}()
+	addrs := waitAddrs(t, addrFile, done)
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	want := map[string]string{"w": `"mode":"stateless"`, "c": `"mode":"restart_only"`}
+	for name, addr := range addrs {
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/_ckpt/status", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"instance":"`+name+`"`) || !strings.Contains(string(body), `"kind":"resources"`) || !strings.Contains(string(body), want[name]) {
+			t.Errorf("%s status: %d %s", name, resp.StatusCode, body)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v (stderr %s)", err, stderr.String())
+	}
+}
+
+func TestCheckpointWithoutTokenFails(t *testing.T) {
+	cfgPath := writeConfig(t, "checkpoint: {enabled: true}\nservers:\n  - {name: w, type: weather, listen: 127.0.0.1:0}\n")
+	if _, err := loadConfig(configload.Flags{Config: cfgPath}, noEnv); err == nil || !strings.Contains(err.Error(), "control_auth_token") {
+		t.Errorf("loadConfig = %v, want an error naming control_auth_token", err)
+	}
+}

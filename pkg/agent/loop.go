@@ -148,7 +148,12 @@ func (s *Server) newActivation(ep rollout.EpisodeID, resourcesSession string, pa
 // in place. The result is the last model response with output = every new
 // item and usage = the accumulated usage.
 func (s *Server) RunLoop(ctx context.Context, ep rollout.EpisodeID, resourcesSessionID string, params *openai.ResponsesRequest, state *LoopState) (*openai.Response, error) {
-	resp, err := s.newActivation(ep, resourcesSessionID, params, state).run(ctx)
+	return s.runActivation(ctx, s.newActivation(ep, resourcesSessionID, params, state))
+}
+
+// runActivation runs a loop outside any session, counting its outcome.
+func (s *Server) runActivation(ctx context.Context, act *activation) (*openai.Response, error) {
+	resp, err := act.run(ctx)
 	if err != nil {
 		s.metrics.activations.WithLabelValues("failed").Inc()
 		return nil, err

@@ -74,10 +74,6 @@ type Server struct {
 	ckpt *ckptState
 	ctl  *ctlplane.Controller
 	runs *episode.Tracker
-	// stopWatch ends the goroutine that relays the legacy tracker's
-	// readiness changes; watchDone closes when it has ended.
-	stopWatch chan struct{}
-	watchDone chan struct{}
 }
 
 // session is one agent session. Server.mu guards every field.
@@ -193,8 +189,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	r.Post("/run", h(s.handleRun))
 	if s.ctl != nil {
 		s.ctl.Mount(r)
-		s.stopWatch, s.watchDone = make(chan struct{}), make(chan struct{})
-		go s.watchRuns()
 	}
 	s.router = r
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
@@ -213,7 +207,7 @@ func (s *Server) Close(ctx context.Context) error {
 	err := s.Server.Close(ctx)
 	if s.ctl != nil {
 		s.ctl.Close()
-		s.stopWatching()
+		s.stopWatch()
 	}
 	if s.ownClient {
 		s.client.CloseIdleConnections()
@@ -279,6 +273,7 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 		case sess.resourcesSessionID != req.ResourcesSessionID:
 			return nil, apierror.New(apierror.SessionExists, "agent session %s is open with resources session %s, not %s", sess.id, sess.resourcesSessionID, req.ResourcesSessionID)
 		}
+		sess.restored = false
 		return OpenReply{SessionID: sess.id, EpisodeID: sess.episode}, nil
 	}
 	sess := &session{
@@ -288,15 +283,23 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 		request:            req.Request,
 		observations:       Observations{ResourcesSessionID: req.ResourcesSessionID},
 	}
+	s.addSessionLocked(sess)
+	if s.ckpt != nil {
+		s.ckpt.served++
+	}
+	return OpenReply{SessionID: sess.id, EpisodeID: ep}, nil
+}
+
+// addSessionLocked registers a new session. Called with s.mu held.
+func (s *Server) addSessionLocked(sess *session) {
 	s.sessions[sess.id] = sess
-	m := s.byRollout[ep.RolloutID]
+	m := s.byRollout[sess.episode.RolloutID]
 	if m == nil {
 		m = map[string]*session{}
-		s.byRollout[ep.RolloutID] = m
+		s.byRollout[sess.episode.RolloutID] = m
 	}
 	m[sess.id] = sess
 	s.metrics.sessions.Inc()
-	return OpenReply{SessionID: sess.id, EpisodeID: ep}, nil
 }
 
 // closeRequest is the body of POST /v1/agent_sessions/close.
@@ -365,7 +368,7 @@ func (s *Server) handleClose(r *http.Request) (any, error) {
 				return nil, r.Context().Err()
 			}
 		}
-		sess.closed = true
+		sess.closed, sess.restored, sess.restoredLoop = true, false, nil
 		obs := sess.observations
 		// A closed session only answers later closes and stale activations;
 		// drop what it no longer needs.
@@ -407,6 +410,11 @@ func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *ope
 	if rsid != "" && !rollout.ValidID(rsid) {
 		return nil, apierror.New(apierror.InvalidRequest, "%s %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ResourcesSessionHeader, rsid)
 	}
+	if s.ckpt != nil {
+		s.mu.Lock()
+		s.ckpt.served++
+		s.mu.Unlock()
+	}
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
 	resp, err := s.RunLoop(r.Context(), ep, rsid, params, nil)
@@ -422,7 +430,9 @@ func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *ope
 
 // activate runs activation n of a session: n == completed_activation
 // returns the stored reply; anything but completed_activation + 1 is out of
-// order; one activation runs at a time.
+// order; one activation runs at a time. On a session restored from a
+// checkpoint, activation completed_activation + 1 continues from the loop
+// boundary the checkpoint recorded.
 func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest) (any, error) {
 	s.mu.Lock()
 	sess, ok := s.sessions[sessionID]
@@ -432,6 +442,8 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 		refuse = apierror.New(apierror.UnknownSession, "unknown agent session %q", sessionID)
 	case sess.episode != ep:
 		refuse = apierror.New(apierror.StaleAttempt, "agent session %s belongs to episode %s, not %s", sess.id, sess.episode.CaptureKey(), ep.CaptureKey())
+	case sess.retired:
+		refuse = errRetired
 	case sess.closed:
 		refuse = apierror.New(apierror.SessionClosed, "agent session %s is closed", sess.id)
 	case sess.running:
@@ -451,11 +463,25 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	}
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	act := s.newActivation(ep, sess.resourcesSessionID, params, nil)
+	var from *LoopState
+	if s.ckpt != nil {
+		sess.restored = false
+		// The activation that was in progress when the checkpoint was
+		// taken continues from its boundary: no model call is repeated and
+		// no pending tool skipped. It is the same activation, not a new one.
+		from, sess.restoredLoop = sess.restoredLoop, nil
+	}
+	act := s.newActivation(ep, sess.resourcesSessionID, params, from)
 	sess.running, sess.cancelRun, sess.runDone = true, cancel, make(chan struct{})
-	sess.activations++
+	if from == nil {
+		sess.activations++
+	}
 	sess.loop = act.state
 	done := sess.runDone
+	if s.ckpt != nil {
+		act.hooks = sessionHooks{s: s, sess: sess}
+		s.setPhase(sess, phaseRunning)
+	}
 	s.mu.Unlock()
 
 	s.metrics.inFlight.Inc()
@@ -469,6 +495,10 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess.running, sess.cancelRun, sess.runDone = false, nil, nil
+	if s.ckpt != nil {
+		sess.snap = nil
+		s.setPhase(sess, phaseIdle)
+	}
 	close(done)
 	if err == nil && sess.closed {
 		err = errSessionClosed
@@ -481,61 +511,6 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	sess.observations.add(act.state)
 	s.metrics.activations.WithLabelValues("completed").Inc()
 	return reply, nil
-}
-
-// handleRun is NeMo Gym's legacy /run: seed a fresh resources session, run
-// the loop on the row's responses_create_params, verify, and always close
-// the resources session. The reply is /verify's.
-func (s *Server) handleRun(r *http.Request) (any, error) {
-	body, err := httpserver.ReadBody(r)
-	if err != nil {
-		return nil, err
-	}
-	row, err := decodeRow(body)
-	if err != nil {
-		return nil, err
-	}
-	ep, ok := rollout.FromContext(r.Context())
-	if !ok {
-		if ep, err = episodeOfRow(row); err != nil {
-			return nil, err
-		}
-	}
-	params, err := decodeParams(row[rollout.FieldParams])
-	if err != nil {
-		return nil, err
-	}
-	ctx := rollout.WithEpisode(r.Context(), ep)
-	s.metrics.inFlight.Inc()
-	defer s.metrics.inFlight.Dec()
-
-	rsid := NewResourcesSessionID()
-	resources := baseURL(s.cfg.ResourcesServerURL)
-	header := http.Header{ResourcesSessionHeader: {rsid}}
-	defer s.closeResourcesSession(ctx, ep, rsid)
-
-	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/seed_session"), header, body)
-	if err == nil {
-		err = rep.Err("seed_session")
-	}
-	if err != nil {
-		return nil, upstream(ctx, "resources server /seed_session", err)
-	}
-	resp, err := s.RunLoop(ctx, ep, rsid, params, nil)
-	if err != nil {
-		return nil, err
-	}
-	if row[openaiResponseField], err = codec.Marshal(resp); err != nil {
-		return nil, apierror.Wrap(apierror.Internal, err)
-	}
-	rep, err = httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/verify"), header, row)
-	if err == nil {
-		err = rep.Err("verify")
-	}
-	if err != nil {
-		return nil, upstream(ctx, "resources server /verify", err)
-	}
-	return codec.RawMessage(strings.TrimRight(string(rep.Body), "\r\n")), nil
 }
 
 // openaiResponseField is the row field /verify reads the loop's result from.
@@ -562,6 +537,15 @@ func NewResourcesSessionID() string {
 	_, _ = rand.Read(b[:])
 	return "resources-session-" + hex.EncodeToString(b[:])
 }
+
+// isObject reports whether raw is a JSON object.
+func isObject(raw []byte) bool {
+	t := strings.TrimSpace(string(raw))
+	return len(t) > 0 && t[0] == '{' && codec.Valid(raw)
+}
+
+// isNull reports whether raw is JSON null.
+func isNull(raw []byte) bool { return strings.TrimSpace(string(raw)) == "null" }
 
 // decodeBody decodes a JSON object body, ignoring unknown fields.
 func decodeBody(body []byte, v any) error {

@@ -102,10 +102,12 @@ type modelStandIn struct {
 	// streamEmptyCompleted sends response.completed without output, so the
 	// reader must use the output_item.done events.
 	streamEmptyCompleted bool
-	// block, when set, holds every call until it is closed or the call ends;
-	// entered gets a value when a call starts waiting.
-	block   chan struct{}
-	entered chan struct{}
+	// block, when set, holds every call from blockFrom on (0: every call)
+	// until it is closed or the call ends; entered gets a value when a call
+	// starts waiting.
+	block     chan struct{}
+	entered   chan struct{}
+	blockFrom int
 }
 
 func newModel(t *testing.T, rec *recorder, replies ...string) *modelStandIn {
@@ -121,6 +123,9 @@ func (m *modelStandIn) serve(w http.ResponseWriter, r *http.Request) {
 	i := m.calls
 	m.calls++
 	status, block, entered := m.status, m.block, m.entered
+	if i < m.blockFrom {
+		block = nil
+	}
 	m.mu.Unlock()
 	if block != nil {
 		if entered != nil {
@@ -205,6 +210,12 @@ type resourcesStandIn struct {
 	tool         func(name, body string) (int, string)
 	seedStatus   int
 	verifyStatus int
+	// seedHeader is added to seed replies (checkpoint announcements).
+	seedHeader http.Header
+	// verifyGate, when set, holds /verify until it is closed or the call
+	// ends; verifyEntered gets a value when a verify starts waiting.
+	verifyGate    chan struct{}
+	verifyEntered chan struct{}
 }
 
 func newResources(t *testing.T, rec *recorder) *resourcesStandIn {
@@ -217,8 +228,21 @@ func newResources(t *testing.T, rec *recorder) *resourcesStandIn {
 		status, reply := http.StatusOK, ""
 		switch rest {
 		case "/seed_session":
+			for k, v := range rs.seedHeader {
+				w.Header()[k] = v
+			}
 			status, reply = or(rs.seedStatus, 200), `{}`
 		case "/verify":
+			if rs.verifyGate != nil {
+				if rs.verifyEntered != nil {
+					rs.verifyEntered <- struct{}{}
+				}
+				select {
+				case <-rs.verifyGate:
+				case <-r.Context().Done():
+					return
+				}
+			}
 			status, reply = or(rs.verifyStatus, 200), `{"reward":1.0,"verified":true}`
 		case "/close_session":
 			reply = `{"closed":true}`

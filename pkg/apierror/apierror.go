@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
 )
@@ -90,12 +91,14 @@ var statusOf = map[Code]int{
 	NotFreshProcess:        http.StatusConflict,
 }
 
-// Codes lists every known code, for tests and documentation.
+// Codes lists every known code, sorted, for tests and documentation.
 func Codes() []Code {
 	out := make([]Code, 0, len(statusOf))
 	for c := range statusOf {
 		out = append(out, c)
 	}
+	// Map order is random; documentation generated from this must not be.
+	slices.Sort(out)
 	return out
 }
 

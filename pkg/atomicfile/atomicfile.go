@@ -78,11 +78,13 @@ func WriteTemp(fsys FS, dir, pattern string, fn func(io.Writer) error) (tmp stri
 	if err != nil {
 		return "", fmt.Errorf("create temp file in %s: %w", dir, err)
 	}
-	tmp = f.Name()
+	// A local name, not the tmp result: the error returns below set tmp to
+	// "" before the deferred cleanup runs.
+	name := f.Name()
 	defer func() {
 		if err != nil {
 			_ = f.Close()
-			_ = fsys.Remove(tmp)
+			_ = fsys.Remove(name)
 		}
 	}()
 	if err = fn(f); err != nil {
@@ -91,12 +93,12 @@ func WriteTemp(fsys FS, dir, pattern string, fn func(io.Writer) error) (tmp stri
 	// A failed fsync means the data may never reach the disk; the write fails
 	// and is never retried on the same file (PostgreSQL's "fsyncgate").
 	if err = f.Sync(); err != nil {
-		return "", fmt.Errorf("fsync %s: %w", tmp, err)
+		return "", fmt.Errorf("fsync %s: %w", name, err)
 	}
 	if err = f.Close(); err != nil {
-		return "", fmt.Errorf("close %s: %w", tmp, err)
+		return "", fmt.Errorf("close %s: %w", name, err)
 	}
-	return tmp, nil
+	return name, nil
 }
 
 // WriteFile replaces path with data durably: temp file, fsync, rename, fsync

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 
 	gojson "github.com/goccy/go-json"
 )
@@ -80,20 +81,31 @@ func (e *Encoder) Encode(v any) error {
 }
 
 // DescribeError turns a decode error into a short text for an error reply,
-// naming the field when the codec knows it.
+// naming the field when the codec knows it. Errors of both codecs (Unmarshal's
+// goccy and UnmarshalStrict's encoding/json) get the same wording.
 func DescribeError(err error) string {
 	var syn *stdjson.SyntaxError
 	var typ *stdjson.UnmarshalTypeError
+	var gsyn *gojson.SyntaxError
+	var gtyp *gojson.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
 		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &gsyn):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", gsyn.Offset, gsyn)
 	case errors.As(err, &typ):
-		if typ.Field != "" {
-			return fmt.Sprintf("field %q: expected %s, got JSON %s", typ.Field, typ.Type, typ.Value)
-		}
-		return fmt.Sprintf("expected %s, got JSON %s", typ.Type, typ.Value)
+		return describeTypeError(typ.Field, typ.Type, typ.Value)
+	case errors.As(err, &gtyp):
+		return describeTypeError(gtyp.Field, gtyp.Type, gtyp.Value)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return "empty or truncated JSON body"
 	}
 	return err.Error()
+}
+
+func describeTypeError(field string, typ reflect.Type, value string) string {
+	if field != "" {
+		return fmt.Sprintf("field %q: expected %v, got JSON %s", field, typ, value)
+	}
+	return fmt.Sprintf("expected %v, got JSON %s", typ, value)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	tracking "github.com/gymfleet/gymfleet/pkg/episode"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -96,22 +97,33 @@ type episode struct {
 	agentClosed bool
 
 	cleanup cleanupStack
+
+	// tracked is the episode in the checkpoint tracker; nil when
+	// checkpointing is off, which makes every call on it free.
+	tracked *tracking.Episode
 }
 
-// recordBoundary is called after every completed stage. Today it keeps the
-// latest boundary for inspection; with checkpointing it is where the episode
-// records the boundary and parks while a checkpoint is open.
-func (ep *episode) recordBoundary(_ context.Context, b Boundary) {
+// recordBoundary is called after every completed stage: the boundary is
+// what a checkpoint exports for this episode, and while a checkpoint is open
+// the episode parks there until admission reopens.
+func (ep *episode) recordBoundary(ctx context.Context, b Boundary) error {
 	ep.mu.Lock()
 	ep.boundary = b
 	ep.mu.Unlock()
+	return ep.tracked.Boundary(ctx, b)
 }
 
-// step runs one stage in its mode. Today it only runs fn; with checkpointing
-// it is where a wait step holds a checkpoint back and a replay step lets it
-// proceed (SPEC §6).
-func (ep *episode) step(ctx context.Context, _ Mode, fn func(context.Context) (Boundary, error)) (Boundary, error) {
-	return fn(ctx)
+// step runs one stage in its mode: a wait step holds a checkpoint back until
+// it ends; a replay step does not, and after a crash runs again from the
+// boundary before it (SPEC §6).
+func (ep *episode) step(ctx context.Context, mode Mode, fn func(context.Context) (Boundary, error)) (Boundary, error) {
+	var out Boundary
+	err := ep.tracked.Step(ctx, modeOf(mode), func(ctx context.Context) error {
+		var err error
+		out, err = fn(ctx)
+		return err
+	})
+	return out, err
 }
 
 // latest returns the latest recorded boundary.

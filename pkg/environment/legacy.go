@@ -5,6 +5,8 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	tracking "github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
 )
 
 // runLegacy relays the row to the agent's /run, which seeds, loops, verifies
@@ -12,7 +14,15 @@ import (
 func (s *Server) runLegacy(ctx context.Context, ep *episode) (codec.RawMessage, error) {
 	timer := s.metrics.stageTimer("legacy_run")
 	defer timer()
-	rep, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/run", nil, ep.req.Row)
+	// The agent owns a legacy episode and continues it from its own
+	// boundaries, so the relay is a replay step: a checkpoint does not wait
+	// for it, and after a crash the replacement is relayed again.
+	var rep *httpclient.Reply
+	err := ep.tracked.Step(ctx, tracking.Replay, func(ctx context.Context) error {
+		var err error
+		rep, err = s.call(ctx, "agent", ep.agent.URL, ep.id, "/run", nil, ep.req.Row)
+		return err
+	})
 	if err != nil {
 		return nil, &stageError{stage: "legacy_run", err: err}
 	}

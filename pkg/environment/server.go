@@ -21,6 +21,8 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	tracking "github.com/gymfleet/gymfleet/pkg/episode"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
@@ -41,6 +43,9 @@ type Server struct {
 	client  *http.Client
 	agents  map[string]AgentConfig
 	metrics *metrics
+	// tracker and ctl exist only with checkpointing on.
+	tracker *tracking.Tracker
+	ctl     *ctlplane.Controller
 
 	mu      sync.Mutex
 	live    map[string]*episode // by capture key
@@ -73,7 +78,23 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
 		s.agents[a.Name] = a
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry})
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry}
+	if cfg.Checkpoint.Enabled {
+		s.tracker = tracking.NewTracker()
+		ctl, err := ctlplane.New(cfg.Checkpoint, &participant{name: cfg.Name, tracker: s.tracker}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		if err != nil {
+			return nil, err
+		}
+		s.ctl = ctl
+		// /run names its episode in the body; the handler checks the fence
+		// and the tracker decides admission (a replacement is admitted while
+		// the restore keeps admission closed, a new episode is refused).
+		opts.Middleware = append(opts.Middleware, ctl.Middleware(ctlplane.ByPrefix(ctlplane.AdmitPass)))
+	}
+	r := httpserver.NewRouter(opts)
+	if s.ctl != nil {
+		s.ctl.Mount(r)
+	}
 	r.Post("/run", httpserver.Handle(deps.Logger, s.handleRun))
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
 	return s, nil
@@ -89,6 +110,9 @@ func (s *Server) Close(ctx context.Context) error {
 	// Every handler's request is cancelled by now, and its cleanup is bounded
 	// by cleanup_timeout, so this wait is bounded too.
 	s.running.Wait()
+	if s.ctl != nil {
+		s.ctl.Close()
+	}
 	s.client.CloseIdleConnections()
 	return err
 }
@@ -138,6 +162,11 @@ func (s *Server) handleRun(r *http.Request) (any, error) {
 	}
 
 	ctx := rollout.WithEpisode(r.Context(), req.Episode)
+	if s.ctl != nil {
+		if err := s.ctl.CheckFence(req.Episode); err != nil {
+			return nil, err
+		}
+	}
 	ep := &episode{
 		id:       req.Episode,
 		protocol: s.cfg.protocolOf(agent),
@@ -197,15 +226,33 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 	epCtx, cancel := context.WithTimeout(ctx, s.cfg.EpisodeTimeout)
 	defer cancel()
 
+	start := Boundary{Next: StageSeed, Handles: newHandles()}
+	if s.tracker != nil {
+		tracked, restored, err := s.begin(ep, cancel)
+		if err != nil {
+			return nil, err
+		}
+		ep.tracked = tracked
+		// End runs after the final cleanup below: until then a retire
+		// waits for this episode.
+		defer tracked.End()
+		if restored != nil {
+			start = *restored
+		}
+	}
+
 	var reply codec.RawMessage
 	var err error
 	switch ep.protocol {
 	case ProtocolLegacy:
 		reply, err = s.runLegacy(epCtx, ep)
 	default:
-		reply, err = s.runSingleAgentTurn(epCtx, ep, Boundary{Next: StageSeed, Handles: newHandles()})
+		reply, err = s.runSingleAgentTurn(epCtx, ep, start)
 	}
 
+	// From here a retire no longer cancels the episode; it waits for the
+	// cleanup, so its reply means the sessions are closed.
+	ep.tracked.Finishing()
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
 	ep.cleanup.run(cctx, s.log)
 	ccancel()
@@ -216,10 +263,43 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 	return reply, nil
 }
 
+// begin registers the episode with the checkpoint tracker. A replacement
+// attempt with a restored record gets the boundary it continues from (nil:
+// the record had none, so it starts from its input).
+func (s *Server) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episode, *Boundary, error) {
+	digest, err := taskDigest(ep.req.Row)
+	if err != nil {
+		return nil, nil, apierror.New(apierror.InvalidRequest, "task digest: %v", err)
+	}
+	tracked, cont, err := s.tracker.Begin(ep.id, digest, cancel)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cont == nil || cont.Boundary == nil {
+		return tracked, nil, nil
+	}
+	var b Boundary
+	if err := codec.UnmarshalStrict(cont.Boundary, &b); err != nil || b.Next == "" {
+		tracked.End()
+		return nil, nil, apierror.New(apierror.InvalidCheckpointState, "the restored boundary of %s does not decode: %v", ep.id, err)
+	}
+	return tracked, &b, nil
+}
+
 // episodeError maps an episode's failure to the /run error: the client went
 // away, the episode ran out of time, or an upstream failed.
 func (s *Server) episodeError(reqCtx, epCtx context.Context, ep *episode, err error) error {
 	key := ep.id.CaptureKey()
+	if s.ctl != nil && s.ctl.Fence().Refuses(ep.id) {
+		return apierror.New(apierror.StaleAttempt, "episode %s was retired", key)
+	}
+	// Refusals a caller must act on pass through: resend after the
+	// checkpoint, or stop sending a retired attempt.
+	for _, code := range []apierror.Code{apierror.AdmissionClosed, apierror.StaleAttempt} {
+		if apierror.HasCode(err, code) {
+			return apierror.New(code, "episode %s: %v", key, err)
+		}
+	}
 	switch {
 	case reqCtx.Err() != nil:
 		return apierror.New(apierror.ClientClosed, "episode %s: the client closed the request: %v", key, err)

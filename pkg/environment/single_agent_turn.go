@@ -18,6 +18,9 @@ const (
 	HeaderAgentSession     = "X-Ng-Agent-Session"
 	HeaderActivation       = "X-Ng-Activation"
 	HeaderCheckpointVerify = "X-Ng-Checkpoint-Verify"
+	// HeaderCheckpointRestart on a seed reply says the resources server can
+	// only restart this session (restart_only).
+	HeaderCheckpointRestart = "X-Ng-Checkpoint-Restart"
 )
 
 // stageMode is each stage's declared mode (protocol.md §4.4). Seeding and the
@@ -40,14 +43,18 @@ func stageMode(b Boundary) Mode {
 // returns the /run reply. Final cleanup is the caller's.
 func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b Boundary) (codec.RawMessage, error) {
 	s.registerCleanup(ep, b)
-	ep.recordBoundary(ctx, b)
+	if err := ep.recordBoundary(ctx, b); err != nil {
+		return nil, err
+	}
 	for b.Next != StageReturn {
 		next, err := s.runStage(ctx, ep, b)
 		if err != nil {
 			return nil, err
 		}
 		b = next
-		ep.recordBoundary(ctx, b)
+		if err := ep.recordBoundary(ctx, b); err != nil {
+			return nil, err
+		}
 	}
 	return episodeReply(b.Result, ep.id, observationsOf(b.Observations))
 }
@@ -111,6 +118,13 @@ func (s *Server) seed(ctx context.Context, ep *episode, b Boundary) (Boundary, e
 		return b, err
 	}
 	h.ResourcesVerify = verifyMode(rep.Header.Get(HeaderCheckpointVerify))
+	if rep.Header.Get(HeaderCheckpointRestart) == "1" {
+		// The resources server cannot capture this session: the episode
+		// never blocks or is exported, and starts over after a crash.
+		if err := ep.tracked.MarkRestart(ctx); err != nil {
+			return b, err
+		}
+	}
 
 	ep.setAgentOpened()
 	if _, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions", nil, openAgentSession{

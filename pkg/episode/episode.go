@@ -286,17 +286,25 @@ func (e *Episode) MarkRestart(ctx context.Context) error {
 	t := e.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	prev := e.state
 	for t.closed {
+		// Waiting here is waiting at the boundary the caller stands on: it
+		// must not hold the checkpoint back.
+		e.state = parked
+		t.update(e)
 		ch := t.reopened
 		t.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			t.mu.Lock()
+			e.state = prev
+			t.update(e)
 			return ctx.Err()
 		}
 		t.mu.Lock()
 	}
+	e.state = prev
 	e.restart = true
 	t.update(e)
 	return nil

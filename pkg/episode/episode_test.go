@@ -136,10 +136,10 @@ func TestExportAndInstall(t *testing.T) {
 	go b.Step(ctx, episode.Replay, func(context.Context) error { close(stepIn); <-stepOut; return nil })
 	<-stepIn
 	cDone := make(chan struct{})
-	go func() { c.MarkRestart(ctx); close(cDone) }() // waits for reopen
-	waitUntil(t, func() bool { return tr.Report(10).Counts["parked"] == 2 })
-	if tr.Ready() {
-		t.Fatal("c is running and not yet a restart: it blocks")
+	go func() { c.MarkRestart(ctx); close(cDone) }() // waits for reopen, parked
+	waitUntil(t, func() bool { return tr.Report(10).Counts["parked"] == 3 })
+	if !tr.Ready() {
+		t.Fatal("an episode waiting to become a restart waits at its boundary and must not block")
 	}
 	scope := ctlplane.NewScope([]rollout.EpisodeID{id("a", 0), id("b", 2)})
 	var recs []ctlplane.Record

@@ -57,8 +57,10 @@ func NewRouter(opts RouterOptions) chi.Router {
 	log := opts.Logger
 
 	r := chi.NewRouter()
-	r.Use(recoverer(log))
+	// Metrics outermost, so a recovered panic is counted as the 500 the
+	// client got rather than as an unwritten (200) response.
 	r.Use(m.middleware)
+	r.Use(recoverer(log))
 	r.Use(limitBody(opts.MaxBodyBytes))
 	r.Use(rollout.StripPrefix(func(w http.ResponseWriter, req *http.Request, err error) {
 		apierror.Write(w, req, log, apierror.Wrap(apierror.InvalidRequest, err))

@@ -23,6 +23,9 @@ const (
 	DefaultIdleTimeout          = 5 * time.Minute
 	DefaultShutdownTimeout      = 10 * time.Second
 	DefaultMaxConcurrentStreams = 20000
+	// idleCloseGrace is how long Close lets finished replies drain before it
+	// drops idle connections.
+	idleCloseGrace = 100 * time.Millisecond
 )
 
 // Config configures a Server.
@@ -104,16 +107,34 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.cfg.Addr, err)
 	}
+	s.mu.Lock()
 	s.ln = ln
+	s.mu.Unlock()
 	return nil
+}
+
+// listener is the bound listener, or nil before Listen.
+func (s *Server) listener() net.Listener {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ln
+}
+
+// closeListener closes the listener: http.Server closes only the listeners
+// it serves, so one that was bound but never served would keep its port.
+func (s *Server) closeListener() {
+	if ln := s.listener(); ln != nil {
+		_ = ln.Close() // already closed when Serve ran
+	}
 }
 
 // Addr is the bound host:port.
 func (s *Server) Addr() string {
-	if s.ln == nil {
+	ln := s.listener()
+	if ln == nil {
 		return s.cfg.Addr
 	}
-	return s.ln.Addr().String()
+	return ln.Addr().String()
 }
 
 // URL is http://host:port of the bound address.
@@ -125,12 +146,12 @@ func (s *Server) Context() context.Context { return s.ctx }
 
 // Serve serves until Close. It returns nil after a Close.
 func (s *Server) Serve() error {
-	if s.ln == nil {
+	if s.listener() == nil {
 		if err := s.Listen(); err != nil {
 			return err
 		}
 	}
-	err := s.srv.Serve(s.ln)
+	err := s.srv.Serve(s.listener())
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -147,6 +168,7 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	defer s.closeListener()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultShutdownTimeout)
@@ -159,12 +181,18 @@ func (s *Server) Close(ctx context.Context) error {
 	select {
 	case err = <-done:
 	case <-s.idleOrDone():
-		// Nothing is in flight, so dropping the idle connections now loses
-		// nothing, and saves HTTP/2's one-second GOAWAY grace per client.
-		_ = s.srv.Close()
-		err = <-done
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
+		// Nothing is in flight. The last replies may still be on their way
+		// out of the connection buffers, so give them a moment, then drop
+		// the idle connections rather than wait out HTTP/2's one-second
+		// GOAWAY grace per client.
+		select {
+		case err = <-done:
+		case <-time.After(idleCloseGrace):
+			_ = s.srv.Close()
+			err = <-done
+			if errors.Is(err, http.ErrServerClosed) {
+				err = nil
+			}
 		}
 	}
 	s.cancel(errors.New("server closed"))
@@ -215,6 +243,7 @@ func (s *Server) CloseNow() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	defer s.closeListener()
 	s.cancel(errors.New("server closed"))
 	return s.srv.Close()
 }

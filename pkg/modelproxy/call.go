@@ -31,6 +31,7 @@ const (
 	outcomeUpstreamError  = "upstream_error"
 	outcomeCanceled       = "canceled"
 	outcomeStreamError    = "stream_error"
+	outcomeStaleAttempt   = "stale_attempt"
 )
 
 // ticket is one admitted model call. It stays small: the server is meant to
@@ -40,6 +41,7 @@ type ticket struct {
 	// captureKey is the attempt the call belongs to; "" for a call outside
 	// /ng-rollout/<capture_key>/, which is never captured.
 	captureKey string
+	episode    rollout.EpisodeID
 	// callID is the model call id: the ledger row's call_id, sent upstream
 	// as X-Ng-Model-Call-Id.
 	callID     string
@@ -50,6 +52,26 @@ type ticket struct {
 	// left out and the restored agent re-issues them) and waits only for
 	// started ones.
 	started atomic.Bool
+	// continueKey is the staging key of a cut prefix the next upstream call
+	// continues (X-Ng-Continue-Cut). Only the handler goroutine uses it.
+	continueKey string
+
+	// Checkpoint bookkeeping, guarded by the participant's mutex and unused
+	// with checkpointing off.
+	cancel context.CancelCauseFunc
+	// done is closed when the handler returns (retire waits on it).
+	done        chan struct{}
+	digest      string
+	stream      bool
+	constrained bool
+	// running: the upstream call is in flight.
+	running bool
+	// held: waiting for admission to reopen (at delivery, or after a cut).
+	held bool
+	// unsettled: started, and its ledger row not staged yet.
+	unsettled bool
+	// cut is the prefix the worker staged when a checkpoint cut this call.
+	cut *cutPrefix
 }
 
 // newCallID returns a random 32-hex-digit model call id.
@@ -60,13 +82,48 @@ func newCallID() string {
 }
 
 // admit starts a call: it names it and notes which attempt it belongs to.
-func (s *Server) admit(r *http.Request, route string) *ticket {
-	t := &ticket{callID: newCallID(), route: route, admittedAt: time.Now()}
+// With checkpointing on it registers the call, whose work then derives
+// from the returned request's context (a retire cancels it); ok is false
+// when the call was refused and answered.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, route string) (t *ticket, _ *http.Request, ok bool) {
+	t = &ticket{callID: newCallID(), route: route, admittedAt: time.Now()}
 	if id, ok := rollout.FromContext(r.Context()); ok {
-		t.captureKey = id.CaptureKey()
+		t.captureKey, t.episode = id.CaptureKey(), id
+	}
+	if s.ckpt != nil {
+		ctx, err := s.ckpt.register(r.Context(), t)
+		if err != nil {
+			apierror.Write(w, r, s.log, err)
+			s.metrics.calls.WithLabelValues(route, outcomeOf(err)).Inc()
+			return nil, r, false
+		}
+		r = r.WithContext(ctx)
 	}
 	s.metrics.inFlight.Inc()
-	return t
+	return t, r, true
+}
+
+// release ends an admitted call's registration when its handler returns. A
+// call that never started its response was stopped by a retire (it is
+// answered stale_attempt, before the retire that waits for it returns) or
+// by a shutdown while held (its stream is reset, as a crash would leave it:
+// it was never delivered).
+func (s *Server) release(w http.ResponseWriter, r *http.Request, t *ticket) {
+	if s.ckpt == nil {
+		return
+	}
+	abort := false
+	if !t.started.Load() {
+		if cause := context.Cause(r.Context()); apierror.HasCode(cause, apierror.StaleAttempt) {
+			apierror.Write(w, r, s.log, cause)
+		} else {
+			abort = s.ckpt.shuttingDown()
+		}
+	}
+	s.ckpt.release(t)
+	if abort {
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // done ends a call in the metrics.
@@ -77,15 +134,36 @@ func (s *Server) done(t *ticket, outcome string) {
 
 // deliver is the single point every response passes right before its first
 // byte is written: JSON replies, error replies and the first event of a
-// stream. A checkpoint gate will hold undelivered responses here until
-// resume; nothing past this point may be undone. It fails only when the
-// client is gone.
+// stream. While a checkpoint holds admission closed, a response that has
+// not started waits here until it reopens; nothing past this point may be
+// undone. It fails only when the call is cancelled (client gone, retire,
+// shutdown).
 func (s *Server) deliver(ctx context.Context, t *ticket) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if s.ckpt != nil {
+		return s.ckpt.deliver(ctx, t)
+	}
 	t.started.Store(true)
 	return nil
+}
+
+// upstreamRunning notes whether the call's upstream request is in flight
+// (a checkpoint cuts only those).
+func (s *Server) upstreamRunning(t *ticket, running bool) {
+	if s.ckpt != nil {
+		s.ckpt.setRunning(t, running)
+	}
+}
+
+// awaitResume waits, after the worker cut the call, until admission is
+// open again; the caller then re-issues the call continuing the prefix.
+func (s *Server) awaitResume(ctx context.Context, t *ticket) error {
+	if s.ckpt != nil {
+		return s.ckpt.awaitOpen(ctx, t)
+	}
+	return ctx.Err()
 }
 
 // captured is what a call stages in the ledger once its reply is complete.
@@ -103,6 +181,10 @@ type captured struct {
 // the kernel before the agent can act on the reply. A capture failure never
 // fails the call.
 func (s *Server) stage(ctx context.Context, t *ticket, c *captured) {
+	if s.ckpt != nil {
+		// The response is delivered: a checkpoint may capture it now.
+		defer s.ckpt.settle(t, c != nil)
+	}
 	if t.captureKey == "" || c == nil {
 		return
 	}
@@ -118,6 +200,7 @@ func (s *Server) stage(ctx context.Context, t *ticket, c *captured) {
 		GenerationTokenIDs: c.tokens.GenerationTokenIDs,
 		GenerationLogProbs: c.tokens.GenerationLogProbs,
 		FinishReason:       c.finishReason,
+		ContinuedFrom:      t.continueKey,
 	})
 	if err != nil {
 		s.captureFailed(ctx, t, err)
@@ -179,6 +262,8 @@ func outcomeOf(err error) string {
 		return outcomeInvalidRequest
 	case apierror.ClientClosed:
 		return outcomeCanceled
+	case apierror.StaleAttempt:
+		return outcomeStaleAttempt
 	}
 	return outcomeUpstreamError
 }

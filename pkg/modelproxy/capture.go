@@ -58,8 +58,8 @@ func (s *Server) requireControlToken(next http.Handler) http.Handler {
 // that made no calls), 400 for an invalid key.
 func (s *Server) handleManifest(r *http.Request) (any, error) {
 	key, err := url.PathUnescape(chi.URLParam(r, "capture_key"))
-	if err != nil || !rollout.ValidID(key) {
-		return nil, apierror.New(apierror.InvalidRequest, "capture key %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", key)
+	if err != nil || !rollout.ValidCaptureKey(key) {
+		return nil, apierror.New(apierror.InvalidRequest, "capture key %q is not a rollout id or <rollout id>-a<N>", key)
 	}
 	rows, err := s.ledger.Rows(key)
 	if err == nil {
@@ -82,11 +82,27 @@ func (s *Server) handleManifest(r *http.Request) (any, error) {
 }
 
 func (s *Server) handleRetire(r *http.Request) (any, error) {
+	if err := s.refuseRemoval(); err != nil {
+		return nil, err
+	}
 	return s.remove(r, s.ledger.Retire)
 }
 
 func (s *Server) handleDelete(r *http.Request) (any, error) {
+	if err := s.refuseRemoval(); err != nil {
+		return nil, err
+	}
 	return s.remove(r, s.ledger.Delete)
+}
+
+// refuseRemoval answers 409 checkpoint_open while a checkpoint is open: a
+// ledger removed then would be missing from (or resurrected by) its export
+// or install.
+func (s *Server) refuseRemoval() error {
+	if s.ckpt != nil && s.ckpt.checkpointOpen() {
+		return apierror.New(apierror.CheckpointOpen, "a checkpoint is open on this model server; retry ledger retire and delete after it resumes")
+	}
+	return nil
 }
 
 // remove runs retire or delete: 422 for an unknown field or an empty or
@@ -100,8 +116,8 @@ func (s *Server) remove(r *http.Request, op func([]string) ([]string, []string, 
 		return nil, apierror.New(apierror.InvalidRequest, "rollout_ids must hold 1 to %d capture keys, got %d", MaxRemoveIDs, len(req.RolloutIDs)).WithStatus(http.StatusUnprocessableEntity)
 	}
 	for _, id := range req.RolloutIDs {
-		if !rollout.ValidID(id) {
-			return nil, apierror.New(apierror.InvalidRequest, "capture key %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$; nothing was removed", id)
+		if !rollout.ValidCaptureKey(id) {
+			return nil, apierror.New(apierror.InvalidRequest, "capture key %q is not a rollout id or <rollout id>-a<N>; nothing was removed", id)
 		}
 	}
 	removed, absent, err := op(req.RolloutIDs)

@@ -151,7 +151,11 @@ func canonical(raw []byte) (any, error) {
 
 // handleChat serves POST /v1/chat/completions as a pass-through.
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	t := s.admit(r, routeChat)
+	t, r, ok := s.admit(w, r, routeChat)
+	if !ok {
+		return
+	}
+	defer s.release(w, r, t)
 	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
@@ -171,6 +175,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	stream := f.streaming()
+	if s.ckpt != nil {
+		// Before prepareChat adds the token parameters: what the client asked.
+		s.ckpt.describe(t, digest, stream, constrainedChat(f))
+	}
 	up, err := s.prepareChat(f)
 	if err != nil {
 		fail(err)
@@ -185,7 +193,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 // chatOnce makes a non-streaming call and builds its reply.
 func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest string) reply {
-	b, err := s.postChat(ctx, t, up)
+	b, err := s.completeUpstream(ctx, t, up)
 	if err != nil {
 		if contextOverflow(err) {
 			body, merr := codec.Marshal(syntheticOverflow(s.cfg.Upstream.Model))
@@ -341,6 +349,7 @@ func streamError(err error) []byte {
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string) {
 	ctx := r.Context()
 	start := time.Now()
+	defer s.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, up, true)
 	if err != nil {
 		if contextOverflow(err) {

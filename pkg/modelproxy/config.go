@@ -34,9 +34,26 @@ type Config struct {
 	// generation_log_probs (NeMo Gym's return_token_id_information).
 	ReturnTokenIDs bool          `mapstructure:"return_token_ids"`
 	Capture        CaptureConfig `mapstructure:"capture"`
-	// Checkpoint is the checkpoint: block. It is validated and carried; the
-	// participant that uses it mounts later.
+	// Checkpoint is the checkpoint: block. Enabled, the server is a
+	// checkpoint participant of kind model (pkg/ctlplane) named Name.
 	Checkpoint ctlplane.Config `mapstructure:"checkpoint"`
+	// GenerationCuts configures the cuts a checkpoint asks the inference
+	// worker for; used only with checkpointing enabled.
+	GenerationCuts GenerationCutsConfig `mapstructure:"generation_cuts"`
+}
+
+// GenerationCutsConfig configures generation cuts: when a checkpoint closes
+// admission, calls still generating upstream are cut by the worker
+// (POST <worker root>/_ckpt/generation-cut, the worker root being
+// upstream.base_url without its trailing /v1), which stages their prefixes
+// so the re-issued call continues instead of regenerating.
+type GenerationCutsConfig struct {
+	// Enabled asks for cuts; a cut is optional (a failed or skipped one only
+	// costs regeneration), so turning this off never breaks a checkpoint.
+	Enabled bool `mapstructure:"enabled"`
+	// ControlAuthToken is the bearer the worker's cut route requires; empty
+	// disables cuts.
+	ControlAuthToken string `mapstructure:"control_auth_token"`
 }
 
 // UpstreamConfig names the OpenAI-compatible inference endpoint (vLLM or
@@ -78,7 +95,20 @@ func DefaultConfig() Config {
 		ReturnTokenIDs: true,
 		Capture:        CaptureConfig{Dir: DefaultCaptureDir},
 		Checkpoint:     ctlplane.DefaultConfig(),
+		GenerationCuts: GenerationCutsConfig{Enabled: true},
 	}
+}
+
+// cutsOn reports whether generation cuts are asked for.
+func (c Config) cutsOn() bool {
+	return c.Checkpoint.Enabled && c.GenerationCuts.Enabled && c.GenerationCuts.ControlAuthToken != ""
+}
+
+// workerRoot is the inference worker's root URL: upstream.base_url without
+// a trailing /v1.
+func (c Config) workerRoot() string {
+	base := strings.TrimRight(c.Upstream.BaseURL, "/")
+	return strings.TrimSuffix(base, "/v1")
 }
 
 // Validate reports every invalid field at once.

@@ -34,3 +34,20 @@ func SplitThinkStream(pieces []string) (visible string, blocks []string) {
 	}
 	return visible + f.flush(), blocks
 }
+
+// ConstrainedChat reports whether a decoded chat body uses constrained
+// decoding (such calls are never cut).
+func ConstrainedChat(f map[string]codec.RawMessage) bool { return constrainedChat(f) }
+
+// ConstrainedResponses is ConstrainedChat for a Responses body.
+func ConstrainedResponses(body []byte) (bool, error) {
+	req, err := decodeResponsesRequest(body)
+	if err != nil {
+		return false, err
+	}
+	chat, err := openai.ResponsesToChat(req, "m")
+	if err != nil {
+		return false, err
+	}
+	return constrainedResponses(req, chat), nil
+}

@@ -67,7 +67,11 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 // handleResponses serves POST /v1/responses: convert, call Chat Completions
 // upstream, convert back.
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
-	t := s.admit(r, routeResponses)
+	t, r, ok := s.admit(w, r, routeResponses)
+	if !ok {
+		return
+	}
+	defer s.release(w, r, t)
 	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
@@ -91,6 +95,9 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 			fail(apierror.Wrap(apierror.Internal, err))
 			return
 		}
+	}
+	if s.ckpt != nil {
+		s.ckpt.describe(t, digest, req.Streaming(), constrainedResponses(req, chat))
 	}
 	if req.Streaming() {
 		s.streamResponses(w, r, t, req, chat, digest)
@@ -151,7 +158,7 @@ func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.Respo
 	outcome := outcomeOK
 	var c *openai.ChatCompletion
 	var capt *captured
-	b, err := s.postChat(ctx, t, up)
+	b, err := s.completeUpstream(ctx, t, up)
 	switch {
 	case contextOverflow(err):
 		c = syntheticOverflow(s.cfg.Upstream.Model)
@@ -194,6 +201,7 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	}
 	rs := newResponseStream(s, t, r, w, req)
 	start := time.Now()
+	defer s.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, up, true)
 	if err != nil {
 		if !contextOverflow(err) {

@@ -12,8 +12,14 @@
 //
 // Every call follows one path (call.go): admit → upstream → build the reply
 // → deliver (the single point before the first byte is written, where a
-// checkpoint gate will hold undelivered responses) → stage the ledger row →
-// write.
+// checkpoint holds undelivered responses) → stage the ledger row → write.
+//
+// With checkpoint.enabled the server is a checkpoint participant of kind
+// model (checkpoint.go): model calls arriving while a checkpoint is open
+// wait unadmitted, responses not started are held at deliver, in-flight
+// generations are cut by the worker (cut.go) and continued after a resume
+// or a restore, and the ledger rows of delivered calls are exported and
+// restored under the next attempt (record.go).
 package modelproxy
 
 import (
@@ -27,9 +33,11 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
 )
 
@@ -40,6 +48,10 @@ type Deps struct {
 	// Upstream is the client for the inference endpoint; nil builds one from
 	// Config.Upstream.
 	Upstream *http.Client
+	// Control is the client for the worker's generation-cut route, kept
+	// apart from the data client so a cut never queues behind generations;
+	// nil builds one from Config.Upstream.
+	Control *http.Client
 }
 
 // Server is the policy model server.
@@ -50,6 +62,10 @@ type Server struct {
 	ledger  *tokencapture.Ledger
 	client  *http.Client
 	metrics *metrics
+	// ckpt and ctl are nil with checkpointing off: the data path then pays
+	// a nil check only.
+	ckpt *participant
+	ctl  *ctlplane.Controller
 
 	chatURL, modelsURL string
 	handler            http.Handler
@@ -84,8 +100,26 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		chatURL:   base + "/chat/completions",
 		modelsURL: base + "/models",
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry})
+	var mw []func(http.Handler) http.Handler
+	if cfg.Checkpoint.Enabled {
+		s.ckpt = newParticipant(s, deps.Registry)
+		s.ckpt.cutClient = deps.Control
+		if s.ckpt.cutClient == nil {
+			s.ckpt.cutClient = httpclient.New(httpclient.Options{H2C: cfg.Upstream.H2C})
+		}
+		ctl, err := ctlplane.New(cfg.Checkpoint, s.ckpt, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		if err != nil {
+			_ = ledger.Close()
+			return nil, fmt.Errorf("checkpoint control plane: %w", err)
+		}
+		s.ctl, s.ckpt.ctl = ctl, ctl
+		mw = append(mw, ctl.Middleware(classify))
+	}
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw})
 	s.routes(r)
+	if s.ctl != nil {
+		s.ctl.Mount(r)
+	}
 	s.handler = r
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
 	return s, nil
@@ -103,6 +137,18 @@ func (s *Server) routes(r chi.Router) {
 	})
 }
 
+// classify admits model calls with AdmitWait (a call arriving while a
+// checkpoint is open waits unadmitted, so it never blocks a prepare) and
+// lets everything else pass (GET /v1/models, the ledger routes).
+func classify(r *http.Request) (rollout.EpisodeID, bool, ctlplane.Admission) {
+	id, ok := rollout.FromContext(r.Context())
+	switch r.URL.Path {
+	case "/v1/chat/completions", "/v1/responses":
+		return id, ok, ctlplane.AdmitWait
+	}
+	return id, ok, ctlplane.AdmitPass
+}
+
 // Handler is the server's HTTP handler, for in-process tests.
 func (s *Server) Handler() http.Handler { return s.handler }
 
@@ -112,10 +158,25 @@ func (s *Server) Ledger() *tokencapture.Ledger { return s.ledger }
 // Config is the configuration the server runs with.
 func (s *Server) Config() Config { return s.cfg }
 
+// Controller is the checkpoint control plane; nil with checkpointing off.
+func (s *Server) Controller() *ctlplane.Controller { return s.ctl }
+
 // Close stops serving (waiting for calls in flight up to ctx's deadline),
-// then closes the ledger.
+// then closes the control plane and the ledger. Responses a checkpoint
+// holds are never delivered once closing starts: their streams are reset,
+// as a crash would leave them, and the restored agent re-issues them.
 func (s *Server) Close(ctx context.Context) error {
+	if s.ckpt != nil {
+		s.ckpt.beginShutdown()
+	}
 	err := s.Server.Close(ctx)
+	if s.ctl != nil {
+		s.ctl.Close()
+	}
+	if s.ckpt != nil {
+		s.ckpt.close()
+		s.ckpt.cutClient.CloseIdleConnections()
+	}
 	if lerr := s.ledger.Close(); lerr != nil && !errors.Is(lerr, tokencapture.ErrClosed) {
 		err = errors.Join(err, fmt.Errorf("close capture ledger: %w", lerr))
 	}

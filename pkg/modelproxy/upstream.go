@@ -16,10 +16,16 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/openai"
 )
 
-// Headers the server sends upstream on captured calls.
+// Headers between the server and its upstream (docs/ARCHITECTURE.md).
 const (
+	// HeaderCaptureKey and HeaderModelCallID name a captured call.
 	HeaderCaptureKey  = "X-Ng-Capture-Key"
 	HeaderModelCallID = "X-Ng-Model-Call-Id"
+	// HeaderContinueCut asks the worker to continue a staged prefix.
+	HeaderContinueCut = "X-Ng-Continue-Cut"
+	// HeaderGenerationCut marks a reply a generation cut stopped: the
+	// staging key of its prefix.
+	HeaderGenerationCut = "X-Ng-Generation-Cut"
 )
 
 // maxErrorText bounds the upstream text an error reply quotes.
@@ -47,6 +53,10 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 		h.Set(HeaderCaptureKey, t.captureKey)
 		h.Set(HeaderModelCallID, t.callID)
 	}
+	if t.continueKey != "" {
+		h.Set(HeaderContinueCut, t.continueKey)
+	}
+	s.upstreamRunning(t, true)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return nil, transportError(ctx, err)
@@ -62,20 +72,48 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 	return resp, nil
 }
 
-// postChat makes a non-streaming upstream call and returns its body.
-func (s *Server) postChat(ctx context.Context, t *ticket, body []byte) ([]byte, error) {
+// postChat makes a non-streaming upstream call and returns its body and,
+// when a generation cut stopped it, the staging key of its prefix.
+func (s *Server) postChat(ctx context.Context, t *ticket, body []byte) ([]byte, string, error) {
 	start := time.Now()
+	defer s.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, body, false)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, httpclient.MaxReplyBytes))
 	if err != nil {
-		return nil, transportError(ctx, err)
+		return nil, "", transportError(ctx, err)
 	}
 	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
-	return b, nil
+	return b, resp.Header.Get(HeaderGenerationCut), nil
+}
+
+// completeUpstream makes a non-streaming call until it has a complete
+// reply. A reply a generation cut stopped (finish_reason abort, with
+// X-Ng-Generation-Cut) is not an answer: the call waits until admission
+// reopens and is re-issued continuing the staged prefix, so the client gets
+// the whole generation (prefix + rest) as one reply. A continuation the
+// worker refuses (its prefix is gone) is retried once as a fresh call: a lost
+// prefix only costs regeneration.
+func (s *Server) completeUpstream(ctx context.Context, t *ticket, body []byte) ([]byte, error) {
+	for {
+		b, cutKey, err := s.postChat(ctx, t, body)
+		var us *upstreamStatus
+		if err != nil && t.continueKey != "" && errors.As(err, &us) && us.status >= 400 && us.status < 500 && !contextOverflow(err) {
+			s.log.WarnContext(ctx, "the worker refused to continue a generation cut; regenerating", "model_call_id", t.callID, "staging_key", t.continueKey, "err", err)
+			t.continueKey = ""
+			continue
+		}
+		if err != nil || cutKey == "" {
+			return b, err
+		}
+		t.continueKey = cutKey
+		if err := s.awaitResume(ctx, t); err != nil {
+			return nil, transportError(ctx, err)
+		}
+	}
 }
 
 // upstreamStatus is a non-2xx upstream reply.

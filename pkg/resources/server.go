@@ -291,7 +291,10 @@ func (s *Server) enter(r *http.Request, op operation, id string, state any) (*se
 // checkpoint holds (see waits) waits until admission reopens, without
 // counting. The controller's middleware holds such requests already; this
 // catches one that passed it just before admission closed, which would
-// otherwise start after the checkpoint found the server ready.
+// otherwise start after the checkpoint found the server ready. A process
+// that has served nothing holds every request while closed: that is a
+// restore installing, and even a request a checkpoint admits (a replayable
+// verify, a restart_only tool call) must not run before the sessions exist.
 func (s *Server) admit(ctx context.Context, op operation) error {
 	for {
 		s.mu.Lock()

@@ -63,6 +63,17 @@ func StripPrefix(onInvalid func(http.ResponseWriter, *http.Request, error)) func
 			r2 := r.WithContext(WithEpisode(r.Context(), id))
 			u := *r.URL
 			u.Path, u.RawPath = rest, ""
+			// chi routes on RawPath when it is set (an escaped "/" in a
+			// segment), so the prefix goes from RawPath too, or a prefixed
+			// request would route differently from the same one unprefixed.
+			// As in url.URL, RawPath stays empty when it is the default
+			// encoding, and is dropped if it does not encode Path.
+			if _, rawRest, ok := SplitPath(r.URL.RawPath); ok && rawRest != u.EscapedPath() {
+				u.RawPath = rawRest
+				if u.EscapedPath() != rawRest {
+					u.RawPath = ""
+				}
+			}
 			r2.URL = &u
 			next.ServeHTTP(w, r2)
 		})

@@ -60,7 +60,12 @@ func (e EpisodeID) String() string { return e.CaptureKey() }
 // Next is the attempt that continues this one after a restore.
 func (e EpisodeID) Next() EpisodeID { return EpisodeID{RolloutID: e.RolloutID, Attempt: e.Attempt + 1} }
 
-// Validate checks the rollout id and that the attempt is not negative.
+// MaxAttempt is the highest attempt number: a capture key's -aN suffix has
+// at most nine digits, so a higher attempt's key would read back as attempt 0
+// of another rollout id.
+const MaxAttempt = 999_999_999
+
+// Validate checks the rollout id and that the attempt is in 0..MaxAttempt.
 func (e EpisodeID) Validate() error {
 	if err := ValidateRolloutID(e.RolloutID); err != nil {
 		return err
@@ -68,14 +73,16 @@ func (e EpisodeID) Validate() error {
 	if e.Attempt < 0 {
 		return fmt.Errorf("%w: attempt %d is negative", ErrInvalidID, e.Attempt)
 	}
+	if e.Attempt > MaxAttempt {
+		return fmt.Errorf("%w: attempt %d is above %d", ErrInvalidID, e.Attempt, MaxAttempt)
+	}
 	return nil
 }
 
-// ParseCaptureKey reads a capture key back into its episode id.
+// ParseCaptureKey reads a capture key back into its episode id. The key of
+// a later attempt of a maximum-length rollout id is longer than MaxIDLength,
+// so the suffix is split off before the rollout id is checked.
 func ParseCaptureKey(key string) (EpisodeID, error) {
-	if !ValidID(key) {
-		return EpisodeID{}, fmt.Errorf("%w: capture key %q", ErrInvalidID, key)
-	}
 	if m := attemptSuffix.FindStringSubmatchIndex(key); m != nil {
 		n, err := strconv.Atoi(key[m[2]:m[3]])
 		if err != nil {
@@ -87,7 +94,17 @@ func ParseCaptureKey(key string) (EpisodeID, error) {
 		}
 		return id, nil
 	}
+	if !ValidID(key) {
+		return EpisodeID{}, fmt.Errorf("%w: capture key %q", ErrInvalidID, key)
+	}
 	return EpisodeID{RolloutID: key}, nil
+}
+
+// ValidCaptureKey reports whether key is the capture key of a valid episode.
+// Capture keys can be longer than ValidID allows (see ParseCaptureKey).
+func ValidCaptureKey(key string) bool {
+	_, err := ParseCaptureKey(key)
+	return err == nil
 }
 
 // Row field names of NeMo Gym's rollout collection (SPEC §2).

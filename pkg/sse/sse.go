@@ -53,9 +53,19 @@ func (s *Writer) Event(name string, data []byte) error {
 		b.WriteString(name)
 		b.WriteByte('\n')
 	}
-	b.WriteString("data: ")
-	b.Write(data)
-	b.WriteString("\n\n")
+	// One data line per line of data: a raw newline would end the field and
+	// the rest would read as another (unknown) field.
+	for {
+		line, rest, more := bytes.Cut(data, []byte("\n"))
+		b.WriteString("data: ")
+		b.Write(line)
+		b.WriteByte('\n')
+		if !more {
+			break
+		}
+		data = rest
+	}
+	b.WriteByte('\n')
 	if _, err := s.w.Write(b.Bytes()); err != nil {
 		return err
 	}
@@ -86,7 +96,7 @@ var ErrEventTooLarge = errors.New("sse: event too large")
 func (r *Reader) Next() (Event, error) {
 	var ev Event
 	var data bytes.Buffer
-	seen := false
+	seen, dataLines := false, 0
 	for {
 		line, err := r.br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -126,9 +136,11 @@ func (r *Reader) Next() (Event, error) {
 			ev.Name = string(value)
 			seen = true
 		case "data":
-			if data.Len() > 0 {
+			// Lines join with "\n" even when they are empty.
+			if dataLines > 0 {
 				data.WriteByte('\n')
 			}
+			dataLines++
 			if data.Len()+len(value) > MaxEventBytes {
 				return ev, ErrEventTooLarge
 			}
@@ -136,6 +148,10 @@ func (r *Reader) Next() (Event, error) {
 			seen = true
 		}
 		if errors.Is(err, io.EOF) {
+			if !seen {
+				// A last line that was no event field is no event.
+				return ev, io.EOF
+			}
 			ev.Data = data.Bytes()
 			return ev, nil
 		}

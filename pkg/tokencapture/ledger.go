@@ -230,7 +230,7 @@ func (l *Ledger) load() error {
 }
 
 // ValidKey reports whether key may name a ledger: the rollout id pattern.
-func ValidKey(key string) bool { return rollout.ValidID(key) }
+func ValidKey(key string) bool { return rollout.ValidCaptureKey(key) }
 
 func checkKey(key string) error {
 	if !ValidKey(key) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/spf13/viper"
@@ -82,18 +83,30 @@ func Load(path string, getenv func(string) string, cfg any) error {
 	return nil
 }
 
-// describe keeps viper's "has invalid keys: x, y" wording, which names the
-// keys, and drops mapstructure's noise around it.
+// describe turns viper's "'<block>' has invalid keys: x, y" lines (one per
+// block) into one "unknown keys: block.x, block.y" naming every key in full,
+// and drops mapstructure's noise around them.
 func describe(err error) error {
-	msg := err.Error()
-	if i := strings.Index(msg, "has invalid keys:"); i >= 0 {
-		rest := msg[i+len("has invalid keys:"):]
-		if j := strings.IndexByte(rest, '\n'); j >= 0 {
-			rest = rest[:j]
+	const marker = "' has invalid keys: "
+	var keys []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		i := strings.Index(line, marker)
+		if i < 0 || !strings.HasPrefix(line, "'") {
+			continue
 		}
-		return errors.New("unknown keys:" + rest)
+		block := line[1:i]
+		for _, k := range strings.Split(line[i+len(marker):], ", ") {
+			if block != "" {
+				k = block + "." + k
+			}
+			keys = append(keys, k)
+		}
 	}
-	return err
+	if len(keys) == 0 {
+		return err
+	}
+	slices.Sort(keys)
+	return errors.New("unknown keys: " + strings.Join(keys, ", "))
 }
 
 type leafKey struct {

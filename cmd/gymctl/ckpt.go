@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// ckptOptions are the flags every gymctl ckpt operation shares.
+type ckptOptions struct {
+	config   string
+	token    string
+	id       string
+	dir      string
+	episodes string
+	rollouts string
+	timeout  time.Duration
+	stop     bool
+	json     bool
+}
+
+var ckptOps = []struct{ name, summary string }{
+	{"status", "every participant's kind, phase, checkpoint, lease and counts"},
+	{"prepare", "prepare a checkpoint stage by stage (--id)"},
+	{"commit", "commit a prepared checkpoint (--id --dir --episodes)"},
+	{"resume", "resume (or abort) a checkpoint everywhere (--id)"},
+	{"restore", "restore a checkpoint into fresh processes (--id --dir --episodes)"},
+	{"retire", "retire attempts everywhere (--episodes)"},
+	{"forget", "forget retired rollouts everywhere (--rollouts)"},
+	{"verify", "verify a committed checkpoint directory (--id --dir)"},
+}
+
+func ckptUsage(w io.Writer) {
+	fmt.Fprintln(w, "usage: gymctl ckpt <operation> --config fleet.yaml [flags]")
+	for _, op := range ckptOps {
+		fmt.Fprintf(w, "  %-8s %s\n", op.name, op.summary)
+	}
+	fmt.Fprintln(w, "--episodes is a comma-separated list of capture keys (r for attempt 0, r-aN for attempt N)")
+}
+
+func runCkpt(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		ckptUsage(stderr)
+		if len(args) == 0 {
+			return errors.New("ckpt: no operation")
+		}
+		return nil
+	}
+	op := args[0]
+	known := false
+	for _, o := range ckptOps {
+		known = known || o.name == op
+	}
+	if !known {
+		ckptUsage(stderr)
+		return fmt.Errorf("ckpt: unknown operation %q", op)
+	}
+	var o ckptOptions
+	fs := newFlagSet("ckpt "+op, stderr)
+	fs.StringVar(&o.config, "config", "configs/local.yaml", "fleet file")
+	fs.StringVar(&o.token, "token", "", "control token (default: the fleet file's, or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN)")
+	fs.StringVar(&o.id, "id", "", "checkpoint id")
+	fs.StringVar(&o.dir, "dir", "", "checkpoint directory (absolute, reachable by every server)")
+	fs.StringVar(&o.episodes, "episodes", "", "comma-separated capture keys: the scope of commit and restore, the attempts to retire")
+	fs.StringVar(&o.rollouts, "rollouts", "", "comma-separated rollout ids to forget")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline of the operation")
+	fs.BoolVar(&o.stop, "stop", false, "commit: the controller stops after this checkpoint")
+	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	cfg, err := fleet.Load(o.config)
+	if err != nil {
+		return err
+	}
+	if o.token == "" {
+		o.token = cfg.Checkpoint.ControlAuthToken
+	}
+	if o.token == "" {
+		o.token = getenv("GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
+	}
+	if o.token == "" {
+		return errors.New("ckpt: no control token: set checkpoint.control_auth_token in the fleet file, --token or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
+	}
+	if o.dir != "" {
+		if o.dir, err = filepath.Abs(o.dir); err != nil {
+			return err
+		}
+	}
+	var eps []coordination.Endpoint
+	for _, p := range cfg.Processes {
+		for _, e := range p.Endpoints {
+			eps = append(eps, coordination.Endpoint{Name: e.Name, URL: e.URL})
+		}
+	}
+	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token})
+	if err != nil {
+		return err
+	}
+	return ckptOp(ctx, c, op, o, stdout)
+}
+
+func need(op string, pairs ...string) error {
+	for i := 0; i < len(pairs); i += 2 {
+		if pairs[i+1] == "" {
+			return fmt.Errorf("ckpt %s: --%s is required", op, pairs[i])
+		}
+	}
+	return nil
+}
+
+func parseEpisodes(s string) ([]rollout.EpisodeID, error) {
+	out := []rollout.EpisodeID{}
+	for _, k := range strings.Split(s, ",") {
+		k = strings.TrimSpace(k)
+		if k == "" {
+			continue
+		}
+		id, err := rollout.ParseCaptureKey(k)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+func ckptOp(ctx context.Context, c *coordination.Coordinator, op string, o ckptOptions, stdout io.Writer) error {
+	deadline := time.Now().Add(o.timeout)
+	episodes, err := parseEpisodes(o.episodes)
+	if err != nil {
+		return err
+	}
+	switch op {
+	case "status":
+		st, err := c.Status(ctx)
+		if o.json {
+			return printJSON(stdout, st)
+		}
+		printStatus(stdout, c.Members(), st)
+		return err
+	case "prepare":
+		if err := need(op, "id", o.id); err != nil {
+			return err
+		}
+		res, err := c.Prepare(ctx, o.id, deadline)
+		if res != nil {
+			if o.json {
+				_ = printJSON(stdout, res)
+			} else {
+				printPrepare(stdout, res)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if !res.Prepared {
+			return fmt.Errorf("checkpoint %s is not prepared; resume it (abort), retire the blockers, or prepare again", o.id)
+		}
+		return nil
+	case "commit":
+		if err := need(op, "id", o.id, "dir", o.dir); err != nil {
+			return err
+		}
+		res, err := c.Commit(ctx, o.id, o.dir, episodes, deadline, o.stop)
+		if err != nil {
+			return err
+		}
+		if o.json {
+			return printJSON(stdout, res)
+		}
+		fmt.Fprintf(stdout, "checkpoint %s committed to %s: %d episode(s) exported\n", o.id, o.dir, len(res.Exported()))
+		for _, m := range c.Members() {
+			fmt.Fprintf(stdout, "  %-16s %s\n", m.Name, strings.Join(res.ExportedBy(m.Name), " "))
+		}
+		return nil
+	case "resume":
+		if err := need(op, "id", o.id); err != nil {
+			return err
+		}
+		if err := c.Resume(ctx, o.id, deadline); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "checkpoint %s resumed on %d participant(s)\n", o.id, len(c.Members()))
+		return nil
+	case "restore":
+		if err := need(op, "id", o.id, "dir", o.dir); err != nil {
+			return err
+		}
+		res, err := c.Restore(ctx, o.id, o.dir, episodes, deadline)
+		if err != nil {
+			return err
+		}
+		if o.json {
+			return printJSON(stdout, res)
+		}
+		fmt.Fprintf(stdout, "checkpoint %s restored; admission stays closed until `gymctl ckpt resume --id %s`\n", o.id, o.id)
+		for name, r := range res.Replies {
+			fmt.Fprintf(stdout, "  %-16s %s\n", name, strings.Join(r.Restored, " "))
+		}
+		return nil
+	case "retire":
+		if len(episodes) == 0 {
+			return fmt.Errorf("ckpt retire: --episodes is required")
+		}
+		if err := c.Retire(ctx, o.id, episodes, deadline); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "retired %d attempt(s) everywhere\n", len(episodes))
+		return nil
+	case "forget":
+		var ids []string
+		for _, r := range strings.Split(o.rollouts, ",") {
+			if r = strings.TrimSpace(r); r != "" {
+				ids = append(ids, r)
+			}
+		}
+		if len(ids) == 0 {
+			return fmt.Errorf("ckpt forget: --rollouts is required")
+		}
+		if err := c.Forget(ctx, ids, deadline); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "forgot %d rollout(s) everywhere\n", len(ids))
+		return nil
+	case "verify":
+		if err := need(op, "id", o.id, "dir", o.dir); err != nil {
+			return err
+		}
+		ms, err := c.Verify(ctx, o.dir, o.id)
+		for _, m := range ms {
+			fmt.Fprintf(stdout, "%-12s %-16s %6d records  %s\n", m.Kind, m.Instance, m.RecordCount, m.RecordsFile)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "checkpoint %s in %s verifies\n", o.id, o.dir)
+		return nil
+	}
+	return fmt.Errorf("ckpt: unknown operation %q", op)
+}
+
+func printJSON(w io.Writer, v any) error {
+	b, err := codec.MarshalIndent(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+func printStatus(w io.Writer, members []coordination.Member, st map[string]map[string]any) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVER\tKIND\tINSTANCE\tPHASE\tCHECKPOINT\tLEASE\tREADY\tBLOCKERS\tRETIRED\tCOUNTS")
+	for _, m := range members {
+		s, ok := st[m.Name]
+		if !ok {
+			fmt.Fprintf(tw, "%s\t%s\t%s\tunreachable\t\t\t\t\t\t\n", m.Name, m.Kind, m.Instance)
+			continue
+		}
+		lease := "-"
+		if v, ok := s["lease_expires_at"].(float64); ok {
+			lease = time.Until(time.Unix(0, int64(v*1e9))).Round(time.Second).String()
+		}
+		ckpt := "-"
+		if v, ok := s["checkpoint_id"].(string); ok {
+			ckpt = v
+		}
+		ready, blockers, counts := "-", "-", ""
+		if rep, ok := s["report"].(map[string]any); ok {
+			ready = fmt.Sprint(rep["ready"])
+			blockers = fmt.Sprint(rep["blocker_count"])
+			if cm, ok := rep["counts"].(map[string]any); ok {
+				keys := make([]string, 0, len(cm))
+				for k := range cm {
+					keys = append(keys, k)
+				}
+				sort.Strings(keys)
+				for _, k := range keys {
+					counts += fmt.Sprintf("%s=%v ", k, cm[k])
+				}
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%v\t%s\n", m.Name, m.Kind, m.Instance, s["phase"], ckpt, lease, ready, blockers, s["retired_rollouts"], strings.TrimSpace(counts))
+	}
+	tw.Flush()
+}
+
+func printPrepare(w io.Writer, res *coordination.PrepareResult) {
+	for _, stage := range res.Stages {
+		names := make([]string, 0, len(stage.Replies))
+		for n := range stage.Replies {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Fprintf(w, "stage %-12s %8.3fs\n", stage.Kind, stage.Duration.Seconds())
+		for _, n := range names {
+			r := stage.Replies[n]
+			fmt.Fprintf(w, "  %-16s %-10s blockers=%d restarts=%d", n, r.Phase, r.Report.BlockerCount, len(r.Report.Restarts))
+			if len(r.Report.Blockers) > 0 {
+				fmt.Fprintf(w, " [%s]", strings.Join(r.Report.Blockers, " "))
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	fmt.Fprintf(w, "prepared: %v\n", res.Prepared)
+}

@@ -1,0 +1,702 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// The agent as a checkpoint participant (SPEC §6 "Agent", protocol.md §7).
+//
+// A native session is idle, running, or at a boundary. An activation records
+// a boundary before each model call, when a model response's tool calls are
+// pending, and after each tool round; while a checkpoint is open it parks
+// there. A session awaiting the model reply of a call made right after a
+// boundary stays at that boundary: the model server holds undelivered
+// replies during a checkpoint, so the loop cannot pass it. A prepare is
+// ready when no activation is running. Legacy /run episodes are tracked by
+// an episode.Tracker of their own (legacy.go).
+
+// sessionPhase is where a session's activation stands.
+type sessionPhase uint8
+
+const (
+	phaseIdle sessionPhase = iota
+	phaseRunning
+	phaseAtBoundary
+)
+
+// ckptState is the participant's own state, guarded by Server.mu.
+type ckptState struct {
+	closed bool
+	// reopened is closed when admission reopens.
+	reopened chan struct{}
+	// blocking counts sessions that keep a checkpoint from being ready;
+	// changed is closed (and replaced) when it drops to zero, and whenever
+	// the legacy tracker's readiness may have changed.
+	blocking int
+	changed  chan struct{}
+	// served counts sessions opened and stateless activations run, for Fresh.
+	served int
+	// watch relays the legacy tracker's readiness changes while admission
+	// is closed (the only time a prepare waits on them); nil otherwise.
+	watch *watcher
+}
+
+// watcher is the goroutine that relays the legacy tracker's readiness.
+type watcher struct {
+	stop, done chan struct{}
+}
+
+func newCkptState() *ckptState { return &ckptState{changed: make(chan struct{})} }
+
+func (c *ckptState) notifyLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// errRetired is the cause a retired attempt's work is cancelled with.
+var errRetired = apierror.New(apierror.StaleAttempt, "this attempt was retired by the checkpoint controller")
+
+// classify is the admission of the agent's data routes while a checkpoint
+// is open.
+func classify(r *http.Request) (rollout.EpisodeID, bool, ctlplane.Admission) {
+	id, named := rollout.FromContext(r.Context())
+	switch r.URL.Path {
+	case "/v1/agent_sessions":
+		// Deviation from the reference, which refuses opens while closed:
+		// the environment opens the session inside its seed step, which is
+		// replayed, and a refusal there would fail the whole episode. A
+		// waiting open is not in flight, so it holds no checkpoint back.
+		return id, named, ctlplane.AdmitWait
+	case "/v1/responses":
+		if r.Header.Get(SessionHeader) == "" {
+			// A stateless loop has no session to export: it starts after
+			// the checkpoint instead.
+			return id, named, ctlplane.AdmitWait
+		}
+		// An activation invoked just before the close still starts, and
+		// parks at its first boundary before doing any work.
+		return id, named, ctlplane.AdmitPass
+	case "/run":
+		// The caller resends it unchanged after the checkpoint.
+		return id, named, ctlplane.AdmitRefuse
+	}
+	// Closing a session is never refused or held: its caller closes once.
+	return id, named, ctlplane.AdmitPass
+}
+
+// setPhase moves a session to p and updates the blocking count. Called
+// with s.mu held.
+func (s *Server) setPhase(sess *session, p sessionPhase) {
+	sess.phase = p
+	s.updateBlocking(sess)
+}
+
+// updateBlocking recomputes a session's contribution to the blocking
+// count: a running activation blocks, and so does any activation of a
+// retired session until it has stopped. Called with s.mu held.
+func (s *Server) updateBlocking(sess *session) {
+	b := sess.running && (sess.phase == phaseRunning || sess.retired)
+	if b == sess.blocks {
+		return
+	}
+	sess.blocks = b
+	if b {
+		s.ckpt.blocking++
+		return
+	}
+	s.ckpt.blocking--
+	if s.ckpt.blocking == 0 {
+		s.ckpt.notifyLocked()
+	}
+}
+
+// sessionHooks take a native session's activation through checkpoints.
+type sessionHooks struct {
+	s    *Server
+	sess *session
+}
+
+func (h sessionHooks) atBoundary(ctx context.Context, b Boundary, st *LoopState) error {
+	snap := st.Snapshot()
+	s, sess := h.s, h.sess
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess.snap, sess.at = snap, b
+	for s.ckpt.closed {
+		s.setPhase(sess, phaseAtBoundary)
+		reopened := s.ckpt.reopened
+		s.mu.Unlock()
+		select {
+		case <-reopened:
+		case <-ctx.Done():
+			s.mu.Lock()
+			return context.Cause(ctx)
+		}
+		s.mu.Lock()
+	}
+	if b == BoundaryBeforeModelCall {
+		// Awaiting the model counts as at this boundary (see awaitModel).
+		s.setPhase(sess, phaseAtBoundary)
+	} else {
+		s.setPhase(sess, phaseRunning)
+	}
+	return nil
+}
+
+func (h sessionHooks) awaitModel(ctx context.Context, call func(context.Context) error) error {
+	err := call(ctx)
+	h.s.mu.Lock()
+	h.s.setPhase(h.sess, phaseRunning)
+	h.s.mu.Unlock()
+	return err
+}
+
+// startWatchLocked starts relaying the legacy tracker's readiness changes
+// to ReadyChanged. Called with s.mu held.
+func (s *Server) startWatchLocked() {
+	if s.ckpt.watch != nil {
+		return
+	}
+	w := &watcher{stop: make(chan struct{}), done: make(chan struct{})}
+	s.ckpt.watch = w
+	// Taken now, before the prepare first checks readiness: a change after
+	// this point closes it.
+	first := s.runs.ReadyChanged()
+	go s.watchRuns(w, first)
+}
+
+func (s *Server) watchRuns(w *watcher, ch <-chan struct{}) {
+	defer close(w.done)
+	for {
+		select {
+		case <-ch:
+			// Take the next channel before notifying: a change after this
+			// point closes it, and one before it is covered by the notify.
+			ch = s.runs.ReadyChanged()
+			s.mu.Lock()
+			s.ckpt.notifyLocked()
+			s.mu.Unlock()
+		case <-w.stop:
+			return
+		}
+	}
+}
+
+// stopWatch stops the watcher, if any, and waits for it.
+func (s *Server) stopWatch() {
+	s.mu.Lock()
+	w := s.ckpt.watch
+	s.ckpt.watch = nil
+	s.mu.Unlock()
+	if w != nil {
+		close(w.stop)
+		<-w.done
+	}
+}
+
+// participant implements ctlplane.Participant for one agent.
+type participant struct{ s *Server }
+
+var _ ctlplane.Participant = participant{}
+
+func (p participant) Kind() string     { return ctlplane.KindAgent }
+func (p participant) Instance() string { return p.s.cfg.Name }
+
+func (p participant) CloseAdmission(context.Context) error {
+	s := p.s
+	s.mu.Lock()
+	if !s.ckpt.closed {
+		s.ckpt.closed = true
+		s.ckpt.reopened = make(chan struct{})
+	}
+	s.startWatchLocked()
+	s.mu.Unlock()
+	s.runs.CloseAdmission()
+	return nil
+}
+
+func (p participant) OpenAdmission() {
+	s := p.s
+	s.runs.OpenAdmission()
+	s.mu.Lock()
+	if s.ckpt.closed {
+		s.ckpt.closed = false
+		close(s.ckpt.reopened)
+	}
+	s.mu.Unlock()
+	s.stopWatch()
+}
+
+func (p participant) Ready() bool {
+	s := p.s
+	s.mu.Lock()
+	n := s.ckpt.blocking
+	s.mu.Unlock()
+	return n == 0 && s.runs.Ready()
+}
+
+func (p participant) ReadyChanged() <-chan struct{} {
+	s := p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ckpt.changed
+}
+
+func (p participant) Report(limit int) ctlplane.Report {
+	s := p.s
+	runs := s.runs.Report(-1)
+	s.mu.Lock()
+	keys := map[string]bool{}
+	open, atBoundary := 0, 0
+	for _, sess := range s.sessions {
+		if sess.blocks {
+			keys[sess.episode.CaptureKey()] = true
+		}
+		if !sess.closed {
+			open++
+		}
+		if sess.running && sess.phase == phaseAtBoundary {
+			atBoundary++
+		}
+	}
+	s.mu.Unlock()
+	for _, k := range runs.Blockers {
+		keys[k] = true
+	}
+	blockers := make([]string, 0, len(keys))
+	for k := range keys {
+		blockers = append(blockers, k)
+	}
+	listed, n := ctlplane.Blockers(blockers, limit)
+	return ctlplane.Report{
+		Ready: n == 0, Blockers: listed, BlockerCount: n,
+		Counts: map[string]int{
+			"sessions": open, "at_boundary": atBoundary,
+			"legacy_runs": runs.Counts["episodes"], "legacy_runs_parked": runs.Counts["parked"],
+		},
+		// Native sessions are never restarts (the environment reports its
+		// own); a legacy run on a restart-only resources server is.
+		Restarts: runs.Restarts,
+	}
+}
+
+// Record types of the records file: a native session, or a legacy /run
+// episode (an episode.Record wrapped so the two are told apart).
+const (
+	recordSession = "agent_session"
+	recordLegacy  = "legacy_run"
+)
+
+// sessionRecord is a native session's record.
+type sessionRecord struct {
+	Type      string            `json:"type"`
+	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	SessionID string            `json:"session_id"`
+	Session   sessionState      `json:"session"`
+	// Boundary is the loop state of the activation in progress, or null.
+	Boundary codec.RawMessage `json:"boundary"`
+}
+
+// sessionState is what a session carries across a restore.
+type sessionState struct {
+	Request             codec.RawMessage `json:"request"`
+	ResourcesSessionID  string           `json:"resources_session_id"`
+	Activations         int              `json:"activations"`
+	CompletedActivation int              `json:"completed_activation"`
+	CompletedReply      codec.RawMessage `json:"completed_reply"`
+	Observations        Observations     `json:"observations"`
+}
+
+// legacyRecord is a legacy /run episode's record.
+type legacyRecord struct {
+	Type      string            `json:"type"`
+	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	// Episode is the episode.Record the tracker exported.
+	Episode codec.RawMessage `json:"episode"`
+}
+
+var jsonNull = codec.RawMessage("null")
+
+func orNull(raw codec.RawMessage) codec.RawMessage {
+	if len(raw) == 0 {
+		return jsonNull
+	}
+	return raw
+}
+
+// exportedSession is what Export copies out under the lock.
+type exportedSession struct {
+	rec  sessionRecord
+	loop func() LoopState
+}
+
+func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
+	s := p.s
+	s.mu.Lock()
+	var out []exportedSession
+	for _, sess := range s.sessions {
+		if sess.closed || sess.retired || !scope.Has(sess.episode) {
+			continue
+		}
+		obs := sess.observations
+		if obs.Usage != nil {
+			u := *obs.Usage
+			obs.Usage = &u
+		}
+		e := exportedSession{rec: sessionRecord{
+			Type: recordSession, EpisodeID: sess.episode, SessionID: sess.id,
+			Session: sessionState{
+				Request: orNull(sess.request), ResourcesSessionID: sess.resourcesSessionID,
+				Activations: sess.activations, CompletedActivation: sess.completedActivation,
+				CompletedReply: orNull(sess.completedReply), Observations: obs,
+			},
+		}}
+		switch {
+		case sess.running:
+			e.loop = sess.snap
+		case sess.restoredLoop != nil:
+			// Pinned under the lock: the activation that continues it may
+			// start as soon as the lock is released.
+			e.loop = sess.restoredLoop.Snapshot()
+		}
+		out = append(out, e)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b exportedSession) int {
+		return cmp.Or(cmp.Compare(a.rec.EpisodeID.CaptureKey(), b.rec.EpisodeID.CaptureKey()), cmp.Compare(a.rec.SessionID, b.rec.SessionID))
+	})
+	for _, e := range out {
+		e.rec.Boundary = jsonNull
+		if e.loop != nil {
+			b, err := codec.Marshal(e.loop())
+			if err != nil {
+				return ctlplane.Extras{}, fmt.Errorf("loop state of agent session %s: %w", e.rec.SessionID, err)
+			}
+			e.rec.Boundary = b
+		}
+		data, err := codec.Marshal(e.rec)
+		if err != nil {
+			return ctlplane.Extras{}, err
+		}
+		if err := emit(ctlplane.Record{EpisodeID: e.rec.EpisodeID, Data: data}); err != nil {
+			return ctlplane.Extras{}, err
+		}
+	}
+	err := s.runs.Export(scope, func(r ctlplane.Record) error {
+		data, err := codec.Marshal(legacyRecord{Type: recordLegacy, EpisodeID: r.EpisodeID, Episode: r.Data})
+		if err != nil {
+			return err
+		}
+		return emit(ctlplane.Record{EpisodeID: r.EpisodeID, Data: data})
+	})
+	return ctlplane.Extras{}, err
+}
+
+func (p participant) Committed(ctx context.Context, scope ctlplane.Scope, stop bool) error {
+	s := p.s
+	s.mu.Lock()
+	for _, sess := range s.sessions {
+		// A restored session named by no episode the controller continues,
+		// and untouched since the restore: nothing will continue it. No
+		// fence, since the controller may start that attempt over.
+		if sess.restored && !scope.Has(sess.episode) {
+			s.dropSessionLocked(sess)
+		}
+	}
+	s.mu.Unlock()
+	s.runs.DeleteRestoredOutside(scope)
+	return nil
+}
+
+// dropSessionLocked frees a session. Called with s.mu held.
+func (s *Server) dropSessionLocked(sess *session) {
+	if s.sessions[sess.id] != sess {
+		return
+	}
+	delete(s.sessions, sess.id)
+	if m := s.byRollout[sess.episode.RolloutID]; m != nil {
+		delete(m, sess.id)
+		if len(m) == 0 {
+			delete(s.byRollout, sess.episode.RolloutID)
+		}
+	}
+	if !sess.closed {
+		s.metrics.sessions.Dec()
+	}
+}
+
+func (p participant) Fresh() error {
+	s := p.s
+	s.mu.Lock()
+	served, live := s.ckpt.served, len(s.sessions)
+	s.mu.Unlock()
+	if served > 0 || live > 0 {
+		return fmt.Errorf("restore requires a process without live sessions: agent %s has served %d sessions or calls and holds %d", s.cfg.Name, served, live)
+	}
+	if err := s.runs.Fresh(); err != nil {
+		return fmt.Errorf("restore requires a process without live sessions: agent %s: %w", s.cfg.Name, err)
+	}
+	return nil
+}
+
+func (p participant) Install(ctx context.Context, records []ctlplane.Record, scope ctlplane.Scope, manifest ctlplane.Extras) ([]rollout.EpisodeID, error) {
+	s := p.s
+	var sessions []*session
+	var legacy []ctlplane.Record
+	seen := map[string]bool{}
+	for i, rec := range records {
+		typ, err := recordType(rec.Data)
+		if err != nil {
+			return nil, invalidState("agent record %d: %v", i, err)
+		}
+		switch typ {
+		case recordSession:
+			sess, err := decodeSessionRecord(rec)
+			if err != nil {
+				return nil, invalidState("agent record %d: %v", i, err)
+			}
+			if seen[sess.id] {
+				return nil, invalidState("agent record %d: session %s appears twice", i, sess.id)
+			}
+			seen[sess.id] = true
+			sessions = append(sessions, sess)
+		case recordLegacy:
+			inner, err := decodeLegacyRecord(rec)
+			if err != nil {
+				return nil, invalidState("agent record %d: %v", i, err)
+			}
+			legacy = append(legacy, inner)
+		}
+	}
+	s.mu.Lock()
+	for _, sess := range sessions {
+		if _, ok := s.sessions[sess.id]; ok {
+			s.mu.Unlock()
+			return nil, invalidState("agent session %s already exists in this process", sess.id)
+		}
+	}
+	s.mu.Unlock()
+	// The tracker validates every legacy record before installing any; after
+	// it succeeds nothing below can fail (admission is closed and the
+	// process fresh, so no session appears meanwhile).
+	installed, err := s.runs.Install(legacy)
+	if err != nil {
+		return nil, apierror.Wrap(apierror.InvalidCheckpointState, err)
+	}
+	s.mu.Lock()
+	for _, sess := range sessions {
+		s.addSessionLocked(sess)
+		installed = append(installed, sess.episode)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(installed, func(a, b rollout.EpisodeID) int { return cmp.Compare(a.CaptureKey(), b.CaptureKey()) })
+	return slices.Compact(installed), nil
+}
+
+func invalidState(format string, args ...any) error {
+	return apierror.New(apierror.InvalidCheckpointState, format, args...)
+}
+
+// recordType reads a record's type.
+func recordType(data []byte) (string, error) {
+	var head struct {
+		Type string `json:"type"`
+	}
+	if err := codec.Unmarshal(data, &head); err != nil {
+		return "", errors.New(codec.DescribeError(err))
+	}
+	switch head.Type {
+	case recordSession, recordLegacy:
+		return head.Type, nil
+	}
+	return "", fmt.Errorf("type %q is neither %s nor %s", head.Type, recordSession, recordLegacy)
+}
+
+// decodeSessionRecord validates a native session's record and returns the
+// session it restores, bound to the next attempt.
+func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
+	var r sessionRecord
+	if err := codec.UnmarshalStrict(rec.Data, &r); err != nil {
+		return nil, errors.New(codec.DescribeError(err))
+	}
+	if r.EpisodeID != rec.EpisodeID {
+		return nil, fmt.Errorf("session record names %s but is filed under %s", r.EpisodeID, rec.EpisodeID)
+	}
+	if err := r.EpisodeID.Validate(); err != nil {
+		return nil, err
+	}
+	st := r.Session
+	switch {
+	case !rollout.ValidID(r.SessionID):
+		return nil, fmt.Errorf("session_id %q is not a valid id", r.SessionID)
+	case !rollout.ValidID(st.ResourcesSessionID):
+		return nil, fmt.Errorf("session %s: resources_session_id %q is not a valid id", r.SessionID, st.ResourcesSessionID)
+	case st.CompletedActivation < 0 || st.Activations < st.CompletedActivation:
+		return nil, fmt.Errorf("session %s: %d activations started cannot include completed activation %d", r.SessionID, st.Activations, st.CompletedActivation)
+	case st.CompletedActivation > 0 && !isObject(st.CompletedReply):
+		return nil, fmt.Errorf("session %s: completed activation %d has no reply", r.SessionID, st.CompletedActivation)
+	case !codec.Valid(orNull(st.Request)):
+		return nil, fmt.Errorf("session %s: request is not JSON", r.SessionID)
+	}
+	loop, err := decodeLoopState(r.Boundary)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: %w", r.SessionID, err)
+	}
+	if loop != nil && st.Activations == st.CompletedActivation {
+		return nil, fmt.Errorf("session %s has a loop boundary but no activation in progress", r.SessionID)
+	}
+	request := st.Request
+	if isNull(request) {
+		request = nil
+	}
+	reply := st.CompletedReply
+	if isNull(reply) {
+		reply = nil
+	}
+	return &session{
+		id: r.SessionID, episode: r.EpisodeID.Next(), resourcesSessionID: st.ResourcesSessionID,
+		request: request, activations: st.Activations, completedActivation: st.CompletedActivation,
+		completedReply: reply, observations: st.Observations,
+		restoredLoop: loop, restored: true,
+	}, nil
+}
+
+// decodeLoopState reads a loop boundary (null: none) and checks it can be
+// continued.
+func decodeLoopState(raw codec.RawMessage) (*LoopState, error) {
+	if len(raw) == 0 || isNull(raw) {
+		return nil, nil
+	}
+	if !isObject(raw) {
+		return nil, errors.New("loop boundary is not a JSON object")
+	}
+	var st LoopState
+	if err := codec.Unmarshal(raw, &st); err != nil {
+		return nil, fmt.Errorf("loop boundary: %s", codec.DescribeError(err))
+	}
+	switch {
+	case st.Step < 0 || st.ModelCalls < 0:
+		return nil, errors.New("loop boundary has a negative step or model call count")
+	case st.PendingTools && st.LastModelResponse == nil:
+		return nil, errors.New("loop boundary has pending tools but no model response")
+	}
+	return &st, nil
+}
+
+// decodeLegacyRecord validates a legacy record's envelope and its boundary
+// and returns the inner episode record for the tracker.
+func decodeLegacyRecord(rec ctlplane.Record) (ctlplane.Record, error) {
+	var r legacyRecord
+	if err := codec.UnmarshalStrict(rec.Data, &r); err != nil {
+		return rec, errors.New(codec.DescribeError(err))
+	}
+	if r.EpisodeID != rec.EpisodeID {
+		return rec, fmt.Errorf("legacy record names %s but is filed under %s", r.EpisodeID, rec.EpisodeID)
+	}
+	var inner struct {
+		Boundary codec.RawMessage `json:"boundary"`
+	}
+	if err := codec.Unmarshal(r.Episode, &inner); err != nil || !isObject(r.Episode) {
+		return rec, fmt.Errorf("legacy run %s: episode is not a JSON object", r.EpisodeID)
+	}
+	if _, err := decodeLegacyBoundary(inner.Boundary); err != nil {
+		return rec, fmt.Errorf("legacy run %s: %w", r.EpisodeID, err)
+	}
+	return ctlplane.Record{EpisodeID: r.EpisodeID, Data: r.Episode}, nil
+}
+
+func (p participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error {
+	s := p.s
+	covered := func(sess *session) bool {
+		for _, id := range ids {
+			if sess.episode.RolloutID == id.RolloutID && sess.episode.Attempt <= id.Attempt {
+				return true
+			}
+		}
+		return false
+	}
+	s.mu.Lock()
+	var waits []chan struct{}
+	for _, id := range ids {
+		for _, sess := range s.byRollout[id.RolloutID] {
+			if !covered(sess) {
+				continue
+			}
+			if !sess.retired {
+				sess.retired = true
+				if sess.running {
+					sess.cancelRun(errRetired)
+				}
+				s.updateBlocking(sess)
+			}
+			if sess.running {
+				waits = append(waits, sess.runDone)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if err := s.runs.Retire(ctx, ids); err != nil {
+		return err
+	}
+	for _, ch := range waits {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			// The retired sessions still block prepares; a retry waits again.
+			return ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		for _, sess := range s.byRollout[id.RolloutID] {
+			if covered(sess) && !sess.running {
+				s.dropSessionLocked(sess)
+			}
+		}
+	}
+	return nil
+}
+
+func (p participant) Forget(ctx context.Context, rolloutIDs []string) error {
+	s := p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range rolloutIDs {
+		for _, sess := range s.byRollout[r] {
+			if sess.retired {
+				return apierror.New(apierror.RetireIncomplete, "agent session %s of rollout %s is still being retired; retry the retire first", sess.id, r)
+			}
+		}
+	}
+	return nil
+}
+
+func (p participant) StatusExtra() map[string]any {
+	s := p.s
+	pending := s.runs.Pending()
+	s.mu.Lock()
+	accepting := !s.ckpt.closed
+	open := 0
+	for _, sess := range s.sessions {
+		if !sess.closed {
+			open++
+		}
+		if sess.restored {
+			pending = append(pending, sess.episode.CaptureKey())
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(pending)
+	return map[string]any{"accepting": accepting, "sessions": open, "restored_pending": slices.Compact(pending)}
+}

@@ -1,0 +1,115 @@
+package modelproxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/tokencapture"
+)
+
+// ModelRecord is the model participant's record of one episode: the
+// ledger rows of its delivered calls and at most one generation cut (the
+// call the agent will re-issue, whose prefix the worker staged).
+type ModelRecord struct {
+	Rows           []tokencapture.Row `json:"rows"`
+	GenerationCuts []GenerationCut    `json:"generation_cuts"`
+}
+
+// GenerationCut names an undelivered call and the staged prefix its
+// re-issue continues. The re-issue is recognised by its capture key (the
+// next attempt of the record's episode) and request digest.
+type GenerationCut struct {
+	ModelCallID   string       `json:"model_call_id"`
+	RequestDigest string       `json:"request_digest"`
+	Continuation  Continuation `json:"continuation"`
+}
+
+// Continuation is where the prefix is staged and what it holds.
+type Continuation struct {
+	// SourceCaptureKey and SourceModelCallID name the call that was cut.
+	SourceCaptureKey  string   `json:"source_capture_key"`
+	SourceModelCallID string   `json:"source_model_call_id"`
+	StagingKeys       []string `json:"staging_keys"`
+	PrefixTokenCount  int      `json:"prefix_token_count"`
+	PrefixDigest      string   `json:"prefix_digest"`
+}
+
+// stagingKeys lists every token-store key the record refers to: the cut's
+// and those of prefixes its rows continued.
+func (m *ModelRecord) stagingKeys() []string {
+	var out []string
+	for _, r := range m.Rows {
+		if r.ContinuedFrom != "" {
+			out = append(out, r.ContinuedFrom)
+		}
+	}
+	for _, c := range m.GenerationCuts {
+		out = append(out, c.Continuation.StagingKeys...)
+	}
+	return out
+}
+
+// DecodeModelRecord decodes a record strictly (unknown fields refused) and
+// validates it: rows with valid, distinct call ids in increasing seq order
+// and as many log-probs as generated tokens; at most one cut, whose ids,
+// digest and single staging key are valid.
+func DecodeModelRecord(data []byte) (*ModelRecord, error) {
+	var m ModelRecord
+	if err := codec.UnmarshalStrict(data, &m); err != nil {
+		return nil, fmt.Errorf("not a model record: %s", codec.DescribeError(err))
+	}
+	seen := make(map[string]bool, len(m.Rows))
+	var lastSeq int64
+	for i, r := range m.Rows {
+		switch {
+		case !validCallID(r.CallID):
+			return nil, fmt.Errorf("rows[%d].call_id %q is not a model call id", i, r.CallID)
+		case seen[r.CallID]:
+			return nil, fmt.Errorf("rows[%d].call_id %q appears twice", i, r.CallID)
+		case r.CaptureKey != "" && !validSourceKey(r.CaptureKey):
+			return nil, fmt.Errorf("rows[%d].capture_key %q is not a capture key", i, r.CaptureKey)
+		case r.ParentCallID != "" && !validCallID(r.ParentCallID):
+			return nil, fmt.Errorf("rows[%d].parent_call_id %q is not a model call id", i, r.ParentCallID)
+		case r.Seq <= lastSeq:
+			return nil, fmt.Errorf("rows[%d].seq %d does not follow %d", i, r.Seq, lastSeq)
+		case len(r.GenerationTokenIDs) != len(r.GenerationLogProbs):
+			return nil, fmt.Errorf("rows[%d] has %d generation tokens but %d log-probs", i, len(r.GenerationTokenIDs), len(r.GenerationLogProbs))
+		case r.ContinuedFrom != "" && !validStagingKey(r.ContinuedFrom):
+			return nil, fmt.Errorf("rows[%d].continued_from is not a staging key", i)
+		}
+		seen[r.CallID] = true
+		lastSeq = r.Seq
+	}
+	if len(m.GenerationCuts) > 1 {
+		return nil, fmt.Errorf("a record holds at most one generation cut, this one %d", len(m.GenerationCuts))
+	}
+	for _, c := range m.GenerationCuts {
+		if err := c.validate(); err != nil {
+			return nil, fmt.Errorf("generation_cuts[0]: %w", err)
+		}
+	}
+	return &m, nil
+}
+
+func (c GenerationCut) validate() error {
+	k := c.Continuation
+	switch {
+	case !validCallID(c.ModelCallID):
+		return fmt.Errorf("model_call_id %q is not a model call id", c.ModelCallID)
+	case !validRequestDigest(c.RequestDigest):
+		return errors.New("request_digest is not a sha256 in hex")
+	case !validSourceKey(k.SourceCaptureKey):
+		return fmt.Errorf("continuation.source_capture_key %q is not a capture key", k.SourceCaptureKey)
+	case !validCallID(k.SourceModelCallID):
+		return fmt.Errorf("continuation.source_model_call_id %q is not a model call id", k.SourceModelCallID)
+	case len(k.StagingKeys) != 1 || !validStagingKey(k.StagingKeys[0]):
+		// The worker continues one staged prefix per call (X-Ng-Continue-Cut).
+		return errors.New("continuation.staging_keys must hold exactly one staging key")
+	case k.PrefixTokenCount <= 0:
+		return errors.New("continuation.prefix_token_count must be positive")
+	case k.PrefixDigest == "" || len(k.PrefixDigest) > 256:
+		return errors.New("continuation.prefix_digest must be 1 to 256 characters")
+	}
+	return nil
+}
