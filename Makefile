@@ -38,7 +38,7 @@ test-e2e: build
 	GYMFLEET_BIN=$(BIN) $(GO) test -count=1 -timeout 8m ./tests/e2e/...
 
 demo: build
-	$(BIN)/gymctl demo --config configs/local.yaml
+	$(BIN)/gymctl demo
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 20m ./pkg/... | tee bench.out

@@ -60,8 +60,8 @@ func TestShippedConfigDocumentsEveryKey(t *testing.T) {
 			t.Errorf("key line %q has no comment above it", line)
 		}
 	}
-	if keys != 9 {
-		t.Errorf("%d keys in the shipped file, want the 9 of fakeinference.Config", keys)
+	if keys != 10 {
+		t.Errorf("%d keys in the shipped file, want the 10 of fakeinference.Config", keys)
 	}
 }
 

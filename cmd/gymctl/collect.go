@@ -5,32 +5,56 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/collect"
+	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/logging"
 )
 
 // collectFlags are gymctl collect's flags.
 type collectFlags struct {
-	envURL      string
-	config      string
-	input       string
-	output      string
-	concurrency int
-	limit       int
-	noProgress  bool
+	envURL       string
+	config       string
+	token        string
+	input        string
+	output       string
+	concurrency  int
+	limit        int
+	maxAttempts  int
+	skipBadLines bool
+	noProgress   bool
+
+	checkpointDir     string
+	checkpointEvery   time.Duration
+	checkpointTimeout time.Duration
+	resume            bool
 }
 
 func parseCollectFlags(args []string, stderr io.Writer) (collectFlags, error) {
 	var f collectFlags
 	fs := newFlagSet("collect", stderr)
 	fs.StringVar(&f.envURL, "env-url", "", "environment server base URL")
-	fs.StringVar(&f.config, "config", "", "fleet file; its first environment endpoint is used (instead of --env-url)")
+	fs.StringVar(&f.config, "config", "", "fleet file; its first environment endpoint is used (instead of --env-url), and its endpoints and control token drive retires and checkpoints")
+	fs.StringVar(&f.token, "token", "", "control token (default: the fleet file's, or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN)")
 	fs.StringVar(&f.input, "input", "", "input JSONL dataset (NeMo Gym rows)")
 	fs.StringVar(&f.output, "output", "", "output JSONL; failed rows go to <stem>_failures.jsonl")
 	fs.IntVar(&f.concurrency, "concurrency", collect.DefaultConcurrency, "rows in flight at once")
 	fs.IntVar(&f.limit, "limit", 0, "run only the first K valid rows (0: all)")
+	fs.IntVar(&f.maxAttempts, "max-attempts", collect.DefaultMaxAttempts, "attempts of a row whose /run gets no reply before it fails")
+	fs.BoolVar(&f.skipBadLines, "skip-bad-lines", false, "run the valid rows of an input with bad lines (default: refuse it before sending anything)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "do not draw the progress bar")
+	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "checkpoint the collection into this directory (needs --config with checkpointing on): SIGUSR1 checkpoints and continues, SIGTERM checkpoints and exits 75")
+	fs.DurationVar(&f.checkpointEvery, "checkpoint-every", 0, "also checkpoint this often while rows are in flight (0: never)")
+	fs.DurationVar(&f.checkpointTimeout, "checkpoint-timeout", collect.DefaultCheckpointTimeout, "deadline of a checkpoint's prepare and commit, and of a restore")
+	fs.BoolVar(&f.resume, "resume", false, "continue the previous run of --checkpoint-dir: keep the rows in --output, restore LATEST, start the other rows it sent over")
 	if err := parse(fs, args); err != nil {
 		return f, err
 	}
@@ -45,18 +69,22 @@ func parseCollectFlags(args []string, stderr io.Writer) (collectFlags, error) {
 		return f, fmt.Errorf("collect: --concurrency %d must be at least 1", f.concurrency)
 	case f.limit < 0:
 		return f, fmt.Errorf("collect: --limit %d must not be negative", f.limit)
+	case f.maxAttempts < 1:
+		return f, fmt.Errorf("collect: --max-attempts %d must be at least 1", f.maxAttempts)
 	case f.input == f.output:
 		return f, errors.New("collect: --output must differ from --input")
+	case f.checkpointDir != "" && f.config == "":
+		return f, errors.New("collect: --checkpoint-dir needs --config: checkpoints drive every server of the fleet file, not just --env-url")
+	case f.checkpointDir == "" && (f.resume || f.checkpointEvery != 0):
+		return f, errors.New("collect: --resume and --checkpoint-every need --checkpoint-dir")
+	case f.checkpointEvery < 0 || f.checkpointTimeout <= 0:
+		return f, fmt.Errorf("collect: --checkpoint-every %v must not be negative and --checkpoint-timeout %v must be positive", f.checkpointEvery, f.checkpointTimeout)
 	}
 	return f, nil
 }
 
 // environmentURL is the first environment endpoint of a fleet file.
-func environmentURL(path string) (string, error) {
-	cfg, err := fleet.Load(path)
-	if err != nil {
-		return "", err
-	}
+func environmentURL(cfg *fleet.Config, path string) (string, error) {
 	envs := cfg.Endpoints(fleet.KindEnvironment)
 	if len(envs) == 0 {
 		return "", fmt.Errorf("fleet file %s has no environment endpoint", path)
@@ -64,27 +92,96 @@ func environmentURL(path string) (string, error) {
 	return envs[0].URL, nil
 }
 
-func runCollect(ctx context.Context, args []string, _ func(string) string, stdout, stderr io.Writer) error {
+// fleetEndpoints lists every endpoint of the fleet for discovery.
+func fleetEndpoints(cfg *fleet.Config) []coordination.Endpoint {
+	var eps []coordination.Endpoint
+	for _, e := range cfg.Endpoints("") {
+		eps = append(eps, coordination.Endpoint{Name: e.Name, URL: e.URL})
+	}
+	return eps
+}
+
+// collectOptions builds the collector's options from the flags.
+func collectOptions(f collectFlags, getenv func(string) string, stdout, stderr io.Writer) (collect.Options, error) {
+	opts := collect.Options{
+		EnvURL: f.envURL, Concurrency: f.concurrency, Limit: f.limit, MaxAttempts: f.maxAttempts,
+		SkipBadLines: f.skipBadLines, Notices: stdout, Logger: logging.New(stderr, slog.LevelWarn, "gymctl", "collect"),
+	}
+	if !f.noProgress {
+		opts.Progress = stderr
+	}
+	if f.config == "" {
+		return opts, nil
+	}
+	cfg, err := fleet.Load(f.config)
+	if err != nil {
+		return opts, err
+	}
+	if opts.EnvURL, err = environmentURL(cfg, f.config); err != nil {
+		return opts, err
+	}
+	token := f.token
+	if token == "" {
+		token = cfg.Checkpoint.ControlAuthToken
+	}
+	if token == "" {
+		token = getenv("GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
+	}
+	if cfg.Checkpoint.Enabled && token != "" {
+		opts.Fleet = &collect.FleetControl{Endpoints: fleetEndpoints(cfg), Token: token}
+	}
+	if f.checkpointDir == "" {
+		return opts, nil
+	}
+	switch {
+	case !cfg.Checkpoint.Enabled:
+		return opts, fmt.Errorf("collect: --checkpoint-dir needs a fleet with checkpointing on, and %s has checkpoint.enabled false", f.config)
+	case token == "":
+		return opts, errors.New("collect: --checkpoint-dir needs the control token: checkpoint.control_auth_token in the fleet file, --token or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
+	}
+	opts.Checkpoints = &collect.CheckpointOptions{Dir: f.checkpointDir, Timeout: f.checkpointTimeout, Every: f.checkpointEvery, Resume: f.resume}
+	return opts, nil
+}
+
+func runCollect(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f, err := parseCollectFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	url := f.envURL
-	if f.config != "" {
-		if url, err = environmentURL(f.config); err != nil {
-			return err
-		}
-	}
-	opts := collect.Options{EnvURL: url, Concurrency: f.concurrency, Limit: f.limit}
-	if !f.noProgress {
-		opts.Progress = stderr
+	opts, err := collectOptions(f, getenv, stdout, stderr)
+	if err != nil {
+		return err
 	}
 	c, err := collect.New(opts)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "collecting %s through %s into %s (concurrency %d)\n", f.input, url, f.output, f.concurrency)
-	sum, err := c.CollectFile(ctx, f.input, f.output)
+	runCtx := ctx
+	var watch func(*collect.Collection) (stop func())
+	if opts.Checkpoints != nil {
+		// SIGTERM must checkpoint, not cancel: the collection runs on a
+		// context of its own, cancelled only by an interrupt (or the
+		// caller), and SIGUSR1/SIGTERM become checkpoint requests.
+		sigs := make(chan os.Signal, 4)
+		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM)
+		defer signal.Stop(sigs)
+		workCtx, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
+		defer cancelWork(nil)
+		runCtx = workCtx
+		watch = func(coll *collect.Collection) func() {
+			return watchSignals(ctx, sigs, coll, cancelWork)
+		}
+	}
+	fmt.Fprintf(stdout, "collecting %s through %s into %s (concurrency %d)\n", f.input, opts.EnvURL, f.output, f.concurrency)
+	coll, err := c.Open(runCtx, f.input, f.output)
+	if err != nil {
+		return err
+	}
+	if watch != nil {
+		stop := watch(coll)
+		defer stop()
+	}
+	sum, err := coll.Run(runCtx)
 	if sum != nil {
 		sum.WriteText(stdout)
 	}
@@ -95,4 +192,40 @@ func runCollect(ctx context.Context, args []string, _ func(string) string, stdou
 		return fmt.Errorf("%d of %d rows failed (see %s)", sum.Failed, sum.Rows, sum.FailuresFile)
 	}
 	return nil
+}
+
+// watchSignals turns SIGUSR1 into a checkpoint and SIGTERM into a
+// preemption checkpoint; the end of ctx stops the collection, unless
+// SIGTERM ended it (main's signal context sees SIGTERM too). The returned
+// function stops the watcher and waits for it.
+func watchSignals(ctx context.Context, sigs <-chan os.Signal, coll *collect.Collection, cancel context.CancelCauseFunc) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		ctxDone := ctx.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case s := <-sigs:
+				coll.RequestCheckpoint(s == syscall.SIGTERM)
+			case <-ctxDone:
+				ctxDone = nil
+				if cause := context.Cause(ctx); isTerminate(cause) {
+					coll.RequestCheckpoint(true)
+				} else {
+					cancel(cause)
+				}
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// isTerminate reports whether a signal.NotifyContext cause is SIGTERM.
+func isTerminate(cause error) bool {
+	return cause != nil && strings.Contains(cause.Error(), syscall.SIGTERM.String())
 }

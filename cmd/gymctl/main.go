@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/gymfleet/gymfleet/pkg/collect"
 )
 
 func main() {
@@ -20,6 +22,11 @@ func main() {
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(2)
+	}
+	if errors.Is(err, collect.ErrStopped) {
+		// A preemption checkpoint: Slurm's "requeue me" status.
+		fmt.Fprintln(os.Stderr, "gymctl:", err)
+		os.Exit(collect.ExitPreempted)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gymctl:", err)
@@ -39,6 +46,7 @@ func commands() []command {
 		{"collect", "run a JSONL dataset through an environment server", runCollect},
 		{"demo", "start the local fleet, collect the demo dataset, report, stop", runDemo},
 		{"ckpt", "drive checkpoints: status, prepare, commit, resume, restore, retire, forget, verify", runCkpt},
+		{"bench-scale", "checkpoint, crash and restore N rollouts in flight on a local fleet; print the figures", runBenchScale},
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func noEnv(string) string { return "" }
@@ -57,6 +58,12 @@ func TestParseCollectFlags(t *testing.T) {
 		{[]string{"--env-url", "http://x", "--input", "a", "--output", "a"}, "must differ"},
 		{[]string{"--env-url", "http://x", "--input", "a", "--output", "b", "extra"}, "unexpected arguments"},
 		{[]string{"--concurrency", "many"}, "invalid value"},
+		{[]string{"--config", "f", "--input", "a", "--output", "b", "--checkpoint-dir", "d", "--checkpoint-every", "1m", "--resume", "--max-attempts", "5", "--skip-bad-lines"}, ""},
+		{[]string{"--env-url", "http://x", "--input", "a", "--output", "b", "--checkpoint-dir", "d"}, "needs --config"},
+		{[]string{"--config", "f", "--input", "a", "--output", "b", "--resume"}, "need --checkpoint-dir"},
+		{[]string{"--config", "f", "--input", "a", "--output", "b", "--checkpoint-every", "1s"}, "need --checkpoint-dir"},
+		{[]string{"--config", "f", "--input", "a", "--output", "b", "--checkpoint-dir", "d", "--checkpoint-timeout", "0s"}, "must be positive"},
+		{[]string{"--env-url", "http://x", "--input", "a", "--output", "b", "--max-attempts", "0"}, "at least 1"},
 	}
 	for _, tc := range tests {
 		f, err := parseCollectFlags(tc.args, io.Discard)
@@ -71,15 +78,18 @@ func TestParseCollectFlags(t *testing.T) {
 		}
 	}
 	f, _ := parseCollectFlags([]string{"--env-url", "http://x", "--input", "a", "--output", "b"}, io.Discard)
-	if f.concurrency != 16 || f.limit != 0 {
+	if f.concurrency != 16 || f.limit != 0 || f.maxAttempts != 3 || f.checkpointTimeout != 300*time.Second || f.skipBadLines {
 		t.Errorf("defaults: %+v", f)
 	}
 }
 
 func TestParseDemoFlags(t *testing.T) {
 	o, err := parseDemoFlags(nil, io.Discard)
-	if err != nil || o.config != "configs/local.yaml" || o.input != "data/demo.jsonl" || o.concurrency != 32 {
-		t.Errorf("defaults: %+v %v", o, err)
+	if err != nil || o.config != "" || o.input != "data/demo.jsonl" || o.concurrency != 72 || o.binDir != "" || o.minCallSeconds <= 0 {
+		t.Errorf("defaults (the crash demo on a generated fleet): %+v %v", o, err)
+	}
+	if _, err := parseDemoFlags([]string{"--min-call-seconds", "-1"}, io.Discard); err == nil {
+		t.Error("a negative pace accepted")
 	}
 	if _, err := parseDemoFlags([]string{"--concurrency", "0"}, io.Discard); err == nil {
 		t.Error("--concurrency 0 accepted")
@@ -176,5 +186,24 @@ func TestUpAndDemoFailCleanly(t *testing.T) {
 	}
 	if _, _, err := runArgs(t, "demo", "--config", fleetFile, "--input", filepath.Join(dir, "none.jsonl")); err == nil || !strings.Contains(err.Error(), "demo dataset") {
 		t.Errorf("demo without a dataset = %v", err)
+	}
+}
+
+func TestCollect_CheckpointsNeedACheckpointingFleet(t *testing.T) {
+	dir := t.TempDir()
+	fleetFile := filepath.Join(dir, "fleet.yaml")
+	if err := os.WriteFile(fleetFile, []byte("processes:\n  - name: env\n    binary: envserver\n    endpoints: [{name: env, kind: environment, url: \"http://127.0.0.1:1\"}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runArgs(t, "collect", "--config", fleetFile, "--input", "a", "--output", "b", "--checkpoint-dir", filepath.Join(dir, "ckpt"))
+	if err == nil || !strings.Contains(err.Error(), "checkpoint.enabled false") {
+		t.Errorf("checkpoints on a fleet without checkpointing: %v", err)
+	}
+}
+
+func TestIsTerminate(t *testing.T) {
+	// signal.NotifyContext's cause names the signal.
+	if !isTerminate(errors.New("terminated signal received")) || isTerminate(errors.New("interrupt signal received")) || isTerminate(nil) {
+		t.Error("isTerminate does not tell SIGTERM from the rest")
 	}
 }

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -340,6 +343,18 @@ type exportedSession struct {
 	loop func() LoopState
 }
 
+// sessionRecordOut is sessionRecord as Export encodes it: the loop state as
+// a value rather than its encoding, so a record is encoded in one pass. Its
+// bytes are those of sessionRecord with the loop state's encoding as
+// Boundary (null when there is none).
+type sessionRecordOut struct {
+	Type      string            `json:"type"`
+	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	SessionID string            `json:"session_id"`
+	Session   sessionState      `json:"session"`
+	Boundary  *LoopState        `json:"boundary"`
+}
+
 func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
 	s := p.s
 	s.mu.Lock()
@@ -373,23 +388,35 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b exportedSession) int {
-		return cmp.Or(cmp.Compare(a.rec.EpisodeID.CaptureKey(), b.rec.EpisodeID.CaptureKey()), cmp.Compare(a.rec.SessionID, b.rec.SessionID))
+		return cmp.Or(rollout.CompareCaptureKeys(a.rec.EpisodeID, b.rec.EpisodeID), cmp.Compare(a.rec.SessionID, b.rec.SessionID))
 	})
-	for _, e := range out {
-		e.rec.Boundary = jsonNull
+	encode := func(e exportedSession) ([]byte, error) {
+		rec := sessionRecordOut{Type: e.rec.Type, EpisodeID: e.rec.EpisodeID, SessionID: e.rec.SessionID, Session: e.rec.Session}
 		if e.loop != nil {
-			b, err := codec.Marshal(e.loop())
-			if err != nil {
-				return ctlplane.Extras{}, fmt.Errorf("loop state of agent session %s: %w", e.rec.SessionID, err)
-			}
-			e.rec.Boundary = b
+			st := e.loop()
+			rec.Boundary = &st
 		}
-		data, err := codec.Marshal(e.rec)
+		data, err := codec.Marshal(&rec)
 		if err != nil {
-			return ctlplane.Extras{}, err
+			return nil, fmt.Errorf("agent session %s: %w", e.rec.SessionID, err)
 		}
-		if err := emit(ctlplane.Record{EpisodeID: e.rec.EpisodeID, Data: data}); err != nil {
-			return ctlplane.Extras{}, err
+		return data, nil
+	}
+	// Records are encoded a window at a time on every core (encoding is
+	// most of the export's work, and a loop state is kilobytes of JSON),
+	// then emitted in order.
+	for start := 0; start < len(out); start += encodeWindow {
+		window := out[start:min(start+encodeWindow, len(out))]
+		data := make([][]byte, len(window))
+		errs := make([]error, len(window))
+		inParallel(len(window), func(i int) { data[i], errs[i] = encode(window[i]) })
+		for i, e := range window {
+			if errs[i] != nil {
+				return ctlplane.Extras{}, errs[i]
+			}
+			if err := emit(ctlplane.Record{EpisodeID: e.rec.EpisodeID, Data: data[i]}); err != nil {
+				return ctlplane.Extras{}, err
+			}
 		}
 	}
 	err := s.runs.Export(scope, func(r ctlplane.Record) error {
@@ -453,29 +480,19 @@ func (p participant) Install(ctx context.Context, records []ctlplane.Record, sco
 	s := p.s
 	var sessions []*session
 	var legacy []ctlplane.Record
-	seen := map[string]bool{}
-	for i, rec := range records {
-		typ, err := recordType(rec.Data)
-		if err != nil {
-			return nil, invalidState("agent record %d: %v", i, err)
-		}
-		switch typ {
-		case recordSession:
-			sess, err := decodeSessionRecord(rec)
-			if err != nil {
-				return nil, invalidState("agent record %d: %v", i, err)
+	seen := make(map[string]bool, len(records))
+	for i, d := range decodeRecords(records) {
+		switch {
+		case d.err != nil:
+			return nil, invalidState("agent record %d: %v", i, d.err)
+		case d.sess != nil:
+			if seen[d.sess.id] {
+				return nil, invalidState("agent record %d: session %s appears twice", i, d.sess.id)
 			}
-			if seen[sess.id] {
-				return nil, invalidState("agent record %d: session %s appears twice", i, sess.id)
-			}
-			seen[sess.id] = true
-			sessions = append(sessions, sess)
-		case recordLegacy:
-			inner, err := decodeLegacyRecord(rec)
-			if err != nil {
-				return nil, invalidState("agent record %d: %v", i, err)
-			}
-			legacy = append(legacy, inner)
+			seen[d.sess.id] = true
+			sessions = append(sessions, d.sess)
+		default:
+			legacy = append(legacy, d.legacy)
 		}
 	}
 	s.mu.Lock()
@@ -499,8 +516,68 @@ func (p participant) Install(ctx context.Context, records []ctlplane.Record, sco
 		installed = append(installed, sess.episode)
 	}
 	s.mu.Unlock()
-	slices.SortFunc(installed, func(a, b rollout.EpisodeID) int { return cmp.Compare(a.CaptureKey(), b.CaptureKey()) })
+	slices.SortFunc(installed, rollout.CompareCaptureKeys)
 	return slices.Compact(installed), nil
+}
+
+// decodedRecord is one agent record decoded: a native session's, a legacy
+// run's inner episode record, or why it is invalid.
+type decodedRecord struct {
+	sess   *session
+	legacy ctlplane.Record
+	err    error
+}
+
+func decodeRecord(rec ctlplane.Record) decodedRecord {
+	typ, err := recordType(rec.Data)
+	if err != nil {
+		return decodedRecord{err: err}
+	}
+	if typ == recordSession {
+		sess, err := decodeSessionRecord(rec)
+		return decodedRecord{sess: sess, err: err}
+	}
+	inner, err := decodeLegacyRecord(rec)
+	return decodedRecord{legacy: inner, err: err}
+}
+
+// decodeRecords decodes every record on every core: decoding is nearly all
+// of a restore's work (a loop state is kilobytes of JSON), records are
+// independent, and the agent's records are the largest of the fleet. The
+// results are in the records' order, so the caller reports the first
+// invalid one as a sequential decode would.
+func decodeRecords(records []ctlplane.Record) []decodedRecord {
+	out := make([]decodedRecord, len(records))
+	inParallel(len(records), func(i int) { out[i] = decodeRecord(records[i]) })
+	return out
+}
+
+// encodeWindow is how many records Export encodes before it emits them.
+const encodeWindow = 1024
+
+// parallelChunk is how many items an inParallel goroutine takes at a time.
+const parallelChunk = 64
+
+// inParallel runs fn(0) to fn(n-1) on up to GOMAXPROCS goroutines, which
+// it waits for. fn must be safe to run concurrently for distinct i.
+func inParallel(n int, fn func(i int)) {
+	chunks := (n + parallelChunk - 1) / parallelChunk
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), chunks) {
+		wg.Go(func() {
+			for {
+				start := int(next.Add(1)-1) * parallelChunk
+				if start >= n {
+					return
+				}
+				for i := start; i < min(start+parallelChunk, n); i++ {
+					fn(i)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func invalidState(format string, args ...any) error {
@@ -526,7 +603,7 @@ func recordType(data []byte) (string, error) {
 // session it restores, bound to the next attempt.
 func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 	var r sessionRecord
-	if err := codec.UnmarshalStrict(rec.Data, &r); err != nil {
+	if err := codec.UnmarshalRecord(rec.Data, &r); err != nil {
 		return nil, errors.New(codec.DescribeError(err))
 	}
 	if r.EpisodeID != rec.EpisodeID {
@@ -597,7 +674,7 @@ func decodeLoopState(raw codec.RawMessage) (*LoopState, error) {
 // and returns the inner episode record for the tracker.
 func decodeLegacyRecord(rec ctlplane.Record) (ctlplane.Record, error) {
 	var r legacyRecord
-	if err := codec.UnmarshalStrict(rec.Data, &r); err != nil {
+	if err := codec.UnmarshalRecord(rec.Data, &r); err != nil {
 		return rec, errors.New(codec.DescribeError(err))
 	}
 	if r.EpisodeID != rec.EpisodeID {
@@ -617,13 +694,17 @@ func decodeLegacyRecord(rec ctlplane.Record) (ctlplane.Record, error) {
 
 func (p participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error {
 	s := p.s
-	covered := func(sess *session) bool {
-		for _, id := range ids {
-			if sess.episode.RolloutID == id.RolloutID && sess.episode.Attempt <= id.Attempt {
-				return true
-			}
+	// upTo is the latest attempt retired of each rollout: a session is
+	// covered when its attempt is that one or an earlier one.
+	upTo := make(map[string]int, len(ids))
+	for _, id := range ids {
+		if a, ok := upTo[id.RolloutID]; !ok || id.Attempt > a {
+			upTo[id.RolloutID] = id.Attempt
 		}
-		return false
+	}
+	covered := func(sess *session) bool {
+		a, ok := upTo[sess.episode.RolloutID]
+		return ok && sess.episode.Attempt <= a
 	}
 	s.mu.Lock()
 	var waits []chan struct{}

@@ -28,6 +28,10 @@ type Config struct {
 	// Checkpoint is the process's checkpoint: block, copied into each agent
 	// by the command (it is not a per-agent key in the file).
 	Checkpoint ctlplane.Config `mapstructure:"-"`
+	// Pprof is the process's pprof key, copied into each agent like
+	// Checkpoint: every listener of the process then serves /debug/pprof/
+	// (the profiles are the whole process's).
+	Pprof bool `mapstructure:"-"`
 }
 
 // DefaultConfig is an agent on a free loopback port against the default
@@ -87,6 +91,9 @@ func baseURL(s string) string { return strings.TrimRight(s, "/") }
 type ProcessConfig struct {
 	LogLevel   string          `mapstructure:"log_level"`
 	Checkpoint ctlplane.Config `mapstructure:"checkpoint"`
+	// Pprof serves net/http/pprof under /debug/pprof/ on every agent of
+	// the process (off by default).
+	Pprof bool `mapstructure:"pprof"`
 	// Agents is a list, not a map: viper lower-cases map keys.
 	Agents []Config `mapstructure:"agents"`
 }
@@ -96,12 +103,13 @@ func DefaultProcessConfig() ProcessConfig {
 	return ProcessConfig{LogLevel: "info", Checkpoint: ctlplane.DefaultConfig()}
 }
 
-// AgentConfigs returns the agents with the process's checkpoint block copied
-// into each.
+// AgentConfigs returns the agents with the process's checkpoint block and
+// pprof key copied into each.
 func (p ProcessConfig) AgentConfigs() []Config {
 	out := slices.Clone(p.Agents)
 	for i := range out {
 		out[i].Checkpoint = p.Checkpoint
+		out[i].Pprof = p.Pprof
 	}
 	return out
 }

@@ -186,7 +186,7 @@ func (a *activation) run(ctx context.Context) (*openai.Response, error) {
 		if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
 			return nil, err
 		}
-		if err := a.runTools(ctx, openai.FunctionCalls(st.LastModelResponse.Output)); err != nil {
+		if err := a.runTools(ctx, openai.FunctionCalls(st.lastOutput())); err != nil {
 			return nil, err
 		}
 		st.PendingTools = false
@@ -217,7 +217,12 @@ func (a *activation) run(ctx context.Context) (*openai.Response, error) {
 				st.Usage.Add(resp.Usage)
 			}
 		}
-		st.LastModelResponse = resp
+		// The response's items are in NewOutputs already; the state keeps
+		// the rest of it (ids, model, echoed parameters) for the reply, so a
+		// checkpoint does not carry every item twice.
+		last := *resp
+		last.Output = nil
+		st.LastModelResponse = &last
 		st.Turns = append(st.Turns, Turn{Step: st.Step, ResponseID: resp.ID, Status: resp.Status, OutputItems: len(resp.Output), FunctionCalls: len(calls)})
 		if resp.IncompleteDetails != nil {
 			break
@@ -243,6 +248,19 @@ func (a *activation) run(ctx context.Context) (*openai.Response, error) {
 		}
 	}
 	return a.result()
+}
+
+// lastOutput is the last model response's output: the items of the last
+// turn, at the end of NewOutputs.
+func (st *LoopState) lastOutput() []openai.Item {
+	if len(st.Turns) == 0 {
+		return nil
+	}
+	n := st.Turns[len(st.Turns)-1].OutputItems
+	if n > len(st.NewOutputs) {
+		n = len(st.NewOutputs)
+	}
+	return st.NewOutputs[len(st.NewOutputs)-n:]
 }
 
 func (a *activation) maxStepsReached() bool {

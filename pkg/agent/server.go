@@ -5,6 +5,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -170,7 +171,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		sessions:  map[string]*session{},
 		byRollout: map[string]map[string]*session{},
 	}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newCkptState()
 		s.runs = episode.NewTracker()
@@ -540,12 +541,12 @@ func NewResourcesSessionID() string {
 
 // isObject reports whether raw is a JSON object.
 func isObject(raw []byte) bool {
-	t := strings.TrimSpace(string(raw))
+	t := bytes.TrimSpace(raw)
 	return len(t) > 0 && t[0] == '{' && codec.Valid(raw)
 }
 
 // isNull reports whether raw is JSON null.
-func isNull(raw []byte) bool { return strings.TrimSpace(string(raw)) == "null" }
+func isNull(raw []byte) bool { return string(bytes.TrimSpace(raw)) == "null" }
 
 // decodeBody decodes a JSON object body, ignoring unknown fields.
 func decodeBody(body []byte, v any) error {

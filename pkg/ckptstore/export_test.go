@@ -12,3 +12,8 @@ func ReadRecordsBytes(b []byte) ([]Record, int, error) {
 	recs, n, _, err := readRecords(context.Background(), bytes.NewReader(b), func(rollout.EpisodeID) bool { return true })
 	return recs, n, err
 }
+
+// ReadCanonical and AppendRecord expose the records line codec to tests.
+func ReadCanonical(line []byte) (Record, bool) { return readCanonical(line) }
+
+func AppendRecord(r Record) []byte { return appendRecord(nil, r) }

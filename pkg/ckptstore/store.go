@@ -26,8 +26,10 @@ import (
 	"path"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -150,25 +152,22 @@ func invalid(format string, args ...any) error {
 // record, and publication happens under its lock, so once Stop returns no
 // manifest will ever appear.
 type WriteStop struct {
-	mu      sync.Mutex
-	stopped bool
+	mu sync.Mutex
+	// stopped is set under mu (so a publication in progress finishes
+	// first) and read without it before every record.
+	stopped atomic.Bool
 }
 
 // Stop stops the write; it waits for a publication in progress to finish.
 func (s *WriteStop) Stop() {
 	s.mu.Lock()
-	s.stopped = true
+	s.stopped.Store(true)
 	s.mu.Unlock()
 }
 
 // Stopped reports whether Stop was called.
 func (s *WriteStop) Stopped() bool {
-	if s == nil {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stopped
+	return s != nil && s.stopped.Load()
 }
 
 // publish runs fn under the lock unless stopped.
@@ -178,7 +177,7 @@ func (s *WriteStop) publish(fn func() error) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopped {
+	if s.stopped.Load() {
 		return ErrStopped
 	}
 	return fn()
@@ -275,13 +274,9 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		if len(r.Data) == 0 || !codec.Valid(r.Data) {
 			return fmt.Errorf("record %d (%s): data is not one JSON value", count, r.EpisodeID)
 		}
-		var err error
-		line, err = appendRecord(line[:0], r)
-		if err != nil {
-			return err
-		}
+		line = appendRecord(line[:0], r)
 		count++
-		_, err = bw.Write(line)
+		_, err := bw.Write(line)
 		return err
 	}
 	extras, err := emit(add)
@@ -323,19 +318,23 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	return Written{Manifest: m, Bytes: size}, nil
 }
 
-func appendRecord(dst []byte, r Record) ([]byte, error) {
-	id, err := codec.Marshal(r.EpisodeID)
-	if err != nil {
-		return nil, err
-	}
-	// The record bytes are written exactly as exported, so restored state
-	// serialises exactly as it was captured.
-	dst = append(dst, `{"episode_id":`...)
-	dst = append(dst, id...)
-	dst = append(dst, `,"record":`...)
+// appendRecord appends r's line, the form readCanonical reads back:
+//
+//	{"episode_id":{"rollout_id":"<id>","attempt":<n>},"record":<data>}
+//
+// The episode id is written by hand (a valid rollout id needs no escaping,
+// so the bytes are what a JSON encoder writes); the record bytes are
+// written exactly as exported, so restored state serialises exactly as it
+// was captured.
+func appendRecord(dst []byte, r Record) []byte {
+	dst = append(dst, `{"episode_id":{"rollout_id":"`...)
+	dst = append(dst, r.EpisodeID.RolloutID...)
+	dst = append(dst, `","attempt":`...)
+	dst = strconv.AppendInt(dst, int64(r.EpisodeID.Attempt), 10)
+	dst = append(dst, `},"record":`...)
 	dst = append(dst, bytes.TrimSpace(r.Data)...)
 	dst = append(dst, '}', '\n')
-	return dst, nil
+	return dst
 }
 
 // Read verifies one participant's commit and returns the records keep
@@ -409,9 +408,13 @@ func readRecords(ctx context.Context, r io.Reader, keep func(rollout.EpisodeID) 
 			if line[len(line)-1] != '\n' {
 				return nil, 0, 0, fmt.Errorf("record %d is torn (no newline at the end of the file)", n+1)
 			}
-			var rec Record
-			if err := codec.UnmarshalStrict(line, &rec); err != nil {
-				return nil, 0, 0, fmt.Errorf("record %d: %s", n+1, codec.DescribeError(err))
+			rec, ok := readCanonical(line)
+			if !ok {
+				// Not a line as the writer writes it: the strict decoder
+				// reads it (or says what is wrong with it).
+				if err := codec.UnmarshalStrict(line, &rec); err != nil {
+					return nil, 0, 0, fmt.Errorf("record %d: %s", n+1, codec.DescribeError(err))
+				}
 			}
 			if err := rec.EpisodeID.Validate(); err != nil {
 				return nil, 0, 0, fmt.Errorf("record %d: %v", n+1, err)
@@ -436,6 +439,56 @@ func readRecords(ctx context.Context, r io.Reader, keep func(rollout.EpisodeID) 
 			return nil, 0, 0, err
 		}
 	}
+}
+
+// readCanonical reads a line exactly as appendRecord writes it, without
+// the reflection of a JSON decoder: a restore reads 100,000 lines and more.
+// It returns what the strict decoder would (the id's string has no escapes,
+// its attempt is a plain integer, the record is one valid JSON value), and
+// ok false for any other line, which the caller decodes strictly.
+func readCanonical(line []byte) (rec Record, ok bool) {
+	rest, ok := bytes.CutPrefix(line, []byte(`{"episode_id":{"rollout_id":"`))
+	if !ok {
+		return Record{}, false
+	}
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 {
+		return Record{}, false
+	}
+	id := rest[:end]
+	for _, c := range id {
+		// Escapes, control characters and non-ASCII bytes would decode to
+		// other bytes than these.
+		if c < 0x20 || c == '\\' || c >= 0x7f {
+			return Record{}, false
+		}
+	}
+	if rest, ok = bytes.CutPrefix(rest[end+1:], []byte(`,"attempt":`)); !ok {
+		return Record{}, false
+	}
+	digits := 0
+	for digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9' {
+		digits++
+	}
+	if digits == 0 || digits > 18 || (digits > 1 && rest[0] == '0') {
+		return Record{}, false
+	}
+	attempt, err := strconv.Atoi(string(rest[:digits]))
+	if err != nil {
+		return Record{}, false
+	}
+	if rest, ok = bytes.CutPrefix(rest[digits:], []byte(`},"record":`)); !ok {
+		return Record{}, false
+	}
+	data, ok := bytes.CutSuffix(rest, []byte("}\n"))
+	if !ok {
+		return Record{}, false
+	}
+	data = bytes.Trim(data, " \t\r\n")
+	if len(data) == 0 || !codec.Valid(data) {
+		return Record{}, false
+	}
+	return Record{EpisodeID: rollout.EpisodeID{RolloutID: string(id), Attempt: attempt}, Data: data}, true
 }
 
 func (s *Store) readManifest(ctx context.Context, dir string) (Manifest, error) {

@@ -18,6 +18,7 @@ import (
 	"reflect"
 
 	gojson "github.com/goccy/go-json"
+	gojsonv2 "github.com/goccy/go-json/v2"
 )
 
 // RawMessage is a raw encoded JSON value, shared by both codecs.
@@ -32,8 +33,11 @@ func Marshal(v any) ([]byte, error) { return gojson.Marshal(v) }
 // Unmarshal decodes data into v, ignoring unknown object fields.
 func Unmarshal(data []byte, v any) error { return gojson.Unmarshal(data, v) }
 
-// Valid reports whether data is one valid JSON value.
-func Valid(data []byte) bool { return stdjson.Valid(data) }
+// Valid reports whether data is one valid JSON value. It is goccy's
+// validator, which accepts exactly what encoding/json.Valid accepts
+// (FuzzValid checks it) at several times its speed: every checkpoint record
+// is validated when written and when read.
+func Valid(data []byte) bool { return gojson.Valid(data) }
 
 // ErrTrailingData reports bytes after the one JSON value a strict decode expects.
 var ErrTrailingData = errors.New("unexpected data after the JSON value")
@@ -50,6 +54,29 @@ func UnmarshalStrict(data []byte, v any) error {
 		return ErrTrailingData
 	}
 	return nil
+}
+
+// recordOptions make goccy's v2 decoder decode as encoding/json does, with
+// unknown fields refused: UnmarshalStrict's semantics.
+var recordOptions = gojsonv2.JoinOptions(gojson.DefaultOptionsV1(), gojsonv2.RejectUnknownMembers(true))
+
+// UnmarshalRecord decodes a checkpoint record strictly, as UnmarshalStrict
+// does (unknown fields and trailing data refused), several times faster: a
+// restore decodes 100,000 records and more. v must point to a zero value.
+// The decode goes through goccy's v2 decoder with the options of
+// encoding/json; if that refuses the data, v is zeroed and UnmarshalStrict
+// decodes it again, so what is refused is refused exactly as UnmarshalStrict
+// refuses it, error included. The FuzzUnmarshalRecord* targets check that
+// what the fast decoder accepts UnmarshalStrict accepts too, as the same
+// value.
+func UnmarshalRecord(data []byte, v any) error {
+	if gojsonv2.Unmarshal(data, v, recordOptions) == nil {
+		return nil
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		rv.Elem().SetZero()
+	}
+	return UnmarshalStrict(data, v)
 }
 
 // MarshalStable encodes v with encoding/json. Used for the bytes a digest is

@@ -2,24 +2,34 @@
 // server's POST /run with bounded concurrency, writing each finished row to
 // the output as it completes (completion order) and each failed row to a
 // failures file, and summarises the run.
+//
+// With checkpoints on (SPEC §7, protocol §8) the collector is the
+// controller of its fleet: a Collection takes checkpoints on request (the
+// command maps SIGUSR1 and SIGTERM to them) or periodically, publishing
+// <dir>/<checkpoint_id>/collection.json and then <dir>/LATEST; it logs every
+// attempt to <dir>/dispatched.jsonl just before sending it, so a resumed
+// collection after a SIGKILL restores LATEST when it is the previous run's,
+// retires and restarts every other row that run sent, and writes every row
+// exactly once.
 package collect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/schollz/progressbar/v3"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -34,6 +44,26 @@ const (
 	FieldFailureStatus = "_ng_failure_status"
 )
 
+// Defaults of Options.
+const (
+	DefaultMaxAttempts       = 3
+	DefaultCheckpointTimeout = 300 * time.Second
+	DefaultKeepCheckpoints   = 2
+	DefaultControlTimeout    = 30 * time.Second
+	// RetireBatch bounds the attempts of one retire and the rollouts of
+	// one forget.
+	RetireBatch = 1024
+)
+
+// ExitPreempted is the exit status of a collection stopped by a preemption
+// checkpoint (SIGTERM), Slurm's convention for "requeue me".
+const ExitPreempted = 75
+
+// ErrStopped reports a collection stopped by a checkpoint with stop (a
+// preemption): rows not finished were continued by the checkpoint or start
+// over when the collection is resumed.
+var ErrStopped = errors.New("collection stopped by a preemption checkpoint")
+
 // Options configure a Collector.
 type Options struct {
 	// EnvURL is the environment server's base URL.
@@ -43,16 +73,74 @@ type Options struct {
 	// Limit keeps the first Limit valid rows of the input (0: all).
 	Limit int
 	// Client sends /run; nil means an HTTP/2 (h2c) client for http URLs.
-	// /run is never retried.
+	// /run is never retried blindly: a /run without a reply is retried as
+	// the next attempt, after the one without a reply is retired.
 	Client *http.Client
 	// Progress receives the progress bar; nil shows none.
 	Progress io.Writer
+	// Notices receives one line per checkpoint, restore and resume
+	// decision; nil drops them.
+	Notices io.Writer
+	// Logger receives warnings (blockers, failed retires); nil discards.
+	Logger *slog.Logger
+	// SkipBadLines runs the valid rows of an input that has bad lines;
+	// without it CollectFile and Open refuse such an input before sending
+	// anything.
+	SkipBadLines bool
+	// MaxAttempts bounds the attempts of a row whose /run gets no reply
+	// (0: DefaultMaxAttempts). The row then goes to the failures file.
+	MaxAttempts int
+	// Fleet lets the collector retire and forget attempts (and checkpoint);
+	// nil: a /run without a reply is retried without retiring.
+	Fleet *FleetControl
+	// Checkpoints turns checkpointing on; it needs Fleet.
+	Checkpoints *CheckpointOptions
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// FleetControl is how the collector reaches the fleet's control planes.
+type FleetControl struct {
+	// Endpoints are every server of the fleet; Discover finds the
+	// participants among them on first use.
+	Endpoints []coordination.Endpoint
+	// Token is the control plane's bearer token.
+	Token string
+	// Client carries control calls (nil: coordination's own pool).
+	Client *http.Client
+	// Coordinator, when set, is used instead of discovering Endpoints.
+	Coordinator *coordination.Coordinator
+	// Timeout is the deadline of a retire, forget or resume (0:
+	// DefaultControlTimeout).
+	Timeout time.Duration
+}
+
+// CheckpointOptions configure checkpoints of a collection.
+type CheckpointOptions struct {
+	// Dir holds <checkpoint_id>/ directories, LATEST, dispatched.jsonl and
+	// collector.pid. Participants write into it too: it must be reachable
+	// by every server under the same (absolute) path.
+	Dir string
+	// Timeout is the deadline of prepare, commit and restore (0:
+	// DefaultCheckpointTimeout).
+	Timeout time.Duration
+	// Every takes a checkpoint periodically while rows are in flight (0:
+	// never).
+	Every time.Duration
+	// Resume continues the previous run of Dir: rows in the output are
+	// kept, LATEST is restored if it is the previous run's, and every other
+	// row the previous run sent starts over.
+	Resume bool
+	// Keep is how many published checkpoints stay (0:
+	// DefaultKeepCheckpoints).
+	Keep int
 }
 
 // Collector runs datasets through one environment server.
 type Collector struct {
 	opts   Options
 	client *http.Client
+	log    *slog.Logger
 }
 
 // New checks opts and returns a collector.
@@ -61,13 +149,47 @@ func New(opts Options) (*Collector, error) {
 	if !strings.HasPrefix(opts.EnvURL, "http://") && !strings.HasPrefix(opts.EnvURL, "https://") {
 		return nil, fmt.Errorf("environment URL %q is not an http(s) URL", opts.EnvURL)
 	}
-	if opts.Concurrency < 0 || opts.Limit < 0 {
-		return nil, fmt.Errorf("concurrency %d and limit %d must not be negative", opts.Concurrency, opts.Limit)
+	if opts.Concurrency < 0 || opts.Limit < 0 || opts.MaxAttempts < 0 {
+		return nil, fmt.Errorf("concurrency %d, limit %d and max attempts %d must not be negative", opts.Concurrency, opts.Limit, opts.MaxAttempts)
 	}
 	if opts.Concurrency == 0 {
 		opts.Concurrency = DefaultConcurrency
 	}
-	c := &Collector{opts: opts, client: opts.Client}
+	if opts.MaxAttempts == 0 {
+		opts.MaxAttempts = DefaultMaxAttempts
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if f := opts.Fleet; f != nil {
+		if f.Coordinator == nil && (len(f.Endpoints) == 0 || f.Token == "") {
+			return nil, errors.New("fleet control needs the fleet's endpoints and control token")
+		}
+		if f.Timeout <= 0 {
+			f.Timeout = DefaultControlTimeout
+		}
+	}
+	if ck := opts.Checkpoints; ck != nil {
+		if opts.Fleet == nil {
+			return nil, errors.New("checkpoints need the fleet's endpoints and control token (a fleet file with checkpointing on)")
+		}
+		if ck.Dir == "" {
+			return nil, errors.New("checkpoints need a directory")
+		}
+		if ck.Timeout < 0 || ck.Every < 0 || ck.Keep < 0 {
+			return nil, fmt.Errorf("checkpoint timeout %v, period %v and keep %d must not be negative", ck.Timeout, ck.Every, ck.Keep)
+		}
+		if ck.Timeout == 0 {
+			ck.Timeout = DefaultCheckpointTimeout
+		}
+		if ck.Keep == 0 {
+			ck.Keep = DefaultKeepCheckpoints
+		}
+	}
+	c := &Collector{opts: opts, client: opts.Client, log: opts.Logger}
+	if c.log == nil {
+		c.log = logging.Discard()
+	}
 	if c.client == nil {
 		c.client = httpclient.New(httpclient.Options{H2C: strings.HasPrefix(opts.EnvURL, "http://")})
 	}
@@ -80,148 +202,93 @@ func FailuresPath(output string) string {
 	return strings.TrimSuffix(output, ext) + "_failures.jsonl"
 }
 
-// CollectFile reads input, writes every finished row to output (created or
-// truncated) and every failed row to FailuresPath(output) (created on the
-// first failure), and returns the summary.
-func (c *Collector) CollectFile(ctx context.Context, input, output string) (*Summary, error) {
-	in, err := os.Open(input)
-	if err != nil {
-		return nil, err
-	}
-	defer in.Close()
-	rows, issues, err := ReadRows(in, c.opts.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", input, err)
-	}
-	out, err := os.Create(output)
-	if err != nil {
-		return nil, err
-	}
-	failures := &lazyFile{path: FailuresPath(output)}
-	sum, runErr := c.Run(ctx, rows, out, failures)
-	if sum != nil {
-		sum.Skipped = issues
-		if failures.f != nil {
-			sum.FailuresFile = failures.path
+// BadInputError reports an input with lines that cannot run.
+type BadInputError struct {
+	Path   string
+	Issues []LineIssue
+}
+
+func (e *BadInputError) Error() string {
+	const show = 5
+	parts := make([]string, 0, show)
+	for i, is := range e.Issues {
+		if i == show {
+			parts = append(parts, fmt.Sprintf("and %d more", len(e.Issues)-show))
+			break
 		}
+		parts = append(parts, is.String())
 	}
-	if err := out.Close(); err != nil && runErr == nil {
-		runErr = err
+	return fmt.Sprintf("%s: %d bad line(s), nothing was sent (--skip-bad-lines runs the other rows): %s", e.Path, len(e.Issues), strings.Join(parts, "; "))
+}
+
+// CollectFile reads input, writes every finished row to output and every
+// failed row to FailuresPath(output) (created on the first failure), and
+// returns the summary. Without resuming, output is truncated first.
+func (c *Collector) CollectFile(ctx context.Context, input, output string) (*Summary, error) {
+	coll, err := c.Open(ctx, input, output)
+	if err != nil {
+		return nil, err
 	}
-	if err := failures.Close(); err != nil && runErr == nil {
-		runErr = err
-	}
-	return sum, runErr
+	return coll.Run(ctx)
 }
 
 // Run sends every row to /run, at most Concurrency at a time, writing each
 // finished row to out and each failed one to failures, one JSON line each,
 // as they complete. When ctx ends, no further row is sent and rows in flight
 // are abandoned (counted as interrupted, written nowhere); Run returns the
-// summary so far with ctx's error. A write error stops the run.
+// summary so far with ctx's error. A write error stops the run. Run keeps
+// no dispatch log and takes no checkpoint.
 func (c *Collector) Run(ctx context.Context, rows []Row, out, failures io.Writer) (*Summary, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	st := newStats(len(rows))
-	var bar *progressbar.ProgressBar
-	if c.opts.Progress != nil {
-		bar = progressbar.NewOptions(len(rows),
-			progressbar.OptionSetWriter(c.opts.Progress),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetItsString("rollouts"),
-			progressbar.OptionShowIts(),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionSetDescription("collecting"),
-			progressbar.OptionOnCompletion(func() { fmt.Fprintln(c.opts.Progress) }),
-		)
-	}
-	var writeMu sync.Mutex // out, failures, st and bar
-	record := func(res result) {
-		writeMu.Lock()
-		defer writeMu.Unlock()
-		st.inFlight--
-		if res.interrupted {
-			st.interrupted++
-			return
-		}
-		line, dst := res.line, out
-		if res.err != nil {
-			dst = failures
-		}
-		if _, err := dst.Write(line); err != nil {
-			cancel(fmt.Errorf("writing row of line %d: %w", res.row.Line, err))
-			return
-		}
-		st.add(res)
-		if bar != nil {
-			bar.Describe(fmt.Sprintf("finished %d | in flight %d | failed %d", st.succeeded+st.failed, st.inFlight, st.failed))
-			_ = bar.Add(1)
-		}
-	}
-
-	work := make(chan *Row)
-	var wg sync.WaitGroup
-	for i := 0; i < c.opts.Concurrency && i < len(rows); i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for row := range work {
-				writeMu.Lock()
-				st.inFlight++
-				writeMu.Unlock()
-				record(c.runOne(ctx, row))
-			}
-		}()
-	}
-feed:
-	for i := range rows {
-		select {
-		case work <- &rows[i]:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(work)
-	wg.Wait()
-	sum := st.summary()
-	if bar != nil && context.Cause(ctx) == nil {
-		_ = bar.Finish()
-	}
-	if err := context.Cause(ctx); err != nil {
-		return sum, err
-	}
-	return sum, nil
+	coll := c.newCollection(out, failures)
+	coll.ckpt = nil
+	coll.queueRows(rows, nil)
+	return coll.Run(ctx)
 }
 
-// result is one row's outcome.
+// outcome is what one /run came to.
+type outcome int
+
+const (
+	replied         outcome = iota // any reply but the two below: the episode ended
+	admissionClosed                // 409 admission_closed: resend unchanged after the checkpoint
+	staleAttempt                   // 409 stale_attempt: the attempt is fenced; try the next
+	noReply                        // transport error: retire the attempt, try the next
+	interrupted                    // the run is stopping
+)
+
+// result is one /run's outcome.
 type result struct {
-	row         *Row
-	line        []byte // the output or failures line
-	reply       map[string]codec.RawMessage
-	err         *apierror.Error
-	latency     time.Duration
-	finished    time.Time
-	interrupted bool
+	outcome  outcome
+	line     []byte // the output or failures line (outcome replied)
+	reply    map[string]codec.RawMessage
+	err      *apierror.Error
+	latency  time.Duration
+	finished time.Time
 }
 
-// runOne posts one row and builds its output line.
-func (c *Collector) runOne(ctx context.Context, row *Row) result {
+// send posts one attempt of a row and builds its output line.
+func (c *Collector) send(ctx context.Context, t *task) result {
 	start := time.Now()
-	res := result{row: row}
-	body, err := codec.Marshal(row.Fields)
+	var res result
+	body, err := codec.Marshal(t.body())
 	if err != nil {
 		res.err = apierror.New(apierror.InvalidRequest, "encoding row: %v", err)
 	} else {
 		rep, err := httpclient.Do(ctx, c.client, http.MethodPost, c.opts.EnvURL+"/run", nil, codec.RawMessage(body))
 		switch {
 		case ctx.Err() != nil:
-			return result{row: row, interrupted: true}
+			return result{outcome: interrupted}
 		case err != nil:
-			res.err = &apierror.Error{Code: apierror.UpstreamError, Detail: err.Error()}
+			return result{outcome: noReply, err: &apierror.Error{Code: apierror.UpstreamError, Detail: err.Error()}}
 		case !rep.OK():
 			res.err = apierror.From(rep.Err("POST /run"))
 			res.err.Status = rep.Status
+			switch {
+			case rep.Status == http.StatusConflict && res.err.Code == apierror.AdmissionClosed:
+				return result{outcome: admissionClosed, err: res.err}
+			case rep.Status == http.StatusConflict && res.err.Code == apierror.StaleAttempt:
+				return result{outcome: staleAttempt, err: res.err}
+			}
 		default:
 			if err := codec.Unmarshal(rep.Body, &res.reply); err != nil || res.reply == nil {
 				res.err = &apierror.Error{Code: apierror.UpstreamError, Status: rep.Status, Detail: "the /run reply is not a JSON object"}
@@ -230,25 +297,29 @@ func (c *Collector) runOne(ctx context.Context, row *Row) result {
 	}
 	res.latency = time.Since(start)
 	res.finished = time.Now()
+	res.line = c.line(t, res.reply, res.err)
+	return res
+}
+
+// line is a row's output line (reply) or failures line (e).
+func (c *Collector) line(t *task, reply map[string]codec.RawMessage, e *apierror.Error) []byte {
 	var obj map[string]codec.RawMessage
-	if res.err != nil {
-		obj = failureRow(row, res.err)
+	if e != nil {
+		obj = failureRow(t.row, t.attempt, e)
 	} else {
-		obj = outputRow(row, res.reply)
+		obj = outputRow(t.row, t.attempt, reply)
 	}
 	line, err := codec.Marshal(obj)
 	if err != nil {
 		// Only a reply goccy cannot re-encode gets here; keep the row.
-		res.err = apierror.New(apierror.Internal, "encoding the output row: %v", err)
-		line, _ = codec.Marshal(failureRow(row, res.err))
+		line, _ = codec.Marshal(failureRow(t.row, t.attempt, apierror.New(apierror.Internal, "encoding the output row: %v", err)))
 	}
-	res.line = append(line, '\n')
-	return res
+	return append(line, '\n')
 }
 
 // outputRow is the reply plus the input's fields it lacks, stamped with the
 // row's identity.
-func outputRow(row *Row, reply map[string]codec.RawMessage) map[string]codec.RawMessage {
+func outputRow(row *Row, attempt int, reply map[string]codec.RawMessage) map[string]codec.RawMessage {
 	out := make(map[string]codec.RawMessage, len(reply)+len(row.Fields)+4)
 	for k, v := range reply {
 		out[k] = v
@@ -258,29 +329,29 @@ func outputRow(row *Row, reply map[string]codec.RawMessage) map[string]codec.Raw
 			out[k] = v
 		}
 	}
-	stamp(out, row)
+	stamp(out, row, attempt)
 	return out
 }
 
 // failureRow is the input row, stamped, with the failure's class, detail
 // and HTTP status (0 when no reply came).
-func failureRow(row *Row, e *apierror.Error) map[string]codec.RawMessage {
+func failureRow(row *Row, attempt int, e *apierror.Error) map[string]codec.RawMessage {
 	out := make(map[string]codec.RawMessage, len(row.Fields)+7)
 	for k, v := range row.Fields {
 		out[k] = v
 	}
-	stamp(out, row)
+	stamp(out, row, attempt)
 	out[FieldFailureClass] = mustJSON(string(e.Code))
 	out[FieldFailureDetail] = mustJSON(e.Detail)
 	out[FieldFailureStatus] = mustJSON(e.Status)
 	return out
 }
 
-func stamp(out map[string]codec.RawMessage, row *Row) {
+func stamp(out map[string]codec.RawMessage, row *Row, attempt int) {
 	out[rollout.FieldTaskIndex] = mustJSON(row.TaskIndex)
 	out[rollout.FieldRolloutIndex] = mustJSON(row.RolloutIndex)
 	out[rollout.FieldRolloutID] = mustJSON(row.Episode.RolloutID)
-	out[rollout.FieldAttemptIndex] = mustJSON(row.Episode.Attempt)
+	out[rollout.FieldAttemptIndex] = mustJSON(attempt)
 	if ref, ok := row.Fields[rollout.FieldAgentRef]; ok {
 		out[rollout.FieldAgentRef] = ref
 	}

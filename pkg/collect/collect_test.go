@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -148,8 +149,21 @@ func TestCollector_ConcurrencyBoundAndExactlyOnce(t *testing.T) {
 	input := writeInput(t, lines)
 	output := filepath.Join(t.TempDir(), "results.jsonl")
 
+	// A bad line stops the run before anything is sent...
+	strict, err := collect.New(collect.Options{EnvURL: env.srv.URL, Concurrency: concurrency})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bad *collect.BadInputError
+	if _, err := strict.CollectFile(t.Context(), input, output); !errors.As(err, &bad) || len(bad.Issues) != 1 || bad.Issues[0].Line != 6 || !strings.Contains(err.Error(), "line 6: not a JSON object") {
+		t.Fatalf("a bad line without SkipBadLines: %v", err)
+	}
+	if env.calls.Load() != 0 {
+		t.Fatalf("%d rows were sent from an input with a bad line", env.calls.Load())
+	}
+	// ...unless the bad lines are skipped.
 	var progress bytes.Buffer
-	c, err := collect.New(collect.Options{EnvURL: env.srv.URL, Concurrency: concurrency, Progress: &progress})
+	c, err := collect.New(collect.Options{EnvURL: env.srv.URL, Concurrency: concurrency, Progress: &progress, SkipBadLines: true})
 	if err != nil {
 		t.Fatal(err)
 	}

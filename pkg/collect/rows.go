@@ -49,8 +49,9 @@ type parsedLine struct {
 }
 
 // ReadRows reads a NeMo Gym JSONL dataset. A line that is not a JSON object,
-// or has no responses_create_params object, or names an invalid or repeated
-// rollout, is reported as an issue and skipped; blank lines are ignored.
+// or has no responses_create_params object, or names an invalid rollout or
+// one an earlier row names (whatever the attempts), is reported as an issue
+// and skipped; blank lines are ignored.
 // Rows without _ng_task_index get one: identical raw lines share an index,
 // assigned in order of first appearance, skipping indices other rows give
 // themselves. Rows without _ng_rollout_index get 0, 1, ... per task index.
@@ -203,12 +204,13 @@ func assign(lines []parsedLine) ([]Row, []LineIssue) {
 			issues = append(issues, LineIssue{Line: pl.line, Reason: err.Error()})
 			continue
 		}
-		key := id.CaptureKey()
-		if prev, dup := seen[key]; dup {
-			issues = append(issues, LineIssue{Line: pl.line, Reason: fmt.Sprintf("rollout %s repeats line %d's", key, prev)})
+		// A rollout is one row: two attempts of it in one input would run
+		// at once and fence each other, and resuming keys rows by rollout.
+		if prev, dup := seen[id.RolloutID]; dup {
+			issues = append(issues, LineIssue{Line: pl.line, Reason: fmt.Sprintf("rollout %s repeats line %d's", id.RolloutID, prev)})
 			continue
 		}
-		seen[key] = pl.line
+		seen[id.RolloutID] = pl.line
 		rows = append(rows, Row{Line: pl.line, Fields: fields, Episode: id, TaskIndex: task, RolloutIndex: ri, Agent: agentName(fields)})
 	}
 	return rows, issues

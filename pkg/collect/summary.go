@@ -38,6 +38,35 @@ type Summary struct {
 	Wall time.Duration `json:"wall_ns"`
 	// Tasks break the run down by agent (agent_ref.name; "-" for none).
 	Tasks []TaskStats `json:"tasks"`
+
+	// RunID is the run's dispatch log id (checkpointed runs only).
+	RunID string `json:"run_id,omitempty"`
+	// AlreadyFinished are input rows a resumed run found in the output.
+	AlreadyFinished int `json:"already_finished"`
+	// Continued rows were restored from a checkpoint and sent as their next
+	// attempt; Restarted rows were started over as a later attempt (sent by
+	// a crashed run and not continued, or sent without a reply).
+	Continued int `json:"continued"`
+	Restarted int `json:"restarted"`
+	// Retired counts attempts retired everywhere, Forgotten rollouts whose
+	// retired attempts were forgotten at the end.
+	Retired   int `json:"retired"`
+	Forgotten int `json:"forgotten"`
+	// Restore is the resumed run's restore, if it restored.
+	Restore *RestoreStats `json:"restore,omitempty"`
+	// Checkpoints are every checkpoint this run took or tried.
+	Checkpoints []CheckpointStats `json:"checkpoints,omitempty"`
+}
+
+// PublishedCheckpoints counts the checkpoints that were published.
+func (s *Summary) PublishedCheckpoints() int {
+	n := 0
+	for _, c := range s.Checkpoints {
+		if c.Published {
+			n++
+		}
+	}
+	return n
 }
 
 // RewardStats summarise rewards.
@@ -126,6 +155,43 @@ func (s *Summary) WriteText(w io.Writer) {
 	for _, issue := range s.Skipped {
 		fmt.Fprintf(w, "skipped %s\n", issue)
 	}
+	if s.AlreadyFinished+s.Continued+s.Restarted > 0 || s.Restore != nil {
+		fmt.Fprintf(w, "resumed: %d rows already in the output, continued %d, restarted %d", s.AlreadyFinished, s.Continued, s.Restarted)
+		if rs := s.Restore; rs != nil {
+			if rs.Restored {
+				fmt.Fprintf(w, " (restore of %s: %.3fs)", rs.CheckpointID, rs.Duration.Seconds())
+			} else {
+				fmt.Fprintf(w, " (restore of %s failed: %s)", rs.CheckpointID, rs.Error)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	if s.Retired+s.Forgotten > 0 {
+		fmt.Fprintf(w, "retired attempts: %d  forgotten rollouts: %d\n", s.Retired, s.Forgotten)
+	}
+	if len(s.Checkpoints) > 0 {
+		fmt.Fprintf(w, "checkpoints: %d published of %d\n", s.PublishedCheckpoints(), len(s.Checkpoints))
+		for _, c := range s.Checkpoints {
+			state := "published"
+			if !c.Published {
+				state = "not taken: " + c.Error
+			}
+			fmt.Fprintf(w, "  %s  in flight %d  continued %d  restarted %d  prepare %.3fs%s  commit %.3fs  total %.3fs  %s\n",
+				orDash(c.ID), c.InFlight, len(c.Continued), len(c.Restarted), c.Prepare.Seconds(), formatStages(c.PrepareStages), c.Commit.Seconds(), c.Total.Seconds(), state)
+		}
+	}
+}
+
+// formatStages is " (environment 0.010s, model 0.020s, ...)".
+func formatStages(stages []StageTiming) string {
+	if len(stages) == 0 {
+		return ""
+	}
+	parts := make([]string, len(stages))
+	for i, st := range stages {
+		parts[i] = fmt.Sprintf("%s %.3fs", st.Kind, st.Duration.Seconds())
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 // WriteTable writes the per-task table: rows, mean reward, model calls,
@@ -151,19 +217,23 @@ func formatReward(r float64) string { return strconv.FormatFloat(r, 'g', 6, 64) 
 
 // stats accumulates results; the caller serialises access.
 type stats struct {
-	start       time.Time
-	rows        int
-	inFlight    int
-	succeeded   int
-	failed      int
-	interrupted int
-	codes       map[string]int
-	rewardSum   float64
-	rewards     map[float64]int
-	modelCalls  int
-	withCalls   int
-	tasks       map[string]*taskAcc
-	order       []string
+	start        time.Time
+	runID        string
+	rows         int
+	continued    int
+	restartedSet map[string]bool
+	retired      int
+	forgotten    int
+	succeeded    int
+	failed       int
+	interrupted  int
+	codes        map[string]int
+	rewardSum    float64
+	rewards      map[float64]int
+	modelCalls   int
+	withCalls    int
+	tasks        map[string]*taskAcc
+	order        []string
 }
 
 type taskAcc struct {
@@ -174,11 +244,11 @@ type taskAcc struct {
 }
 
 func newStats(rows int) *stats {
-	return &stats{start: time.Now(), rows: rows, codes: map[string]int{}, rewards: map[float64]int{}, tasks: map[string]*taskAcc{}}
+	return &stats{start: time.Now(), rows: rows, restartedSet: map[string]bool{}, codes: map[string]int{}, rewards: map[float64]int{}, tasks: map[string]*taskAcc{}}
 }
 
-func (st *stats) add(res result) {
-	name := res.row.Agent
+func (st *stats) add(row *Row, res result) {
+	name := row.Agent
 	if name == "" {
 		name = "-"
 	}

@@ -1,8 +1,11 @@
 package ctlplane
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -124,6 +127,9 @@ type Scope struct {
 	ids map[rollout.EpisodeID]struct{}
 	// byRollout indexes the scope by rollout id.
 	byRollout map[string]int
+	// sorted lists the episodes in IDs order, sorted once: a commit and its
+	// participants list a scope of 100,000 episodes several times.
+	sorted []rollout.EpisodeID
 }
 
 // NewScope builds a scope from episode ids.
@@ -133,6 +139,13 @@ func NewScope(ids []rollout.EpisodeID) Scope {
 		s.ids[id] = struct{}{}
 		s.byRollout[id.RolloutID] = id.Attempt
 	}
+	s.sorted = make([]rollout.EpisodeID, 0, len(s.ids))
+	for id := range s.ids {
+		s.sorted = append(s.sorted, id)
+	}
+	slices.SortFunc(s.sorted, func(a, b rollout.EpisodeID) int {
+		return cmp.Or(strings.Compare(a.RolloutID, b.RolloutID), cmp.Compare(a.Attempt, b.Attempt))
+	})
 	return s
 }
 
@@ -145,17 +158,9 @@ func (s Scope) Has(id rollout.EpisodeID) bool {
 // Len is the number of episodes in scope.
 func (s Scope) Len() int { return len(s.ids) }
 
-// IDs lists the scope's episodes sorted by capture key.
+// IDs lists the scope's episodes sorted by rollout id, then attempt.
 func (s Scope) IDs() []rollout.EpisodeID {
-	out := make([]rollout.EpisodeID, 0, len(s.ids))
-	for id := range s.ids {
-		out = append(out, id)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].RolloutID != out[j].RolloutID {
-			return out[i].RolloutID < out[j].RolloutID
-		}
-		return out[i].Attempt < out[j].Attempt
-	})
+	out := make([]rollout.EpisodeID, len(s.sorted))
+	copy(out, s.sorted)
 	return out
 }

@@ -51,6 +51,8 @@ type Config struct {
 	// Checkpoint is the shared checkpoint block. Carried and validated; the
 	// environment participant that acts on it is later work.
 	Checkpoint ctlplane.Config `mapstructure:"checkpoint"`
+	// Pprof serves net/http/pprof under /debug/pprof/ (off by default).
+	Pprof bool `mapstructure:"pprof"`
 }
 
 // AgentConfig names one agent server and the resources server its episodes use.

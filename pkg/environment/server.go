@@ -78,7 +78,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
 		s.agents[a.Name] = a
 	}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.tracker = tracking.NewTracker()
 		ctl, err := ctlplane.New(cfg.Checkpoint, &participant{name: cfg.Name, tracker: s.tracker}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})

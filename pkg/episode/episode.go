@@ -19,7 +19,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
@@ -77,9 +79,11 @@ type Tracker struct {
 	// every episode.
 	byRollout map[string]map[*Episode]struct{}
 	// pending are restored records by the capture key of the replacement
-	// attempt that will claim them.
-	pending map[string]*Record
-	closed  bool
+	// attempt that will claim them; pendingByRollout indexes their keys by
+	// rollout id, so a retire never scans every pending record.
+	pending          map[string]*Record
+	pendingByRollout map[string]map[string]struct{}
+	closed           bool
 	// reopened is closed when admission reopens.
 	reopened chan struct{}
 	// blocking counts episodes that keep a checkpoint from being ready;
@@ -92,10 +96,38 @@ type Tracker struct {
 // NewTracker returns an empty tracker with admission open.
 func NewTracker() *Tracker {
 	return &Tracker{
-		episodes:  map[string]*Episode{},
-		byRollout: map[string]map[*Episode]struct{}{},
-		pending:   map[string]*Record{},
-		changed:   make(chan struct{}),
+		episodes:         map[string]*Episode{},
+		byRollout:        map[string]map[*Episode]struct{}{},
+		pending:          map[string]*Record{},
+		pendingByRollout: map[string]map[string]struct{}{},
+		changed:          make(chan struct{}),
+	}
+}
+
+// addPending files r under key. Called with t.mu held.
+func (t *Tracker) addPending(key string, r *Record) {
+	t.pending[key] = r
+	set := t.pendingByRollout[r.EpisodeID.RolloutID]
+	if set == nil {
+		set = make(map[string]struct{}, 1)
+		t.pendingByRollout[r.EpisodeID.RolloutID] = set
+	}
+	set[key] = struct{}{}
+}
+
+// deletePending drops the pending record filed under key. Called with t.mu
+// held.
+func (t *Tracker) deletePending(key string) {
+	r, ok := t.pending[key]
+	if !ok {
+		return
+	}
+	delete(t.pending, key)
+	if set := t.pendingByRollout[r.EpisodeID.RolloutID]; set != nil {
+		delete(set, key)
+		if len(set) == 0 {
+			delete(t.pendingByRollout, r.EpisodeID.RolloutID)
+		}
 	}
 }
 
@@ -195,7 +227,7 @@ func (t *Tracker) Begin(id rollout.EpisodeID, taskDigest string, cancel context.
 		if rec.TaskDigest != taskDigest {
 			return nil, nil, apierror.New(apierror.TaskMismatch, "episode %s continues a checkpoint recorded for a different task", key)
 		}
-		delete(t.pending, key)
+		t.deletePending(key)
 		cont = &Continuation{}
 		if len(rec.Boundary) > 0 && string(rec.Boundary) != "null" {
 			cont.Boundary = rec.Boundary
@@ -411,42 +443,55 @@ func (t *Tracker) Report(limit int) ctlplane.Report {
 // Export emits a record for every exportable episode in scope: live ones
 // parked at a boundary or inside a replay step (not retired, not restarts),
 // and restored ones whose replacement has not started, which the scope names
-// by their replacement attempt.
+// by their replacement attempt. Records are emitted in capture key order,
+// each encoded as it is emitted: the lock is held only to list them.
 func (t *Tracker) Export(scope ctlplane.Scope, emit func(ctlplane.Record) error) error {
+	type exported struct {
+		key string
+		id  rollout.EpisodeID
+		// rec is a live episode's *liveRecord, encoded outside the lock (a
+		// boundary never changes once recorded), or a pending *Record.
+		rec any
+	}
 	t.mu.Lock()
-	var recs []Record
-	for _, e := range t.episodes {
+	recs := make([]exported, 0, min(scope.Len(), len(t.episodes)+len(t.pending)))
+	for key, e := range t.episodes {
 		if e.retired || e.restart || !scope.Has(e.id) || (e.state != parked && e.state != inReplayStep) {
 			continue
 		}
-		b := codec.RawMessage("null")
+		r := &liveRecord{EpisodeID: e.id, TaskDigest: e.taskDigest}
 		if e.hasBoundary {
-			raw, err := codec.Marshal(e.boundary)
-			if err != nil {
-				t.mu.Unlock()
-				return fmt.Errorf("boundary of %s: %w", e.id, err)
-			}
-			b = raw
+			r.Boundary = e.boundary
 		}
-		recs = append(recs, Record{EpisodeID: e.id, TaskDigest: e.taskDigest, Boundary: b})
+		recs = append(recs, exported{key: key, id: e.id, rec: r})
 	}
-	for _, r := range t.pending {
+	for key, r := range t.pending {
 		if scope.Has(r.EpisodeID) {
-			recs = append(recs, *r)
+			recs = append(recs, exported{key: key, id: r.EpisodeID, rec: r})
 		}
 	}
 	t.mu.Unlock()
-	sort.Slice(recs, func(i, j int) bool { return recs[i].EpisodeID.CaptureKey() < recs[j].EpisodeID.CaptureKey() })
+	slices.SortFunc(recs, func(a, b exported) int { return strings.Compare(a.key, b.key) })
 	for _, r := range recs {
-		data, err := codec.Marshal(r)
+		data, err := codec.Marshal(r.rec)
 		if err != nil {
-			return err
+			return fmt.Errorf("record of %s: %w", r.id, err)
 		}
-		if err := emit(ctlplane.Record{EpisodeID: r.EpisodeID, Data: data}); err != nil {
+		if err := emit(ctlplane.Record{EpisodeID: r.id, Data: data}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// liveRecord is a live episode's Record with its boundary as the value the
+// episode recorded, so a record is encoded in one pass: its bytes are those
+// of Record with the boundary's encoding as Boundary (null when the episode
+// has none).
+type liveRecord struct {
+	EpisodeID  rollout.EpisodeID `json:"episode_id"`
+	TaskDigest string            `json:"task_digest"`
+	Boundary   any               `json:"boundary"`
 }
 
 // DeleteRestoredOutside drops restored records the scope leaves out (no
@@ -457,7 +502,7 @@ func (t *Tracker) DeleteRestoredOutside(scope ctlplane.Scope) int {
 	n := 0
 	for key, r := range t.pending {
 		if !scope.Has(r.EpisodeID) {
-			delete(t.pending, key)
+			t.deletePending(key)
 			n++
 		}
 	}
@@ -484,7 +529,7 @@ func (t *Tracker) Install(records []ctlplane.Record) ([]rollout.EpisodeID, error
 	recs := make([]*Record, 0, len(records))
 	for i, raw := range records {
 		var r Record
-		if err := codec.UnmarshalStrict(raw.Data, &r); err != nil {
+		if err := codec.UnmarshalRecord(raw.Data, &r); err != nil {
 			return nil, fmt.Errorf("episode record %d: %s", i, codec.DescribeError(err))
 		}
 		if r.EpisodeID != raw.EpisodeID {
@@ -503,7 +548,7 @@ func (t *Tracker) Install(records []ctlplane.Record) ([]rollout.EpisodeID, error
 	defer t.mu.Unlock()
 	out := make([]rollout.EpisodeID, len(recs))
 	for i, r := range recs {
-		t.pending[r.EpisodeID.CaptureKey()] = r
+		t.addPending(r.EpisodeID.CaptureKey(), r)
 		out[i] = r.EpisodeID
 	}
 	return out, nil
@@ -555,9 +600,9 @@ func (t *Tracker) Retire(ctx context.Context, ids []rollout.EpisodeID) error {
 		}
 		// A pending record is filed under the attempt that would continue
 		// it; retiring that attempt (or a later one) drops it.
-		for key, r := range t.pending {
-			if r.EpisodeID.RolloutID == id.RolloutID && r.EpisodeID.Attempt <= id.Attempt {
-				delete(t.pending, key)
+		for key := range t.pendingByRollout[id.RolloutID] {
+			if t.pending[key].EpisodeID.Attempt <= id.Attempt {
+				t.deletePending(key)
 			}
 		}
 	}

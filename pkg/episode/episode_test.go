@@ -85,10 +85,16 @@ func TestReadiness(t *testing.T) {
 	close(release)
 	waitUntil(t, func() bool { return !tr.Ready() })
 	waited := make(chan struct{})
-	go e.Step(ctx, episode.Wait, func(context.Context) error {
-		<-waited
-		return nil
-	})
+	inWait, stepped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stepped)
+		e.Step(ctx, episode.Wait, func(context.Context) error {
+			close(inWait)
+			<-waited
+			return nil
+		})
+	}()
+	<-inWait
 	if tr.Ready() {
 		t.Fatal("an episode inside a wait step blocks")
 	}
@@ -96,7 +102,12 @@ func TestReadiness(t *testing.T) {
 	tr.CloseAdmission()
 	close(waited)
 	parkedDone := make(chan error, 1)
-	waitUntil(t, func() bool { return !tr.Ready() }) // back to running after the step
+	// The step must have ended before the episode records its next
+	// boundary, as it does in an episode's own goroutine.
+	<-stepped
+	if tr.Ready() {
+		t.Fatal("an episode running between steps blocks")
+	}
 	go func() { parkedDone <- e.Boundary(ctx, boundary{Next: "verify"}) }()
 	select {
 	case <-changed:

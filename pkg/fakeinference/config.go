@@ -42,6 +42,8 @@ type Config struct {
 	// Empty disables generation cuts: the route then refuses every call
 	// with 401, so an unconfigured server can never be made to cut.
 	ControlAuthToken string `mapstructure:"control_auth_token"`
+	// Pprof serves net/http/pprof under /debug/pprof/ (off by default).
+	Pprof bool `mapstructure:"pprof"`
 }
 
 // DefaultConfig returns the defaults of every field.

@@ -111,7 +111,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			s.baseScript = sc
 		}
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry})
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof})
 	s.routes(r)
 	s.handler = r
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)

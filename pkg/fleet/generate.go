@@ -35,6 +35,8 @@ type Topology struct {
 	Routes []RouteSpec
 	// LogLevel of every server (default info).
 	LogLevel string
+	// Pprof serves net/http/pprof under /debug/pprof/ on every server.
+	Pprof bool
 }
 
 // ResourcesSpec is one resources server.
@@ -115,10 +117,10 @@ func Generate(t Topology) (*Config, error) {
 		"fakeinference.yaml": map[string]any{
 			"listen": listen["fakeinference"], "log_level": t.LogLevel,
 			"tokens_per_second": t.TokensPerSecond, "min_call_seconds": t.MinCallSeconds,
-			"control_auth_token": t.Token,
+			"control_auth_token": t.Token, "pprof": t.Pprof,
 		},
 		"modelserver.yaml": map[string]any{
-			"listen": listen["policy_model"], "name": "policy_model", "log_level": t.LogLevel,
+			"listen": listen["policy_model"], "name": "policy_model", "log_level": t.LogLevel, "pprof": t.Pprof,
 			"upstream":   map[string]any{"base_url": urls["fakeinference"] + "/v1", "h2c": true},
 			"capture":    map[string]any{"dir": filepath.Join(t.Dir, "run", "capture")},
 			"checkpoint": checkpoint,
@@ -138,7 +140,7 @@ func Generate(t Topology) (*Config, error) {
 		}
 		servers = append(servers, s)
 	}
-	files["resourceserver.yaml"] = map[string]any{"log_level": t.LogLevel, "checkpoint": checkpoint, "servers": servers}
+	files["resourceserver.yaml"] = map[string]any{"log_level": t.LogLevel, "pprof": t.Pprof, "checkpoint": checkpoint, "servers": servers}
 	var agents []map[string]any
 	resourcesOf := map[string]string{}
 	for _, a := range t.Agents {
@@ -148,12 +150,12 @@ func Generate(t Topology) (*Config, error) {
 			"resources_server_url": urls[a.Resources], "max_steps": a.MaxSteps, "stream": a.Stream,
 		})
 	}
-	files["agentserver.yaml"] = map[string]any{"log_level": t.LogLevel, "checkpoint": checkpoint, "agents": agents}
+	files["agentserver.yaml"] = map[string]any{"log_level": t.LogLevel, "pprof": t.Pprof, "checkpoint": checkpoint, "agents": agents}
 	var routes []map[string]any
 	for _, r := range t.Routes {
 		routes = append(routes, map[string]any{"name": r.Name, "url": urls[r.Agent], "resources_url": resourcesOf[r.Agent], "protocol": r.Protocol})
 	}
-	env := map[string]any{"listen": listen["env"], "name": "env", "log_level": t.LogLevel, "agents": routes, "checkpoint": checkpoint}
+	env := map[string]any{"listen": listen["env"], "name": "env", "log_level": t.LogLevel, "pprof": t.Pprof, "agents": routes, "checkpoint": checkpoint}
 	if len(routes) > 0 {
 		env["default_agent"] = t.Routes[0].Name
 	}

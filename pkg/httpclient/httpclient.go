@@ -26,12 +26,22 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 )
 
+// DefaultH2CConnsPerHost bounds the h2c connections to one server. A burst
+// of requests arriving before a new connection has received the server's
+// settings sees it as carrying only 100 streams and would dial another
+// connection per hundred requests, up to a descriptor per request; the
+// bound makes the burst wait for a connection instead. With the servers'
+// 2,000 streams per connection (pkg/httpserver) it leaves room for 256,000
+// requests in flight to one server.
+const DefaultH2CConnsPerHost = 128
+
 // Options configures a transport.
 type Options struct {
 	// H2C speaks HTTP/2 without TLS; set it for our own servers. Without it
 	// the transport speaks HTTP/1.1 (a vLLM endpoint, for example).
 	H2C bool
-	// MaxConnsPerHost bounds connections per host for HTTP/1.1; 0 means 1024.
+	// MaxConnsPerHost bounds connections per host; 0 means 1024 for
+	// HTTP/1.1 and DefaultH2CConnsPerHost for h2c.
 	MaxConnsPerHost int
 	DialTimeout     time.Duration
 	IdleConnTimeout time.Duration
@@ -45,7 +55,11 @@ func NewTransport(opts Options) *http.Transport {
 	if opts.IdleConnTimeout == 0 {
 		opts.IdleConnTimeout = 90 * time.Second
 	}
-	if opts.MaxConnsPerHost == 0 {
+	switch {
+	case opts.MaxConnsPerHost > 0:
+	case opts.H2C:
+		opts.MaxConnsPerHost = DefaultH2CConnsPerHost
+	default:
 		opts.MaxConnsPerHost = 1024
 	}
 	t := &http.Transport{

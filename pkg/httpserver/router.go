@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"runtime/debug"
 	"strconv"
 	"time"
@@ -36,6 +37,10 @@ type RouterOptions struct {
 	// Middleware runs after the fleet's own (recovery, metrics, limits, the
 	// rollout prefix) and before routing, e.g. the checkpoint fence.
 	Middleware []func(http.Handler) http.Handler
+	// Pprof mounts the net/http/pprof handlers under /debug/pprof/ on this
+	// router (never on http.DefaultServeMux), so a fleet can be profiled
+	// while it runs. Off by default: a profile costs CPU and shows internals.
+	Pprof bool
 }
 
 // NewRouter returns a chi router with the fleet's middleware and the
@@ -89,7 +94,24 @@ func NewRouter(opts RouterOptions) chi.Router {
 		ok(w, req)
 	})
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
+	if opts.Pprof {
+		mountPprof(r)
+	}
 	return r
+}
+
+// mountPprof registers the profiling handlers. pprof.Index serves the
+// named profiles (heap, goroutine, allocs, block, mutex, threadcreate) from
+// the path after /debug/pprof/, so the wildcard route reaches it.
+func mountPprof(r chi.Router) {
+	r.Get("/debug/pprof", func(w http.ResponseWriter, req *http.Request) {
+		http.Redirect(w, req, "/debug/pprof/", http.StatusMovedPermanently)
+	})
+	r.HandleFunc("/debug/pprof/*", pprof.Index)
+	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
 type httpMetrics struct {

@@ -402,3 +402,36 @@ func TestWriteRawJSON(t *testing.T) {
 		t.Fatalf("got %d %q %v", rec.Code, rec.Body, rec.Header())
 	}
 }
+
+func TestRouter_Pprof(t *testing.T) {
+	off := httpserver.NewRouter(httpserver.RouterOptions{})
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/profile?seconds=1"} {
+		if rec := serve(off, http.MethodGet, path, ""); rec.Code != http.StatusNotFound {
+			t.Errorf("pprof off: GET %s answered %d, want 404", path, rec.Code)
+		}
+	}
+
+	on := httpserver.NewRouter(httpserver.RouterOptions{Pprof: true})
+	tests := []struct {
+		path, want string
+	}{
+		{"/debug/pprof/", "goroutine"},
+		{"/debug/pprof/heap?debug=1", "heap profile:"},
+		{"/debug/pprof/goroutine?debug=1", "goroutine profile:"},
+		{"/debug/pprof/cmdline", ""},
+	}
+	for _, tc := range tests {
+		rec := serve(on, http.MethodGet, tc.path, "")
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), tc.want) {
+			t.Errorf("pprof on: GET %s answered %d %.80q, want 200 containing %q", tc.path, rec.Code, rec.Body.String(), tc.want)
+		}
+	}
+	if rec := serve(on, http.MethodGet, "/debug/pprof", ""); rec.Code != http.StatusMovedPermanently || rec.Header().Get("Location") != "/debug/pprof/" {
+		t.Errorf("GET /debug/pprof answered %d to %q, want a redirect to /debug/pprof/", rec.Code, rec.Header().Get("Location"))
+	}
+	// A CPU profile is a gzipped protobuf.
+	rec := serve(on, http.MethodGet, "/debug/pprof/profile?seconds=1", "")
+	if b := rec.Body.Bytes(); rec.Code != http.StatusOK || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("CPU profile answered %d with %d bytes, want 200 and gzip data", rec.Code, len(b))
+	}
+}

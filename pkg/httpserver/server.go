@@ -22,7 +22,11 @@ const (
 	DefaultReadHeaderTimeout    = 10 * time.Second
 	DefaultIdleTimeout          = 5 * time.Minute
 	DefaultShutdownTimeout      = 10 * time.Second
-	DefaultMaxConcurrentStreams = 20000
+	DefaultMaxConcurrentStreams = 2000
+	// DefaultConnReceiveWindow is the HTTP/2 flow-control window of a whole
+	// connection. Thousands of small request bodies share it; at the default
+	// 1 MiB every window update wakes every stream waiting for room.
+	DefaultConnReceiveWindow = 4<<20 - 1
 	// idleCloseGrace is how long Close lets finished replies drain before it
 	// drops idle connections.
 	idleCloseGrace = 100 * time.Millisecond
@@ -40,9 +44,12 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
 	// MaxConcurrentStreams is the HTTP/2 streams one connection may carry.
-	// Thousands of rollouts in flight share a few connections only when this
-	// is large (SPEC §8: 20,000 per connection opened 100,000 requests on 47
-	// descriptors, where 1,000 ran out of them).
+	// Thousands of rollouts in flight share a few connections only when it is
+	// large, but net/http's HTTP/2 write scheduler scans every open stream of
+	// a connection for each frame it writes, so very large values make every
+	// write slow once most streams sit idle (held calls). 2,000 per
+	// connection keeps that scan short; clients open more connections, up to
+	// their own bound (pkg/httpclient), instead of one per request.
 	MaxConcurrentStreams int
 }
 
@@ -92,7 +99,10 @@ func New(cfg Config, handler http.Handler) *Server {
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		Protocols:         &protocols,
-		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: cfg.MaxConcurrentStreams},
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          cfg.MaxConcurrentStreams,
+			MaxReceiveBufferPerConnection: DefaultConnReceiveWindow,
+		},
 		// Handlers derive from the server's context, so Close cancels every
 		// request still running.
 		BaseContext: func(net.Listener) context.Context { return ctx },

@@ -450,38 +450,51 @@ func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
 func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
 	all := map[string]struct{}{}
 	byEpisode := map[string][]string{}
-	for _, id := range scope.IDs() {
+	ids := scope.IDs()
+	captureKeys := make([]string, len(ids))
+	for i, id := range ids {
+		captureKeys[i] = id.CaptureKey()
+	}
+	// The ledger reads the rows of every key in one sequential pass, in
+	// batches, and hands them over in scope order, encoded: a record is
+	// assembled from them as they are rather than decoded and encoded again.
+	var stopped error
+	err := p.s.ledger.ReadRawRows(captureKeys, func(i int, rows []codec.RawMessage, err error) error {
 		if err := ctx.Err(); err != nil {
-			return ctlplane.Extras{}, err
+			stopped = err
+			return err
 		}
-		key := id.CaptureKey()
-		rows, err := p.s.ledger.Rows(key)
+		id, key := ids[i], captureKeys[i]
 		if err != nil && !errors.Is(err, tokencapture.ErrRetired) {
-			return ctlplane.Extras{}, fmt.Errorf("reading the ledger of %s: %w", key, err)
+			stopped = fmt.Errorf("reading the ledger of %s: %w", key, err)
+			return stopped
 		}
-		rec := ModelRecord{Rows: rows, GenerationCuts: []GenerationCut{}}
-		if c := p.episodeCut(id); c != nil {
-			rec.GenerationCuts = append(rec.GenerationCuts, *c)
+		cut := p.episodeCut(id)
+		if len(rows) == 0 && cut == nil {
+			return nil
 		}
-		if len(rec.Rows) == 0 && len(rec.GenerationCuts) == 0 {
-			continue
-		}
-		if rec.Rows == nil {
-			rec.Rows = []tokencapture.Row{}
-		}
-		data, err := codec.Marshal(rec)
+		data, staging, err := encodeModelRecord(rows, cut)
 		if err != nil {
-			return ctlplane.Extras{}, err
+			stopped = fmt.Errorf("the record of %s: %w", key, err)
+			return stopped
 		}
 		if err := emit(ctlplane.Record{EpisodeID: id, Data: data}); err != nil {
-			return ctlplane.Extras{}, err
+			stopped = err
+			return err
 		}
-		if keys := dedupeSorted(rec.stagingKeys()); len(keys) > 0 {
+		if keys := dedupeSorted(staging); len(keys) > 0 {
 			byEpisode[key] = keys
 			for _, k := range keys {
 				all[k] = struct{}{}
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		if stopped != nil {
+			return ctlplane.Extras{}, stopped
+		}
+		return ctlplane.Extras{}, fmt.Errorf("reading the ledgers: %w", err)
 	}
 	keys := make([]string, 0, len(all))
 	for k := range all {
@@ -558,9 +571,9 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 		decoded[r.EpisodeID] = m
 	}
 
-	var later, sources []string
 	next := make([]rollout.EpisodeID, 0, len(ids))
 	restored := make(map[string]*restoredEpisode, len(ids))
+	imports := make([]tokencapture.Import, 0, len(ids))
 	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -575,9 +588,17 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 				r.cut = &c
 			}
 		}
-		if err := p.s.ledger.Import(n.CaptureKey(), rows); err != nil {
-			return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("importing the ledger of %s: %w", n.CaptureKey(), err))
-		}
+		imports = append(imports, tokencapture.Import{Key: n.CaptureKey(), Rows: rows})
+		next = append(next, n)
+		restored[n.RolloutID] = r
+	}
+	// One batch of writes for every ledger rather than one write each.
+	if err := p.s.ledger.ImportMany(imports); err != nil {
+		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("importing the ledgers of the next attempts: %w", err))
+	}
+	var later, sources []string
+	for _, id := range ids {
+		n := id.Next()
 		sources = append(sources, id.CaptureKey())
 		for _, k := range p.s.ledger.RolloutKeys(id.RolloutID) {
 			e, err := rollout.ParseCaptureKey(k)
@@ -591,8 +612,6 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 				sources = append(sources, k)
 			}
 		}
-		next = append(next, n)
-		restored[n.RolloutID] = r
 	}
 	if _, _, err := p.s.ledger.Delete(later); err != nil {
 		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("deleting ledgers of later attempts: %w", err))

@@ -40,6 +40,8 @@ type Config struct {
 	// GenerationCuts configures the cuts a checkpoint asks the inference
 	// worker for; used only with checkpointing enabled.
 	GenerationCuts GenerationCutsConfig `mapstructure:"generation_cuts"`
+	// Pprof serves net/http/pprof under /debug/pprof/ (off by default).
+	Pprof bool `mapstructure:"pprof"`
 }
 
 // GenerationCutsConfig configures generation cuts: when a checkpoint closes

@@ -1,8 +1,15 @@
 package modelproxy
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/openai"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
 // Test access to the decoders and the stream splitter.
@@ -50,4 +57,47 @@ func ConstrainedResponses(body []byte) (bool, error) {
 		return false, err
 	}
 	return constrainedResponses(req, chat), nil
+}
+
+// CheckpointParticipant is the server's checkpoint participant
+// (checkpointing on), for the benchmarks that drive Export and Install.
+func CheckpointParticipant(s *Server) ctlplane.Participant { return s.ckpt }
+
+// HeldCalls is how many calls wait at delivery for admission to reopen.
+func HeldCalls(s *Server) int {
+	s.ckpt.mu.Lock()
+	defer s.ckpt.mu.Unlock()
+	return s.ckpt.held
+}
+
+// CompletedCall is a model call whose upstream reply is complete: what its
+// ledger row will hold.
+type CompletedCall struct {
+	Model, RequestDigest string
+	Tokens               openai.TokenFields
+	FinishReason         string
+}
+
+// RunCompletedCall takes a call of episode id through the participant's
+// call path without HTTP or conversion, the way handleResponses does once
+// the upstream answered: admit, describe, deliver (held while admission is
+// closed, until ctx ends), stage the ledger row, release. Benchmarks build
+// state at 100,000 rollouts with it.
+func RunCompletedCall(ctx context.Context, s *Server, id rollout.EpisodeID, c CompletedCall) error {
+	r := httptest.NewRequestWithContext(rollout.WithEpisode(ctx, id), http.MethodPost, "/v1/responses", nil)
+	w := httptest.NewRecorder()
+	t, r, ok := s.admit(w, r, routeResponses)
+	if !ok {
+		return fmt.Errorf("call of %s refused: %d %s", id, w.Code, w.Body)
+	}
+	defer s.release(w, r, t)
+	if s.ckpt != nil {
+		s.ckpt.describe(t, c.RequestDigest, false, false)
+	}
+	s.finish(w, r, t, reply{
+		body:    []byte(`{}`),
+		capture: &captured{model: c.Model, requestDigest: c.RequestDigest, tokens: c.Tokens, finishReason: c.FinishReason},
+		outcome: outcomeOK,
+	})
+	return context.Cause(r.Context())
 }

@@ -1,6 +1,7 @@
 package modelproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -35,19 +36,47 @@ type Continuation struct {
 	PrefixDigest      string   `json:"prefix_digest"`
 }
 
-// stagingKeys lists every token-store key the record refers to: the cut's
-// and those of prefixes its rows continued.
-func (m *ModelRecord) stagingKeys() []string {
-	var out []string
-	for _, r := range m.Rows {
-		if r.ContinuedFrom != "" {
-			out = append(out, r.ContinuedFrom)
+// encodeModelRecord encodes the ModelRecord of rows (each a Row as
+// codec.Marshal encodes it, which is what the ledger's ReadRawRows gives)
+// and at most one cut, with the same bytes as codec.Marshal of the record,
+// without decoding the rows. It returns every token-store key the record
+// refers to: the cut's and those of prefixes its rows continued.
+func encodeModelRecord(rows []codec.RawMessage, cut *GenerationCut) (data []byte, stagingKeys []string, err error) {
+	cuts := []byte("[]")
+	if cut != nil {
+		if cuts, err = codec.Marshal([]GenerationCut{*cut}); err != nil {
+			return nil, nil, err
+		}
+		stagingKeys = append(stagingKeys, cut.Continuation.StagingKeys...)
+	}
+	size := len(`{"rows":[],"generation_cuts":}`) + len(cuts)
+	for _, r := range rows {
+		size += len(r) + 1
+	}
+	data = make([]byte, 0, size)
+	data = append(data, `{"rows":[`...)
+	for i, r := range rows {
+		if i > 0 {
+			data = append(data, ',')
+		}
+		data = append(data, r...)
+		// Only a row that continued a cut prefix names the field.
+		if bytes.Contains(r, []byte(`"continued_from"`)) {
+			var c struct {
+				ContinuedFrom string `json:"continued_from"`
+			}
+			if err := codec.Unmarshal(r, &c); err != nil {
+				return nil, nil, fmt.Errorf("rows[%d]: %w", i, err)
+			}
+			if c.ContinuedFrom != "" {
+				stagingKeys = append(stagingKeys, c.ContinuedFrom)
+			}
 		}
 	}
-	for _, c := range m.GenerationCuts {
-		out = append(out, c.Continuation.StagingKeys...)
-	}
-	return out
+	data = append(data, `],"generation_cuts":`...)
+	data = append(data, cuts...)
+	data = append(data, '}')
+	return data, stagingKeys, nil
 }
 
 // DecodeModelRecord decodes a record strictly (unknown fields refused) and
@@ -56,7 +85,7 @@ func (m *ModelRecord) stagingKeys() []string {
 // digest and single staging key are valid.
 func DecodeModelRecord(data []byte) (*ModelRecord, error) {
 	var m ModelRecord
-	if err := codec.UnmarshalStrict(data, &m); err != nil {
+	if err := codec.UnmarshalRecord(data, &m); err != nil {
 		return nil, fmt.Errorf("not a model record: %s", codec.DescribeError(err))
 	}
 	seen := make(map[string]bool, len(m.Rows))

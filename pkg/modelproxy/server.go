@@ -115,7 +115,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.ctl, s.ckpt.ctl = ctl, ctl
 		mw = append(mw, ctl.Middleware(classify))
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw})
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof})
 	s.routes(r)
 	if s.ctl != nil {
 		s.ctl.Mount(r)

@@ -1,10 +1,12 @@
 package resources
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 
@@ -251,12 +253,20 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 	if ck.mode == ModeRestartOnly {
 		return extras, nil
 	}
-	var picked []*session
+	type pick struct {
+		key  string // the episode's capture key
+		sess *session
+	}
+	var picked []pick
 	s.mu.Lock()
 	for _, id := range scope.IDs() {
+		var key string
 		for _, sess := range s.byRollout[id.RolloutID] {
 			if !sess.retired && sess.episode == id {
-				picked = append(picked, sess)
+				if key == "" {
+					key = id.CaptureKey()
+				}
+				picked = append(picked, pick{key: key, sess: sess})
 			}
 		}
 	}
@@ -264,17 +274,16 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 	// Admission is closed and nothing counted is in flight, so a session's
 	// binding no longer changes; the order makes the records file the same
 	// for the same sessions.
-	sort.Slice(picked, func(i, j int) bool {
-		if a, b := picked[i].episode.CaptureKey(), picked[j].episode.CaptureKey(); a != b {
-			return a < b
-		}
-		return picked[i].id < picked[j].id
+	slices.SortFunc(picked, func(a, b pick) int {
+		return cmp.Or(strings.Compare(a.key, b.key), strings.Compare(a.sess.id, b.sess.id))
 	})
-	for _, sess := range picked {
+	null := codec.RawMessage("null")
+	for _, pk := range picked {
+		sess := pk.sess
 		if err := ctx.Err(); err != nil {
 			return ctlplane.Extras{}, err
 		}
-		rec := SessionRecord{SessionID: sess.id, EpisodeID: sess.episode, State: codec.RawMessage("null")}
+		rec := SessionRecord{SessionID: sess.id, EpisodeID: sess.episode, State: null}
 		if ck.mode == ModeSaved {
 			sess.mu.Lock()
 			state, ok := s.typ.exportState(sess.state)
@@ -371,7 +380,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, _ 
 	}
 	ck.served = true
 	s.updateSessionsGaugeLocked()
-	sort.Slice(next, func(i, j int) bool { return next[i].CaptureKey() < next[j].CaptureKey() })
+	slices.SortFunc(next, rollout.CompareCaptureKeys)
 	return next, nil
 }
 
@@ -411,7 +420,7 @@ func (p *participant) validate(records []ctlplane.Record) ([]installed, error) {
 // state that is present (null in stateless mode).
 func DecodeSessionRecord(data []byte) (SessionRecord, error) {
 	var rec SessionRecord
-	if err := codec.UnmarshalStrict(data, &rec); err != nil {
+	if err := codec.UnmarshalRecord(data, &rec); err != nil {
 		return SessionRecord{}, fmt.Errorf("not a resources session record: %s", codec.DescribeError(err))
 	}
 	if !rollout.ValidID(rec.SessionID) {

@@ -50,6 +50,10 @@ type Config struct {
 	// Checkpoint is the process's checkpoint: block, copied into each server
 	// by the command (it is not a per-server key in the file).
 	Checkpoint ctlplane.Config `mapstructure:"-"`
+	// Pprof is the process's pprof key, copied into each server like
+	// Checkpoint: every listener of the process then serves /debug/pprof/
+	// (the profiles are the whole process's).
+	Pprof bool `mapstructure:"-"`
 }
 
 // DefaultConfig is a weather server on a free loopback port.
@@ -128,6 +132,9 @@ func (c Config) Validate() error {
 type ProcessConfig struct {
 	LogLevel   string          `mapstructure:"log_level"`
 	Checkpoint ctlplane.Config `mapstructure:"checkpoint"`
+	// Pprof serves net/http/pprof under /debug/pprof/ on every server of
+	// the process (off by default).
+	Pprof bool `mapstructure:"pprof"`
 	// Servers is a list, not a map: viper lower-cases map keys.
 	Servers []Config `mapstructure:"servers"`
 }
@@ -138,11 +145,12 @@ func DefaultProcessConfig() ProcessConfig {
 }
 
 // ServerConfigs returns the servers with the process's checkpoint block
-// copied into each.
+// and pprof key copied into each.
 func (p ProcessConfig) ServerConfigs() []Config {
 	out := slices.Clone(p.Servers)
 	for i := range out {
 		out[i].Checkpoint = p.Checkpoint
+		out[i].Pprof = p.Pprof
 	}
 	return out
 }

@@ -129,7 +129,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.Type == TypeSlowVerify {
 		s.gate = &verifyGate{release: make(chan struct{})}
 	}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		if s.ckpt, err = newCheckpointing(s, deps); err != nil {
 			return nil, err

@@ -310,11 +310,130 @@ func readRecord(f *os.File, e extent) (*record, error) {
 	if _, err := f.ReadAt(buf, e.off); err != nil {
 		return nil, err
 	}
+	return decodeFullRecord(buf, e)
+}
+
+// decodeFullRecord decodes the record line read from e.
+func decodeFullRecord(line []byte, e extent) (*record, error) {
 	var rec record
-	if err := codec.Unmarshal(bytes.TrimRight(buf, "\n"), &rec); err != nil {
+	if err := codec.Unmarshal(bytes.TrimRight(line, "\n"), &rec); err != nil {
 		return nil, fmt.Errorf("decode record at %d: %w", e.off, err)
 	}
 	return &rec, nil
+}
+
+// rawRecord is a record line with its rows left encoded.
+type rawRecord struct {
+	Row  codec.RawMessage   `json:"row"`
+	Rows []codec.RawMessage `json:"rows"`
+}
+
+// rawRows returns the rows of a record line as codec.Marshal encodes each
+// Row. An import record holds them so already; an append record's row
+// starts with parent_call_id and seq, which Append splices in, and is put
+// in the Row's field order (appendedRow). Anything else is decoded and
+// encoded again.
+func rawRows(line []byte, e extent) ([]codec.RawMessage, error) {
+	// An append record as Append writes it, {"op":"append","key":K,"row":R},
+	// needs no decoding to find its row.
+	if rest, ok := bytes.CutPrefix(line, []byte(`{"op":"append","key":"`)); ok {
+		if _, raw, ok := bytes.Cut(rest, []byte(`","row":`)); ok {
+			if raw, ok := bytes.CutSuffix(raw, []byte("}\n")); ok {
+				if row, ok := appendedRow(raw); ok {
+					return []codec.RawMessage{row}, nil
+				}
+			}
+		}
+	}
+	var rec rawRecord
+	if err := codec.Unmarshal(bytes.TrimRight(line, "\n"), &rec); err != nil {
+		return nil, fmt.Errorf("decode record at %d: %w", e.off, err)
+	}
+	if rec.Row == nil {
+		return rec.Rows, nil
+	}
+	if row, ok := appendedRow(rec.Row); ok {
+		return []codec.RawMessage{row}, nil
+	}
+	rows, err := decodeRows(line, e)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]codec.RawMessage, len(rows))
+	for i := range rows {
+		if out[i], err = codec.Marshal(rows[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// appendedRow reorders a row as Append writes it,
+//
+//	{"parent_call_id":P,"seq":N,"call_id":C,"capture_key":K,"created_at":...}
+//
+// into the Row's field order, call_id, parent_call_id, capture_key, seq,
+// then the rest as it is: the bytes codec.Marshal writes for the Row (the
+// values are the encoder's already). ok is false for any other layout.
+func appendedRow(raw []byte) (row []byte, ok bool) {
+	rest, ok := bytes.CutPrefix(raw, []byte(`{"parent_call_id":`))
+	if !ok {
+		return nil, false
+	}
+	parent, rest, ok := cutJSONString(rest)
+	if !ok {
+		return nil, false
+	}
+	if rest, ok = bytes.CutPrefix(rest, []byte(`,"seq":`)); !ok {
+		return nil, false
+	}
+	digits := 0
+	for digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9' {
+		digits++
+	}
+	seq := rest[:digits]
+	if rest, ok = bytes.CutPrefix(rest[digits:], []byte(`,"call_id":`)); !ok || digits == 0 {
+		return nil, false
+	}
+	callID, rest, ok := cutJSONString(rest)
+	if !ok {
+		return nil, false
+	}
+	if rest, ok = bytes.CutPrefix(rest, []byte(`,"capture_key":`)); !ok {
+		return nil, false
+	}
+	captureKey, rest, ok := cutJSONString(rest)
+	if !ok || len(rest) < 2 || rest[0] != ',' {
+		return nil, false
+	}
+	row = make([]byte, 0, len(raw)+8)
+	row = append(row, `{"call_id":`...)
+	row = append(row, callID...)
+	row = append(row, `,"parent_call_id":`...)
+	row = append(row, parent...)
+	row = append(row, `,"capture_key":`...)
+	row = append(row, captureKey...)
+	row = append(row, `,"seq":`...)
+	row = append(row, seq...)
+	row = append(row, rest...)
+	return row, true
+}
+
+// cutJSONString splits a JSON string literal (quotes included) off the
+// front of b.
+func cutJSONString(b []byte) (str, rest []byte, ok bool) {
+	if len(b) == 0 || b[0] != '"' {
+		return nil, nil, false
+	}
+	for i := 1; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return b[:i+1], b[i+1:], true
+		}
+	}
+	return nil, nil, false
 }
 
 // compact writes the live records of st into one snapshot segment after the

@@ -31,7 +31,7 @@ import (
 // binDir holds the binaries TestMain built (or GYMFLEET_BIN named).
 var binDir string
 
-var binaries = []string{"fakeinference", "modelserver", "resourceserver", "agentserver", "envserver"}
+var binaries = []string{"fakeinference", "modelserver", "resourceserver", "agentserver", "envserver", "gymctl"}
 
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))

@@ -1,0 +1,101 @@
+package codec_test
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/resources"
+)
+
+// codec.Valid and codec.UnmarshalRecord are goccy's fast paths for
+// checkpoint records; these targets are the guard that they mean exactly
+// what encoding/json means.
+
+// FuzzValid: codec.Valid (goccy) and encoding/json.Valid agree on any input.
+func FuzzValid(f *testing.F) {
+	for _, s := range append([]string{
+		`{"a":[1,2.5e-3,true,false,null,"\u00e9\ud83d\ude00"]}`, `01`, `-`, `1.`, `.5`, `1e`, `+1`, `-0.0E+00`,
+		`"\x"`, `"\u12"`, "\"\t\"", "\"\x7f\"", `[1,]`, `{"a":1,}`, `{"a"}`, `{1:2}`, `[`, `]`, `nul`, `truex`,
+		"\xef\xbb\xbf{}", "{}\x00", strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+		strings.Repeat("[", 10000) + strings.Repeat("]", 10000),
+	}, edgeSeeds...) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if got, want := codec.Valid(data), json.Valid(data); got != want {
+			t.Fatalf("codec.Valid(%q) = %v, encoding/json.Valid says %v", data, got, want)
+		}
+	})
+}
+
+// strictDifferential decodes data into a fresh T with UnmarshalRecord and
+// with UnmarshalStrict: both must accept or refuse it, refuse it with the
+// same error, and accept it as the same value.
+func strictDifferential[T any](t *testing.T, data []byte) {
+	t.Helper()
+	var fast, ref T
+	errFast := codec.UnmarshalRecord(data, &fast)
+	errRef := codec.UnmarshalStrict(data, &ref)
+	if (errFast == nil) != (errRef == nil) {
+		t.Fatalf("decoders disagree on %q:\n UnmarshalRecord: %v\n UnmarshalStrict: %v", data, errFast, errRef)
+	}
+	if errRef != nil {
+		if errFast.Error() != errRef.Error() {
+			t.Fatalf("errors differ on %q:\n UnmarshalRecord: %v\n UnmarshalStrict: %v", data, errFast, errRef)
+		}
+		return
+	}
+	if !reflect.DeepEqual(fast, ref) {
+		t.Fatalf("decoded values differ for %q:\n UnmarshalRecord: %#v\n UnmarshalStrict: %#v", data, fast, ref)
+	}
+}
+
+// Inputs where a strict decode must refuse or where codecs have differed.
+var strictSeeds = []string{
+	`{"x":1}`, `{"episode_id":{"rollout_id":"r","attempt":1,"z":2}}`, `{"EPISODE_ID":{"ROLLOUT_ID":"r"}}`,
+	`{"episode_id":{"rollout_id":"r","attempt":1.0}}`, `{"episode_id":{"attempt":1e0}}`, `{"episode_id":null}`,
+	`{"episode_id":"x"}`, `{} x`, `{}{}`, `{} `, "{\"session_id\":\"\xff\"}", `{"session_id":"\ud800"}`,
+	`{"state":null}`, `{"rows":null}`, `{"rows":[{"seq":1.5}]}`, `{"rows":[{"prompt_token_ids":[99999999999999999999]}]}`,
+	`{"rows":[{"generation_log_probs":[1e400]}]}`, `{"rows":[{"call_id":"a","call_id":"b"}]}`,
+	`{"generation_cuts":[{"continuation":{"staging_keys":[],"extra":1}}]}`, `{"task_digest":"a\u0000b"}`,
+}
+
+func FuzzUnmarshalRecordCkptstoreLine(f *testing.F) {
+	addSeeds(f, append([]string{
+		`{"episode_id":{"rollout_id":"w","attempt":1},"record":{"kind":"episode","steps":[{"n":1}]}}`,
+		`{"episode_id":{"rollout_id":"3-0","attempt":0},"record":null}`,
+		`{"episode_id":{"rollout_id":"x"},"record":{ "spaced" : [ 1 , 2 ] } }`,
+	}, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[ckptstore.Record](t, data) })
+}
+
+func FuzzUnmarshalRecordEpisode(f *testing.F) {
+	addSeeds(f, append([]string{
+		`{"episode_id":{"rollout_id":"rollout-000001","attempt":0},"task_digest":"3f0a","boundary":{"next":"invoke_agent","handles":{"resources_session_id":"resources-session-1","agent_session_id":"agent-session-1","resources_verify":"replay"}}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":2},"task_digest":"d","boundary":null}`,
+	}, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[episode.Record](t, data) })
+}
+
+func FuzzUnmarshalRecordResources(f *testing.F) {
+	addSeeds(f, append([]string{
+		`{"session_id":"resources-session-1","episode_id":{"rollout_id":"r","attempt":0},"state":null}`,
+		`{"session_id":"s2","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":1},"owner":"x"}`,
+	}, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[resources.SessionRecord](t, data) })
+}
+
+func FuzzUnmarshalRecordModel(f *testing.F) {
+	addSeeds(f, append([]string{
+		`{"rows":[{"call_id":"c1","parent_call_id":"","capture_key":"r","seq":1,"created_at":1796018333.510503,"model":"fake-model","request_digest":"cb0e","prompt_token_ids":[1,3,9],"generation_token_ids":[11,3182],"generation_log_probs":[-0.7936,-2.0686],"finish_reason":"length"}],"generation_cuts":[]}`,
+		`{"rows":[],"generation_cuts":[{"model_call_id":"m","request_digest":"d","continuation":{"source_capture_key":"r","source_model_call_id":"m","staging_keys":["k"],"prefix_token_count":3,"prefix_digest":"p"}}]}`,
+		`{"rows":[],"generation_cuts":[],"extra":1}`,
+	}, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[modelproxy.ModelRecord](t, data) })
+}

@@ -1,0 +1,41 @@
+package fleet_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/gymfleet/gymfleet/pkg/fleet"
+)
+
+// Every generated server configuration carries the topology's pprof key at
+// its top level (the process level for the agent and resources processes).
+func TestGenerate_PprofReachesEveryServer(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		dir := t.TempDir()
+		topo := fleet.Standard(dir, "/bin", "tok")
+		topo.Pprof = on
+		cfg, err := fleet.Generate(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cfg.Processes) != 5 {
+			t.Fatalf("%d processes, want 5", len(cfg.Processes))
+		}
+		for _, p := range cfg.Processes {
+			b, err := os.ReadFile(p.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m map[string]any
+			if err := yaml.Unmarshal(b, &m); err != nil {
+				t.Fatalf("%s: %v", filepath.Base(p.Config), err)
+			}
+			if got, ok := m["pprof"].(bool); !ok || got != on {
+				t.Errorf("pprof %v: %s has pprof %v, want %v", on, filepath.Base(p.Config), m["pprof"], on)
+			}
+		}
+	}
+}

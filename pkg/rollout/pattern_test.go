@@ -1,0 +1,93 @@
+package rollout_test
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// The patterns SPEC §2 states; rollout matches them by hand, for speed.
+var (
+	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	attemptSuffix = regexp.MustCompile(`-a([1-9][0-9]{0,8})$`)
+)
+
+// parseByPattern is ParseCaptureKey as the regular expressions define it.
+func parseByPattern(key string) (rollout.EpisodeID, bool) {
+	if m := attemptSuffix.FindStringSubmatchIndex(key); m != nil {
+		n, err := strconv.Atoi(key[m[2]:m[3]])
+		id := rollout.EpisodeID{RolloutID: key[:m[0]], Attempt: n}
+		return id, err == nil && idPattern.MatchString(id.RolloutID) && !attemptSuffix.MatchString(id.RolloutID)
+	}
+	return rollout.EpisodeID{RolloutID: key}, idPattern.MatchString(key) && !attemptSuffix.MatchString(key)
+}
+
+func checkAgainstPatterns(t *testing.T, s string) {
+	t.Helper()
+	if got, want := rollout.ValidID(s), idPattern.MatchString(s); got != want {
+		t.Fatalf("ValidID(%q) = %v, the pattern says %v", s, got, want)
+	}
+	wantValid := idPattern.MatchString(s) && !attemptSuffix.MatchString(s)
+	if got := rollout.ValidateRolloutID(s) == nil; got != wantValid {
+		t.Fatalf("ValidateRolloutID(%q) accepts = %v, the patterns say %v", s, got, wantValid)
+	}
+	id, err := rollout.ParseCaptureKey(s)
+	wantID, ok := parseByPattern(s)
+	if (err == nil) != ok || (ok && id != wantID) {
+		t.Fatalf("ParseCaptureKey(%q) = %+v, %v; the patterns say %+v, %v", s, id, err, wantID, ok)
+	}
+}
+
+var patternSeeds = []string{
+	"", "r", "R9", "_r", ".r", "-r", "r_", "r.", "r-", "a b", "r/x", "r\x00", "é", "ré", "r\xff",
+	"r-a1", "r-a0", "r-a01", "r-a10", "r-a999999999", "r-a1000000000", "r-a", "-a1", "r-a1-a2", "r-a-a2",
+	"r-a1x", "r-A1", "r--a1", "ra1", "3-0-a12", "r-a१", "r-a１",
+	strings.Repeat("r", 127), strings.Repeat("r", 128), strings.Repeat("r", 129),
+	strings.Repeat("r", 128) + "-a7", strings.Repeat("r", 129) + "-a7", strings.Repeat("é", 64),
+}
+
+func TestPatternsByHand(t *testing.T) {
+	for _, s := range patternSeeds {
+		checkAgainstPatterns(t, s)
+	}
+}
+
+// FuzzPatternsByHand: ValidID, ValidateRolloutID and ParseCaptureKey agree
+// with the regular expressions of SPEC §2 on any string.
+func FuzzPatternsByHand(f *testing.F) {
+	for _, s := range patternSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(checkAgainstPatterns)
+}
+
+// FuzzCompareCaptureKeys: CompareCaptureKeys orders as the capture keys do.
+func FuzzCompareCaptureKeys(f *testing.F) {
+	f.Add("r", 0, "r", 1)
+	f.Add("r", 2, "r", 10)
+	f.Add("r-a", 0, "r", 1)
+	f.Add("r", 1, "r-b", 0)
+	f.Add(strings.Repeat("x", 128), 999999999, strings.Repeat("x", 128), 99999999)
+	f.Fuzz(func(t *testing.T, ra string, aa int, rb string, ab int) {
+		a, b := rollout.EpisodeID{RolloutID: ra, Attempt: aa}, rollout.EpisodeID{RolloutID: rb, Attempt: ab}
+		if a.Validate() != nil || b.Validate() != nil {
+			return
+		}
+		if got, want := rollout.CompareCaptureKeys(a, b), strings.Compare(a.CaptureKey(), b.CaptureKey()); got != want {
+			t.Fatalf("CompareCaptureKeys(%v, %v) = %d, the keys compare %d", a, b, got, want)
+		}
+		if got := string(a.AppendCaptureKey([]byte("p:"))); got != "p:"+a.CaptureKey() {
+			t.Fatalf("AppendCaptureKey(%v) = %q", a, got)
+		}
+	})
+}
+
+func TestCompareCaptureKeysDoesNotAllocate(t *testing.T) {
+	a, b := rollout.EpisodeID{RolloutID: "rollout-1", Attempt: 2}, rollout.EpisodeID{RolloutID: "rollout-1", Attempt: 10}
+	if n := testing.AllocsPerRun(100, func() { rollout.CompareCaptureKeys(a, b) }); n != 0 {
+		t.Fatalf("CompareCaptureKeys allocates %v times", n)
+	}
+}

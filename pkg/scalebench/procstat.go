@@ -1,0 +1,368 @@
+package scalebench
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// sampleEvery is how often the sampler reads every process's resident
+// memory and descriptors.
+const sampleEvery = 250 * time.Millisecond
+
+// target is one process the bench watches.
+type target struct {
+	name, fleet string
+	pid         int
+}
+
+// memStatus is what the bench reads from /proc/<pid>/status.
+type memStatus struct {
+	// HWM is VmHWM, the peak resident set, in bytes.
+	HWM uint64
+	// RSS is VmRSS, the resident set now, in bytes.
+	RSS uint64
+}
+
+// parseStatus reads VmHWM and VmRSS (kB) from a /proc/<pid>/status file.
+func parseStatus(b []byte) (memStatus, error) {
+	var st memStatus
+	var seen int
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		key, val, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		var dst *uint64
+		switch key {
+		case "VmHWM":
+			dst = &st.HWM
+		case "VmRSS":
+			dst = &st.RSS
+		default:
+			continue
+		}
+		f := strings.Fields(val)
+		if len(f) != 2 || f[1] != "kB" {
+			return st, fmt.Errorf("%s: unexpected value %q", key, strings.TrimSpace(val))
+		}
+		kb, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil || kb > 1<<44 {
+			return st, fmt.Errorf("%s: %q is not a size in kB", key, f[0])
+		}
+		*dst = kb * 1024
+		seen++
+	}
+	if err := sc.Err(); err != nil {
+		return st, err
+	}
+	if seen != 2 {
+		return st, errors.New("no VmHWM and VmRSS lines (a kernel thread, or not Linux?)")
+	}
+	return st, nil
+}
+
+// procDir is /proc/<pid>, or /proc/self for pid 0.
+func procDir(pid int) string {
+	if pid == 0 {
+		return "/proc/self"
+	}
+	return "/proc/" + strconv.Itoa(pid)
+}
+
+func readStatus(pid int) (memStatus, error) {
+	b, err := os.ReadFile(procDir(pid) + "/status")
+	if err != nil {
+		return memStatus{}, err
+	}
+	return parseStatus(b)
+}
+
+// clockTicks is USER_HZ, the unit of the times in /proc/<pid>/stat: 100 on
+// every architecture Linux and Go share.
+const clockTicks = 100
+
+// parseCPU reads the user and system CPU time from a /proc/<pid>/stat
+// line. The command name (field 2) may hold spaces and parentheses, so the
+// fields are counted from its last ")".
+func parseCPU(b []byte) (time.Duration, error) {
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("no command name in the stat line")
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
+	}
+	var ticks uint64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n > 1<<50 {
+			return 0, fmt.Errorf("%q is not a tick count", v)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * (time.Second / clockTicks), nil
+}
+
+func readCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(procDir(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseCPU(b)
+}
+
+// countFDs counts a process's open file descriptors.
+func countFDs(pid int) (int, error) {
+	ents, err := os.ReadDir(procDir(pid) + "/fd")
+	if err != nil {
+		return 0, err
+	}
+	return len(ents), nil
+}
+
+// peak is what the sampler saw of one process.
+type peak struct {
+	fds, fdsAtBoundary int
+	rss                uint64
+}
+
+// sampler reads every tracked process's resident memory and descriptors
+// every sampleEvery, keeps their peaks, and calls abort once when the
+// total passes limit (0: no limit).
+type sampler struct {
+	limit uint64
+	abort func(error)
+
+	mu      sync.Mutex
+	targets []target
+	peaks   map[int]*peak // by pid; 0 is the bench itself
+	total   uint64
+	aborted bool
+
+	stopCh chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+func newSampler(limit uint64, abort func(error)) *sampler {
+	s := &sampler{limit: limit, abort: abort, peaks: map[int]*peak{0: {}}, stopCh: make(chan struct{}), done: make(chan struct{})}
+	go s.loop()
+	return s
+}
+
+// track replaces the processes sampled (the bench itself is always sampled).
+func (s *sampler) track(ts []target) {
+	s.mu.Lock()
+	s.targets = ts
+	for _, t := range ts {
+		if s.peaks[t.pid] == nil {
+			s.peaks[t.pid] = &peak{}
+		}
+	}
+	s.mu.Unlock()
+	s.sample()
+}
+
+func (s *sampler) loop() {
+	defer close(s.done)
+	tick := time.NewTicker(sampleEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stopCh:
+			return
+		case <-tick.C:
+			s.sample()
+		}
+	}
+}
+
+// sample reads every tracked process once. A process that is gone (killed
+// by the bench) is skipped.
+func (s *sampler) sample() {
+	s.mu.Lock()
+	pids := []int{0}
+	for _, t := range s.targets {
+		pids = append(pids, t.pid)
+	}
+	s.mu.Unlock()
+	type reading struct {
+		rss uint64
+		fds int
+		ok  bool
+	}
+	readings := make([]reading, len(pids))
+	var total uint64
+	for i, pid := range pids {
+		st, err := readStatus(pid)
+		if err != nil {
+			continue
+		}
+		fds, err := countFDs(pid)
+		if err != nil {
+			continue
+		}
+		readings[i] = reading{rss: st.RSS, fds: fds, ok: true}
+		total += st.RSS
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, pid := range pids {
+		p := s.peaks[pid]
+		if !readings[i].ok || p == nil {
+			continue
+		}
+		p.rss = max(p.rss, readings[i].rss)
+		p.fds = max(p.fds, readings[i].fds)
+	}
+	s.total = total
+	if s.limit > 0 && total > s.limit && !s.aborted {
+		s.aborted = true
+		s.abort(fmt.Errorf("aborted: the fleet and the bench hold %s resident, over the limit of %s", mib(total), mib(s.limit)))
+	}
+}
+
+// markBoundary samples now and records every process's descriptors as its
+// count with all rollouts in flight.
+func (s *sampler) markBoundary() {
+	s.sample()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pids := []int{0}
+	for _, t := range s.targets {
+		pids = append(pids, t.pid)
+	}
+	for _, pid := range pids {
+		if fds, err := countFDs(pid); err == nil && s.peaks[pid] != nil {
+			s.peaks[pid].fdsAtBoundary = max(s.peaks[pid].fdsAtBoundary, fds)
+		}
+	}
+}
+
+// totalRSS is the resident memory of the tracked processes and the bench at
+// the last sample.
+func (s *sampler) totalRSS() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total
+}
+
+func (s *sampler) peakOf(pid int) peak {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.peaks[pid]; p != nil {
+		return *p
+	}
+	return peak{}
+}
+
+func (s *sampler) stop() {
+	s.once.Do(func() {
+		close(s.stopCh)
+		<-s.done
+	})
+}
+
+// processStats reads each running fleet process's peak resident memory
+// (VmHWM: the kernel's high-water mark) now. first labels the processes of
+// the first fleet (read just before the kill); fakeinference, which
+// survives the crash, is read with the fresh fleet at the end.
+func (b *bench) processStats(fleetLabel string, first bool) []ProcessStat {
+	var out []ProcessStat
+	for _, t := range b.processes(fleetLabel) {
+		if first && t.name == fakeName {
+			continue
+		}
+		st, err := readStatus(t.pid)
+		ps := ProcessStat{Name: t.name, Fleet: t.fleet, PID: t.pid}
+		if err != nil {
+			ps.Error = err.Error()
+		}
+		if cpu, err := readCPU(t.pid); err == nil {
+			ps.CPUSeconds = cpu.Seconds()
+		}
+		p := b.sampler.peakOf(t.pid)
+		ps.PeakRSSBytes = max(st.HWM, p.rss)
+		ps.PeakFDs = p.fds
+		ps.FDsAtBoundary = p.fdsAtBoundary
+		out = append(out, ps)
+	}
+	return out
+}
+
+// benchStats is the bench process's own peak memory and descriptors.
+func benchStats(s *sampler) ProcessStat {
+	ps := ProcessStat{Name: "bench", Fleet: "-", PID: os.Getpid()}
+	st, err := readStatus(0)
+	if err != nil {
+		ps.Error = err.Error()
+	}
+	if cpu, err := readCPU(0); err == nil {
+		ps.CPUSeconds = cpu.Seconds()
+	}
+	p := s.peakOf(0)
+	ps.PeakRSSBytes = max(st.HWM, p.rss)
+	ps.PeakFDs = p.fds
+	ps.FDsAtBoundary = p.fdsAtBoundary
+	return ps
+}
+
+// mib formats bytes as MiB (or GiB past 10 GiB).
+func mib(n uint64) string {
+	if n >= 10<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20))
+}
+
+// summarizeLog counts the warning and error lines of a JSON log (slog's
+// "level" field); other lines (the launcher's, a panic's) are not counted.
+func summarizeLog(process string, r io.Reader) (LogSummary, error) {
+	out := LogSummary{Process: process}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var counted bool
+		switch {
+		case bytes.Contains(line, []byte(`"level":"WARN"`)):
+			out.Warnings++
+			counted = true
+		case bytes.Contains(line, []byte(`"level":"ERROR"`)):
+			out.Errors++
+			counted = true
+		}
+		if counted && out.First == "" {
+			out.First = truncate(string(line), 400)
+		}
+	}
+	return out, sc.Err()
+}
+
+// summarizeLogs reads every fleet process's log.
+func (b *bench) summarizeLogs() {
+	for _, name := range b.cfg.Names() {
+		f, err := os.Open(b.cfg.LogPath(name))
+		if err != nil {
+			continue
+		}
+		sum, err := summarizeLog(name, f)
+		f.Close()
+		if err != nil {
+			sum.First = "reading the log: " + err.Error()
+		}
+		b.res.Logs = append(b.res.Logs, sum)
+	}
+}
