@@ -1,7 +1,6 @@
 package ckptstore
 
 import (
-	"bytes"
 	"context"
 
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -9,7 +8,7 @@ import (
 
 // ReadRecordsBytes exposes the records reader to the fuzz test.
 func ReadRecordsBytes(b []byte) ([]Record, int, error) {
-	recs, n, _, err := readRecords(context.Background(), bytes.NewReader(b), func(rollout.EpisodeID) bool { return true })
+	recs, n, _, err := readRecords(context.Background(), b, func(rollout.EpisodeID) bool { return true })
 	return recs, n, err
 }
 

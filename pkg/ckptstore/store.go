@@ -382,12 +382,16 @@ func (s *Store) Read(ctx context.Context, t Target, keep func(rollout.EpisodeID)
 		return m, nil, 0, invalid("%s: open %s: %v", dir, m.RecordsFile, err)
 	}
 	defer rc.Close()
-	h := sha256.New()
-	recs, n, size, err := readRecords(ctx, io.TeeReader(rc, h), keep)
+	buf, err := readAll(rc)
 	if err != nil {
 		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != m.RecordsSHA256 {
+	sum := sha256.Sum256(buf)
+	recs, n, size, err := readRecords(ctx, buf, keep)
+	if err != nil {
+		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
+	}
+	if got := hex.EncodeToString(sum[:]); got != m.RecordsSHA256 {
 		return m, nil, 0, invalid("%s/%s: sha256 %s does not match the manifest's %s", dir, m.RecordsFile, got, m.RecordsSHA256)
 	}
 	if n != m.RecordCount {
@@ -396,49 +400,67 @@ func (s *Store) Read(ctx context.Context, t Target, keep func(rollout.EpisodeID)
 	return m, recs, size, nil
 }
 
-func readRecords(ctx context.Context, r io.Reader, keep func(rollout.EpisodeID) bool) ([]Record, int, int64, error) {
-	br := bufio.NewReaderSize(r, 256<<10)
+// readRecords parses a whole records file. The records point into buf: one
+// allocation for the file instead of one per line, and no copy of any
+// record's bytes.
+func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) bool) ([]Record, int, int64, error) {
 	var out []Record
 	n := 0
-	var size int64
-	for {
-		line, err := br.ReadBytes('\n')
-		size += int64(len(line))
-		if len(line) > 0 {
-			if line[len(line)-1] != '\n' {
-				return nil, 0, 0, fmt.Errorf("record %d is torn (no newline at the end of the file)", n+1)
-			}
-			rec, ok := readCanonical(line)
-			if !ok {
-				// Not a line as the writer writes it: the strict decoder
-				// reads it (or says what is wrong with it).
-				if err := codec.UnmarshalStrict(line, &rec); err != nil {
-					return nil, 0, 0, fmt.Errorf("record %d: %s", n+1, codec.DescribeError(err))
-				}
-			}
-			if err := rec.EpisodeID.Validate(); err != nil {
-				return nil, 0, 0, fmt.Errorf("record %d: %v", n+1, err)
-			}
-			if len(rec.Data) == 0 {
-				return nil, 0, 0, fmt.Errorf("record %d has no data", n+1)
-			}
-			n++
-			if keep == nil || keep(rec.EpisodeID) {
-				out = append(out, rec)
-			}
-			if n%4096 == 0 {
-				if err := ctx.Err(); err != nil {
-					return nil, 0, 0, err
-				}
+	for rest := buf; len(rest) > 0; {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			return nil, 0, 0, fmt.Errorf("record %d is torn (no newline at the end of the file)", n+1)
+		}
+		line := rest[:i+1 : i+1]
+		rest = rest[i+1:]
+		rec, ok := readCanonical(line)
+		if !ok {
+			// Not a line as the writer writes it: the strict decoder reads
+			// it (or says what is wrong with it).
+			if err := codec.UnmarshalStrict(line, &rec); err != nil {
+				return nil, 0, 0, fmt.Errorf("record %d: %s", n+1, codec.DescribeError(err))
 			}
 		}
-		if err == io.EOF {
-			return out, n, size, nil
+		if err := rec.EpisodeID.Validate(); err != nil {
+			return nil, 0, 0, fmt.Errorf("record %d: %v", n+1, err)
 		}
-		if err != nil {
-			return nil, 0, 0, err
+		if len(rec.Data) == 0 {
+			return nil, 0, 0, fmt.Errorf("record %d has no data", n+1)
+		}
+		n++
+		if keep == nil || keep(rec.EpisodeID) {
+			out = append(out, rec)
+		}
+		if n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, 0, 0, err
+			}
 		}
 	}
+	return out, n, int64(len(buf)), nil
+}
+
+// readAll reads r to its end into one buffer, allocated once when r knows
+// its size (a file does).
+func readAll(r io.Reader) ([]byte, error) {
+	st, ok := r.(interface{ Stat() (fs.FileInfo, error) })
+	if !ok {
+		return io.ReadAll(r)
+	}
+	fi, err := st.Stat()
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, fi.Size())
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, err
+	}
+	// A file that grew after the stat is not the file the manifest names.
+	var one [1]byte
+	if n, _ := r.Read(one[:]); n != 0 {
+		return nil, errors.New("the records file changed while it was read")
+	}
+	return buf, nil
 }
 
 // readCanonical reads a line exactly as appendRecord writes it, without

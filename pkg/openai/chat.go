@@ -74,9 +74,9 @@ type ChatMessage struct {
 
 // TokenFields are NeMo Gym's training token fields: all three or none.
 type TokenFields struct {
-	PromptTokenIDs     []int     `json:"prompt_token_ids,omitempty"`
-	GenerationTokenIDs []int     `json:"generation_token_ids,omitempty"`
-	GenerationLogProbs []float64 `json:"generation_log_probs,omitempty"`
+	PromptTokenIDs     codec.Ints   `json:"prompt_token_ids,omitempty"`
+	GenerationTokenIDs codec.Ints   `json:"generation_token_ids,omitempty"`
+	GenerationLogProbs codec.Floats `json:"generation_log_probs,omitempty"`
 }
 
 // HasTokens reports whether any token field is set.
@@ -218,7 +218,7 @@ type ChatCompletion struct {
 	Choices []ChatChoice `json:"choices"`
 	Usage   *Usage       `json:"usage,omitempty"`
 	// PromptTokenIDs is vLLM's return_token_ids field.
-	PromptTokenIDs []int `json:"prompt_token_ids,omitempty"`
+	PromptTokenIDs codec.Ints `json:"prompt_token_ids,omitempty"`
 }
 
 // ChatChoice is one choice of a reply.
@@ -228,7 +228,7 @@ type ChatChoice struct {
 	FinishReason string          `json:"finish_reason"`
 	Logprobs     *ChoiceLogprobs `json:"logprobs,omitempty"`
 	// TokenIDs is vLLM's return_token_ids field: the generated ids.
-	TokenIDs []int `json:"token_ids,omitempty"`
+	TokenIDs codec.Ints `json:"token_ids,omitempty"`
 }
 
 // ChoiceLogprobs holds one entry per generated token.
@@ -279,7 +279,7 @@ type ChatChunk struct {
 	Choices []ChunkChoice `json:"choices"`
 	Usage   *Usage        `json:"usage,omitempty"`
 	// PromptTokenIDs comes on the first chunk only (vLLM return_token_ids).
-	PromptTokenIDs []int `json:"prompt_token_ids,omitempty"`
+	PromptTokenIDs codec.Ints `json:"prompt_token_ids,omitempty"`
 }
 
 // ChunkChoice is one choice's delta.
@@ -288,7 +288,7 @@ type ChunkChoice struct {
 	Delta        ChunkDelta      `json:"delta"`
 	FinishReason *string         `json:"finish_reason"`
 	Logprobs     *ChoiceLogprobs `json:"logprobs,omitempty"`
-	TokenIDs     []int           `json:"token_ids,omitempty"`
+	TokenIDs     codec.Ints      `json:"token_ids,omitempty"`
 }
 
 // ChunkDelta is what a chunk adds to the message.

@@ -140,9 +140,9 @@ type wireItem struct {
 	Output             *MessageContent `json:"output"`
 	Summary            []SummaryText   `json:"summary"`
 	EncryptedContent   *string         `json:"encrypted_content"`
-	PromptTokenIDs     []int           `json:"prompt_token_ids"`
-	GenerationTokenIDs []int           `json:"generation_token_ids"`
-	GenerationLogProbs []float64       `json:"generation_log_probs"`
+	PromptTokenIDs     codec.Ints      `json:"prompt_token_ids"`
+	GenerationTokenIDs codec.Ints      `json:"generation_token_ids"`
+	GenerationLogProbs codec.Floats    `json:"generation_log_probs"`
 }
 
 // UnmarshalJSON reads any item type.

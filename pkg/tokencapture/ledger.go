@@ -62,13 +62,13 @@ type Row struct {
 	// appends continue after the highest.
 	Seq int64 `json:"seq"`
 	// CreatedAt is Unix seconds.
-	CreatedAt          float64   `json:"created_at"`
-	Model              string    `json:"model"`
-	RequestDigest      string    `json:"request_digest"`
-	PromptTokenIDs     []int     `json:"prompt_token_ids"`
-	GenerationTokenIDs []int     `json:"generation_token_ids"`
-	GenerationLogProbs []float64 `json:"generation_log_probs"`
-	FinishReason       string    `json:"finish_reason"`
+	CreatedAt          float64      `json:"created_at"`
+	Model              string       `json:"model"`
+	RequestDigest      string       `json:"request_digest"`
+	PromptTokenIDs     codec.Ints   `json:"prompt_token_ids"`
+	GenerationTokenIDs codec.Ints   `json:"generation_token_ids"`
+	GenerationLogProbs codec.Floats `json:"generation_log_probs"`
+	FinishReason       string       `json:"finish_reason"`
 	// ContinuedFrom is the staging key of a cut prefix this call continued.
 	ContinuedFrom string `json:"continued_from,omitempty"`
 }
@@ -314,16 +314,16 @@ func (l *Ledger) Append(key string, row Row) (Row, error) {
 
 // rowTail is Row without parent_call_id and seq, which Append splices in.
 type rowTail struct {
-	CallID             string    `json:"call_id"`
-	CaptureKey         string    `json:"capture_key"`
-	CreatedAt          float64   `json:"created_at"`
-	Model              string    `json:"model"`
-	RequestDigest      string    `json:"request_digest"`
-	PromptTokenIDs     []int     `json:"prompt_token_ids"`
-	GenerationTokenIDs []int     `json:"generation_token_ids"`
-	GenerationLogProbs []float64 `json:"generation_log_probs"`
-	FinishReason       string    `json:"finish_reason"`
-	ContinuedFrom      string    `json:"continued_from,omitempty"`
+	CallID             string       `json:"call_id"`
+	CaptureKey         string       `json:"capture_key"`
+	CreatedAt          float64      `json:"created_at"`
+	Model              string       `json:"model"`
+	RequestDigest      string       `json:"request_digest"`
+	PromptTokenIDs     codec.Ints   `json:"prompt_token_ids"`
+	GenerationTokenIDs codec.Ints   `json:"generation_token_ids"`
+	GenerationLogProbs codec.Floats `json:"generation_log_probs"`
+	FinishReason       string       `json:"finish_reason"`
+	ContinuedFrom      string       `json:"continued_from,omitempty"`
 }
 
 func orEmpty(s []int) []int {
