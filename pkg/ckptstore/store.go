@@ -411,7 +411,7 @@ func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) b
 		if i < 0 {
 			return nil, 0, 0, fmt.Errorf("record %d is torn (no newline at the end of the file)", n+1)
 		}
-		line := rest[:i+1 : i+1]
+		line := rest[: i+1 : i+1]
 		rest = rest[i+1:]
 		rec, ok := readCanonical(line)
 		if !ok {
