@@ -11,6 +11,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -145,19 +146,6 @@ func (s *Server) completionLimit(promptLen int, req *openai.ChatRequest) (int, *
 	return *mt, nil
 }
 
-// validCallID accepts a caller's model call id: 1 to 256 visible characters.
-func validCallID(id string) bool {
-	if id == "" || len(id) > 256 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if id[i] <= ' ' || id[i] == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 func (s *Server) reject(w http.ResponseWriter, r *http.Request, e *RequestError) {
 	s.metrics.calls.WithLabelValues("rejected").Inc()
 	s.log.DebugContext(r.Context(), "chat request refused", "status", e.Status, "err", e.Message)
@@ -257,7 +245,7 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 	} else if id, ok := rollout.FromContext(r.Context()); ok {
 		c.episode = &id
 	}
-	if id := r.Header.Get(HeaderModelCallID); validCallID(id) {
+	if id := r.Header.Get(HeaderModelCallID); gencut.ValidCallID(id) {
 		c.id = id
 	}
 	return c, nil

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 )
 
@@ -97,6 +98,6 @@ func (c *Control) Reset(ctx context.Context) error {
 func (c *Control) GenerationCut(ctx context.Context, token string, req CutRequest) (CutReceipt, error) {
 	var out CutReceipt
 	h := http.Header{"Authorization": {"Bearer " + token}}
-	_, err := httpclient.PostJSON(ctx, c.hc, c.base+"/_ckpt/generation-cut", h, req, &out)
+	_, err := httpclient.PostJSON(ctx, c.hc, c.base+gencut.Path, h, req, &out)
 	return out, err
 }

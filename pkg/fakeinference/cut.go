@@ -11,15 +11,17 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
-	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
-// Dispositions of a generation-cut receipt entry.
+// The generation-cut contract is pkg/gencut's; these names are the worker's
+// view of it.
 const (
-	DispositionDurablePrefix  = "durable_prefix"
-	DispositionDurableFailure = "durable_failure"
+	DispositionDurablePrefix  = gencut.DispositionDurablePrefix
+	DispositionDurableFailure = gencut.DispositionDurableFailure
+	MaxCutRequestActive       = gencut.MaxActive
+	StagingKeyPrefix          = gencut.StagingKeyPrefix
 )
 
 // Reasons of durable_failure entries.
@@ -32,89 +34,22 @@ const (
 	ReasonFinished    = "finished"
 )
 
-// MaxCutRequestActive bounds the calls one generation-cut request may list.
-const MaxCutRequestActive = 100000
-
-// StagingKeyPrefix starts every generation-cut staging key.
-const StagingKeyPrefix = "__generation_cut__/"
-
-// StagingKey is where a cut call's prefix is staged:
-// __generation_cut__/<capture_key>/<model_call_id>.
+// StagingKey is where a cut call's prefix is staged.
 func StagingKey(captureKey, modelCallID string) string {
-	return StagingKeyPrefix + captureKey + "/" + modelCallID
+	return gencut.StagingKey(captureKey, modelCallID)
 }
 
-// CutRequest is the body of POST /_ckpt/generation-cut.
-type CutRequest struct {
-	CheckpointID string       `json:"checkpoint_id"`
-	ServerName   string       `json:"server_name"`
-	Active       []ActiveCall `json:"active"`
-}
+// Wire types of POST /_ckpt/generation-cut.
+type (
+	CutRequest = gencut.Request
+	ActiveCall = gencut.ActiveCall
+	CutReceipt = gencut.Receipt
+	CutPrefix  = gencut.Prefix
+)
 
-// ActiveCall names one call the model server wants cut.
-type ActiveCall struct {
-	ModelCallID string `json:"model_call_id"`
-	CaptureKey  string `json:"capture_key"`
-}
-
-// CutReceipt answers a generation cut: one entry per listed call, in request
-// order. Prefixes are staged before the receipt is sent.
-type CutReceipt struct {
-	CheckpointID string      `json:"checkpoint_id"`
-	CutID        string      `json:"cut_id"`
-	Prefixes     []CutPrefix `json:"prefixes"`
-}
-
-// CutPrefix is one call's outcome. A durable_prefix carries the staging
-// fields; a durable_failure carries only its reason.
-type CutPrefix struct {
-	ModelCallID      string `json:"model_call_id"`
-	CaptureKey       string `json:"capture_key"`
-	Disposition      string `json:"disposition"`
-	Reason           string `json:"reason,omitempty"`
-	StagingKey       string `json:"staging_key,omitempty"`
-	PrefixTokenCount int    `json:"prefix_token_count,omitempty"`
-	PrefixDigest     string `json:"prefix_digest,omitempty"`
-}
-
-// ParseCutRequest decodes and validates a generation-cut body: unknown fields
-// are refused, ids are checked, and no call is listed twice. Its error is an
-// *apierror.Error answered with 422.
-func ParseCutRequest(body []byte) (CutRequest, error) {
-	var req CutRequest
-	invalid := func(format string, args ...any) error {
-		return apierror.New(apierror.InvalidRequest, format, args...).WithStatus(http.StatusUnprocessableEntity)
-	}
-	if len(strings.TrimSpace(string(body))) == 0 {
-		return req, invalid("request body is empty; expected a JSON object")
-	}
-	if err := codec.UnmarshalStrict(body, &req); err != nil {
-		return req, invalid("%s", codec.DescribeError(err))
-	}
-	if !rollout.ValidID(req.CheckpointID) {
-		return req, invalid("checkpoint_id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", req.CheckpointID)
-	}
-	if strings.TrimSpace(req.ServerName) == "" || len(req.ServerName) > 256 {
-		return req, invalid("server_name must be 1 to 256 characters")
-	}
-	if len(req.Active) > MaxCutRequestActive {
-		return req, invalid("at most %d active calls per request, got %d", MaxCutRequestActive, len(req.Active))
-	}
-	seen := make(map[string]bool, len(req.Active))
-	for i, a := range req.Active {
-		if !validCallID(a.ModelCallID) {
-			return req, invalid("active[%d].model_call_id must be 1 to 256 visible characters", i)
-		}
-		if _, err := rollout.ParseCaptureKey(a.CaptureKey); err != nil {
-			return req, invalid("active[%d].capture_key: %v", i, err)
-		}
-		if seen[a.ModelCallID] {
-			return req, invalid("active[%d]: model_call_id %q is listed twice", i, a.ModelCallID)
-		}
-		seen[a.ModelCallID] = true
-	}
-	return req, nil
-}
+// ParseCutRequest decodes and validates a generation-cut body; its error is
+// an *apierror.Error answered with 422.
+func ParseCutRequest(body []byte) (CutRequest, error) { return gencut.ParseRequest(body) }
 
 // stagedPrefix is one entry of the token store.
 type stagedPrefix struct {

@@ -25,6 +25,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/openai"
@@ -38,10 +39,10 @@ const (
 	// call log and generation cuts name calls by it.
 	HeaderModelCallID = "X-Ng-Model-Call-Id"
 	// HeaderContinueCut asks a call to continue a staged prefix.
-	HeaderContinueCut = "X-Ng-Continue-Cut"
+	HeaderContinueCut = gencut.HeaderContinueCut
 	// HeaderGenerationCut is set on a reply cut by a generation cut: the
 	// staging key of its prefix.
-	HeaderGenerationCut = "X-Ng-Generation-Cut"
+	HeaderGenerationCut = gencut.HeaderGenerationCut
 )
 
 // Deps are the server's collaborators; nil fields get working defaults.
@@ -133,7 +134,7 @@ func (s *Server) routes(r chi.Router) {
 		r.Get("/cuts", h(s.handleCuts))
 		r.Post("/reset", h(s.handleReset))
 	})
-	r.Post("/_ckpt/generation-cut", h(s.handleGenerationCut))
+	r.Post(gencut.Path, h(s.handleGenerationCut))
 }
 
 // Handler is the server's routes, for tests that serve it in process.

@@ -12,18 +12,19 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
 // GenerationCutPath is the worker's cut route, under its root URL.
-const GenerationCutPath = "/_ckpt/generation-cut"
+const GenerationCutPath = gencut.Path
 
 // Dispositions of a cut receipt entry, and of the cuts metric.
 const (
-	DispositionDurablePrefix  = "durable_prefix"
-	DispositionDurableFailure = "durable_failure"
+	DispositionDurablePrefix  = gencut.DispositionDurablePrefix
+	DispositionDurableFailure = gencut.DispositionDurableFailure
 	// DispositionSkipped counts calls a round did not ask for: streaming or
 	// constrained decoding (their prefix cannot be continued as is).
 	DispositionSkipped = "skipped"
@@ -35,39 +36,6 @@ const defaultCutBudget = 30 * time.Second
 // maxReceiptBytes bounds a cut receipt (about 300 bytes per call).
 const maxReceiptBytes = 64 << 20
 
-// cutRequest is the body of POST <worker>/_ckpt/generation-cut.
-type cutRequest struct {
-	CheckpointID string       `json:"checkpoint_id"`
-	ServerName   string       `json:"server_name"`
-	Active       []activeCall `json:"active"`
-}
-
-// activeCall names one call to cut.
-type activeCall struct {
-	ModelCallID string `json:"model_call_id"`
-	CaptureKey  string `json:"capture_key"`
-}
-
-// CutReceipt is the worker's answer to a generation cut: one entry per
-// listed call. Prefixes are staged before it is sent.
-type CutReceipt struct {
-	CheckpointID string           `json:"checkpoint_id"`
-	CutID        string           `json:"cut_id"`
-	Prefixes     []CutReceiptItem `json:"prefixes"`
-}
-
-// CutReceiptItem is one call's outcome: durable_prefix with the staging
-// fields, or durable_failure with a reason.
-type CutReceiptItem struct {
-	ModelCallID      string `json:"model_call_id"`
-	CaptureKey       string `json:"capture_key"`
-	Disposition      string `json:"disposition"`
-	Reason           string `json:"reason,omitempty"`
-	StagingKey       string `json:"staging_key,omitempty"`
-	PrefixTokenCount int    `json:"prefix_token_count,omitempty"`
-	PrefixDigest     string `json:"prefix_digest,omitempty"`
-}
-
 // cutPrefix is a staged prefix of one call, as a checkpoint records it.
 type cutPrefix struct {
 	stagingKey string
@@ -75,57 +43,11 @@ type cutPrefix struct {
 	digest     string
 }
 
-// maxStagingKey bounds a staging key.
-const maxStagingKey = 1024
+func validStagingKey(k string) bool { return gencut.ValidStagingKey(k) }
+func validCallID(id string) bool    { return gencut.ValidCallID(id) }
 
-// validStagingKey accepts 1 to 1024 visible ASCII characters (a key rides
-// in a header).
-func validStagingKey(k string) bool {
-	if k == "" || len(k) > maxStagingKey {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] <= ' ' || k[i] >= 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-// validCallID accepts what the server and worker use as model call ids: 1
-// to 256 visible ASCII characters.
-func validCallID(id string) bool {
-	return id != "" && len(id) <= 256 && validStagingKey(id)
-}
-
-// DecodeCutReceipt decodes a worker's receipt and checks every entry's
-// shape: a durable_prefix needs a staging key, a positive token count and a
-// digest; a durable_failure carries none of them. Which entries answer which
-// calls is the caller's to check.
-func DecodeCutReceipt(body []byte) (*CutReceipt, error) {
-	var rc CutReceipt
-	if err := codec.Unmarshal(body, &rc); err != nil {
-		return nil, fmt.Errorf("the cut receipt is not JSON of the expected shape: %s", codec.DescribeError(err))
-	}
-	for i, p := range rc.Prefixes {
-		if !validCallID(p.ModelCallID) {
-			return nil, fmt.Errorf("prefixes[%d].model_call_id is not a model call id", i)
-		}
-		switch p.Disposition {
-		case DispositionDurablePrefix:
-			if !validStagingKey(p.StagingKey) || p.PrefixTokenCount <= 0 || p.PrefixDigest == "" || len(p.PrefixDigest) > 256 {
-				return nil, fmt.Errorf("prefixes[%d] is a durable_prefix without a staging key, a positive prefix_token_count and a prefix_digest", i)
-			}
-		case DispositionDurableFailure:
-			if p.StagingKey != "" || p.PrefixTokenCount != 0 || p.PrefixDigest != "" {
-				return nil, fmt.Errorf("prefixes[%d] is a durable_failure that carries staging fields", i)
-			}
-		default:
-			return nil, fmt.Errorf("prefixes[%d].disposition %q is neither durable_prefix nor durable_failure", i, p.Disposition)
-		}
-	}
-	return &rc, nil
-}
+// DecodeCutReceipt decodes a worker's receipt and checks every entry's shape.
+func DecodeCutReceipt(body []byte) (*gencut.Receipt, error) { return gencut.DecodeReceipt(body) }
 
 // cutRound asks the worker to cut the listed calls and records each one's
 // outcome. It runs on the participant's goroutine; any failure (transport,
@@ -134,12 +56,12 @@ func DecodeCutReceipt(body []byte) (*CutReceipt, error) {
 func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, listed []*ticket) {
 	defer p.wg.Done()
 	defer cancel()
-	req := cutRequest{CheckpointID: p.checkpointID(), ServerName: p.s.cfg.Name, Active: make([]activeCall, len(listed))}
+	req := gencut.Request{CheckpointID: p.checkpointID(), ServerName: p.s.cfg.Name, Active: make([]gencut.ActiveCall, len(listed))}
 	for i, t := range listed {
-		req.Active[i] = activeCall{ModelCallID: t.callID, CaptureKey: t.captureKey}
+		req.Active[i] = gencut.ActiveCall{ModelCallID: t.callID, CaptureKey: t.captureKey}
 	}
 	rc, err := p.postCut(ctx, req)
-	outcome := make(map[string]*CutReceiptItem, len(listed))
+	outcome := make(map[string]*gencut.Prefix, len(listed))
 	if err != nil {
 		p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", req.CheckpointID, "calls", len(listed), "err", err)
 	} else {
@@ -171,7 +93,7 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 }
 
 // postCut sends one cut request on the control client.
-func (p *participant) postCut(ctx context.Context, req cutRequest) (*CutReceipt, error) {
+func (p *participant) postCut(ctx context.Context, req gencut.Request) (*gencut.Receipt, error) {
 	body, err := codec.Marshal(req)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/openai"
@@ -22,10 +23,10 @@ const (
 	HeaderCaptureKey  = "X-Ng-Capture-Key"
 	HeaderModelCallID = "X-Ng-Model-Call-Id"
 	// HeaderContinueCut asks the worker to continue a staged prefix.
-	HeaderContinueCut = "X-Ng-Continue-Cut"
+	HeaderContinueCut = gencut.HeaderContinueCut
 	// HeaderGenerationCut marks a reply a generation cut stopped: the
 	// staging key of its prefix.
-	HeaderGenerationCut = "X-Ng-Generation-Cut"
+	HeaderGenerationCut = gencut.HeaderGenerationCut
 )
 
 // maxErrorText bounds the upstream text an error reply quotes.
