@@ -37,8 +37,17 @@ func serveForBench(b *testing.B, s interface {
 // call: the same chat request sent straight to fakeinference (generating
 // without delay) and through the proxy with token capture (conversion of the
 // token fields, a ledger row per call), one call at a time. It reports the
-// median and p99 of both and of the difference.
+// median and p99 of both and of the difference, with checkpointing off (no
+// control plane at all) and on (the ticket registry, the delivery gate and
+// the fence on every call).
 func BenchmarkAddedLatency(b *testing.B) {
+	b.Run("checkpoint=off", func(b *testing.B) { benchAddedLatency(b, ctlplane.DefaultConfig()) })
+	b.Run("checkpoint=on", func(b *testing.B) {
+		benchAddedLatency(b, ctlplane.Config{Enabled: true, ControlAuthToken: "bench", LeaseGraceSeconds: 600})
+	})
+}
+
+func benchAddedLatency(b *testing.B, ck ctlplane.Config) {
 	wcfg := fakeinference.DefaultConfig()
 	wcfg.Listen, wcfg.TokensPerSecond, wcfg.MinCallSeconds = "127.0.0.1:0", 0, 0
 	worker, err := fakeinference.New(wcfg, fakeinference.Deps{})
@@ -50,7 +59,7 @@ func BenchmarkAddedLatency(b *testing.B) {
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Upstream.BaseURL, cfg.Upstream.H2C = worker.URL()+"/v1", true
 	cfg.Capture.Dir = b.TempDir()
-	cfg.Checkpoint = ctlplane.DefaultConfig()
+	cfg.Checkpoint = ck
 	proxy, err := modelproxy.New(cfg, modelproxy.Deps{})
 	if err != nil {
 		b.Fatal(err)
