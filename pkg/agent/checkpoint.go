@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -337,10 +338,13 @@ func orNull(raw codec.RawMessage) codec.RawMessage {
 	return raw
 }
 
-// exportedSession is what Export copies out under the lock.
+// exportedSession is what Export copies out under the lock: the loop state
+// of the activation in progress as a snapshot (loop) or, for a restored
+// session nothing has continued yet, as the checkpoint held it (restored).
 type exportedSession struct {
-	rec  sessionRecord
-	loop func() LoopState
+	rec      sessionRecord
+	loop     func() LoopState
+	restored codec.RawMessage
 }
 
 // sessionRecordOut is sessionRecord as Export encodes it: the loop state as
@@ -353,6 +357,44 @@ type sessionRecordOut struct {
 	SessionID string            `json:"session_id"`
 	Session   sessionState      `json:"session"`
 	Boundary  *LoopState        `json:"boundary"`
+}
+
+// nullBoundary ends a record sessionRecordOut encodes without a loop state.
+const nullBoundary = `"boundary":null}`
+
+// spliceBoundary puts an encoded loop state in place of the null boundary
+// that ends data: the record a restored state is exported in holds the
+// bytes the checkpoint held, with no decoding and encoding again.
+func spliceBoundary(data []byte, boundary codec.RawMessage) ([]byte, error) {
+	head, ok := bytes.CutSuffix(data, []byte(nullBoundary))
+	if !ok {
+		return nil, errors.New("agent session record does not end with its boundary")
+	}
+	out := make([]byte, 0, len(data)+len(boundary))
+	out = append(append(append(out, head...), `"boundary":`...), boundary...)
+	return append(out, '}'), nil
+}
+
+// restoredLoop is the loop boundary of a restored session's activation in
+// progress, as its record held it. Install checks only what it needs to
+// accept it (checkLoopShape); the activation that continues it decodes it.
+type restoredLoop struct{ raw codec.RawMessage }
+
+// decode decodes the state in full and checks it can be continued.
+func (l *restoredLoop) decode() (*LoopState, error) {
+	st, err := decodeLoopState(l.raw)
+	if err == nil && st == nil {
+		err = errors.New("loop boundary is null")
+	}
+	return st, err
+}
+
+// decodedLoop is a restored loop state an activation decoded, and from
+// what.
+type decodedLoop struct {
+	from  *restoredLoop
+	state *LoopState
+	err   error
 }
 
 func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
@@ -380,9 +422,9 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 		case sess.running:
 			e.loop = sess.snap
 		case sess.restoredLoop != nil:
-			// Pinned under the lock: the activation that continues it may
-			// start as soon as the lock is released.
-			e.loop = sess.restoredLoop.Snapshot()
+			// Never modified: the activation that continues it decodes a
+			// state of its own.
+			e.restored = sess.restoredLoop.raw
 		}
 		out = append(out, e)
 	}
@@ -399,6 +441,9 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 		data, err := codec.Marshal(&rec)
 		if err != nil {
 			return nil, fmt.Errorf("agent session %s: %w", e.rec.SessionID, err)
+		}
+		if e.restored != nil {
+			return spliceBoundary(data, e.restored)
 		}
 		return data, nil
 	}
@@ -584,8 +629,22 @@ func invalidState(format string, args ...any) error {
 	return apierror.New(apierror.InvalidCheckpointState, format, args...)
 }
 
-// recordType reads a record's type.
+// Export writes a record's type first; these are the bytes it starts with.
+var (
+	sessionPrefix = []byte(`{"type":"` + recordSession + `",`)
+	legacyPrefix  = []byte(`{"type":"` + recordLegacy + `",`)
+)
+
+// recordType reads a record's type: from the bytes it starts with when it
+// starts as Export writes it, else by decoding it. Either way the decoder
+// of that type checks it again.
 func recordType(data []byte) (string, error) {
+	switch {
+	case bytes.HasPrefix(data, sessionPrefix):
+		return recordSession, nil
+	case bytes.HasPrefix(data, legacyPrefix):
+		return recordLegacy, nil
+	}
 	var head struct {
 		Type string `json:"type"`
 	}
@@ -600,11 +659,19 @@ func recordType(data []byte) (string, error) {
 }
 
 // decodeSessionRecord validates a native session's record and returns the
-// session it restores, bound to the next attempt.
+// session it restores, bound to the next attempt. The loop state of its
+// activation in progress is checked (checkLoopShape), not decoded: that is
+// most of a record's bytes, and the activation that continues it decodes
+// it (restoredLoop.decode).
 func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 	var r sessionRecord
+	// The strict decode validates the raw fields (request, reply, boundary)
+	// as JSON too.
 	if err := codec.UnmarshalRecord(rec.Data, &r); err != nil {
 		return nil, errors.New(codec.DescribeError(err))
+	}
+	if r.Type != recordSession {
+		return nil, fmt.Errorf("type %q is not %s", r.Type, recordSession)
 	}
 	if r.EpisodeID != rec.EpisodeID {
 		return nil, fmt.Errorf("session record names %s but is filed under %s", r.EpisodeID, rec.EpisodeID)
@@ -620,17 +687,18 @@ func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 		return nil, fmt.Errorf("session %s: resources_session_id %q is not a valid id", r.SessionID, st.ResourcesSessionID)
 	case st.CompletedActivation < 0 || st.Activations < st.CompletedActivation:
 		return nil, fmt.Errorf("session %s: %d activations started cannot include completed activation %d", r.SessionID, st.Activations, st.CompletedActivation)
-	case st.CompletedActivation > 0 && !isObject(st.CompletedReply):
+	case st.CompletedActivation > 0 && !startsObject(st.CompletedReply):
 		return nil, fmt.Errorf("session %s: completed activation %d has no reply", r.SessionID, st.CompletedActivation)
-	case !codec.Valid(orNull(st.Request)):
-		return nil, fmt.Errorf("session %s: request is not JSON", r.SessionID)
 	}
-	loop, err := decodeLoopState(r.Boundary)
-	if err != nil {
-		return nil, fmt.Errorf("session %s: %w", r.SessionID, err)
-	}
-	if loop != nil && st.Activations == st.CompletedActivation {
-		return nil, fmt.Errorf("session %s has a loop boundary but no activation in progress", r.SessionID)
+	var loop *restoredLoop
+	if len(r.Boundary) > 0 && !isNull(r.Boundary) {
+		if err := checkLoopShape(r.Boundary); err != nil {
+			return nil, fmt.Errorf("session %s: %w", r.SessionID, err)
+		}
+		if st.Activations == st.CompletedActivation {
+			return nil, fmt.Errorf("session %s has a loop boundary but no activation in progress", r.SessionID)
+		}
+		loop = &restoredLoop{raw: r.Boundary}
 	}
 	request := st.Request
 	if isNull(request) {
@@ -646,6 +714,65 @@ func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 		completedReply: reply, observations: st.Observations,
 		restoredLoop: loop, restored: true,
 	}, nil
+}
+
+// startsObject reports whether raw, known to be one valid JSON value, is an
+// object.
+func startsObject(raw []byte) bool {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	return len(t) > 0 && t[0] == '{'
+}
+
+// loopShape is what Install decodes of a loop boundary: the fields its
+// checks read, and of new_outputs only that each item is an object. No item
+// (nor its token arrays) is decoded.
+type loopShape struct {
+	Step              int           `json:"step"`
+	PendingTools      bool          `json:"pending_tools"`
+	NewOutputs        []objectShape `json:"new_outputs"`
+	LastModelResponse presence      `json:"last_model_response"`
+	ModelCalls        int           `json:"model_calls"`
+}
+
+// objectShape accepts a JSON object without decoding it.
+type objectShape struct{}
+
+// UnmarshalJSON refuses anything but an object (the decoder has validated it).
+func (objectShape) UnmarshalJSON(b []byte) error {
+	if !startsObject(b) {
+		return errors.New("loop boundary: a new_outputs item is not a JSON object")
+	}
+	return nil
+}
+
+// presence records whether a field holds anything but null, without
+// decoding it.
+type presence bool
+
+// UnmarshalJSON notes whether b is not null.
+func (p *presence) UnmarshalJSON(b []byte) error {
+	*p = presence(!isNull(b))
+	return nil
+}
+
+// checkLoopShape checks a loop boundary (valid JSON, not null) as
+// decodeLoopState does, without decoding its items: what it cannot see
+// (an item's fields) fails the activation that continues the state.
+func checkLoopShape(raw codec.RawMessage) error {
+	if !startsObject(raw) {
+		return errors.New("loop boundary is not a JSON object")
+	}
+	var st loopShape
+	if err := codec.Unmarshal(raw, &st); err != nil {
+		return fmt.Errorf("loop boundary: %s", codec.DescribeError(err))
+	}
+	switch {
+	case st.Step < 0 || st.ModelCalls < 0:
+		return errors.New("loop boundary has a negative step or model call count")
+	case st.PendingTools && !bool(st.LastModelResponse):
+		return errors.New("loop boundary has pending tools but no model response")
+	}
+	return nil
 }
 
 // decodeLoopState reads a loop boundary (null: none) and checks it can be
@@ -676,6 +803,9 @@ func decodeLegacyRecord(rec ctlplane.Record) (ctlplane.Record, error) {
 	var r legacyRecord
 	if err := codec.UnmarshalRecord(rec.Data, &r); err != nil {
 		return rec, errors.New(codec.DescribeError(err))
+	}
+	if r.Type != recordLegacy {
+		return rec, fmt.Errorf("type %q is not %s", r.Type, recordLegacy)
 	}
 	if r.EpisodeID != rec.EpisodeID {
 		return rec, fmt.Errorf("legacy record names %s but is filed under %s", r.EpisodeID, rec.EpisodeID)

@@ -830,3 +830,45 @@ func TestLegacy_RestartOnlyResources(t *testing.T) {
 	}
 	c.resume("c1")
 }
+
+// Install checks a restored loop state's shape and leaves the rest of it to
+// the activation that continues it: a state whose items cannot be decoded
+// is accepted, fails that activation with invalid_checkpoint_state every
+// time it is retried, calls nothing upstream, and is exported again as the
+// checkpoint held it.
+func TestCheckpoint_RestoredLoopThatCannotBeContinued(t *testing.T) {
+	ta := newFixture(t, withCheckpoint)
+	boundary := `{"step":0,"pending_tools":false,"new_outputs":[{"type":"message"}],"usage":"many"}`
+	state := `{"request":null,"resources_session_id":"rs","activations":1,"completed_activation":0,"completed_reply":null,"observations":{"activations":0,"steps":0,"model_calls":0,"tool_calls":0,"usage":null,"resources_session_id":"rs"}}`
+	data := `{"type":"agent_session","episode_id":{"rollout_id":"r","attempt":0},"session_id":"s","session":` + state + `,"boundary":` + boundary + `}`
+	if err := agent.ValidateRecord(rollout.EpisodeID{RolloutID: "r"}, []byte(data)); err != nil {
+		t.Fatalf("ValidateRecord refused a record of the right shape: %v", err)
+	}
+	p := agent.CheckpointParticipant(ta.srv)
+	rec := ctlplane.Record{EpisodeID: rollout.EpisodeID{RolloutID: "r"}, Data: []byte(data)}
+	installed, err := p.Install(context.Background(), []ctlplane.Record{rec}, ctlplane.NewScope([]rollout.EpisodeID{{RolloutID: "r"}}), ctlplane.Extras{})
+	if err != nil || len(installed) != 1 || installed[0] != (rollout.EpisodeID{RolloutID: "r", Attempt: 1}) {
+		t.Fatalf("Install = %v, %v", installed, err)
+	}
+	for try := range 2 {
+		r := ta.activate("r-a1", "s", "1", weatherParams)
+		if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.body, `"invalid_checkpoint_state"`) {
+			t.Fatalf("try %d: activation = %d %s, want 422 invalid_checkpoint_state", try, r.status, r.body)
+		}
+	}
+	if got := ta.rec.lines(); len(got) != 0 {
+		t.Errorf("a state that cannot be continued called upstream: %q", got)
+	}
+	var out []ctlplane.Record
+	scope := ctlplane.NewScope([]rollout.EpisodeID{{RolloutID: "r", Attempt: 1}})
+	if _, err := p.Export(context.Background(), scope, func(r ctlplane.Record) error { out = append(out, r); return nil }); err != nil {
+		t.Fatalf("Export: %v", err)
+	}
+	if len(out) != 1 {
+		t.Fatalf("exported %d records", len(out))
+	}
+	var got struct{ Boundary json.RawMessage }
+	if err := json.Unmarshal(out[0].Data, &got); err != nil || string(got.Boundary) != boundary {
+		t.Errorf("re-exported boundary %s (%v), want the restored bytes %s", got.Boundary, err, boundary)
+	}
+}

@@ -114,8 +114,9 @@ type session struct {
 	// at is the boundary snap was taken at.
 	at Boundary
 	// restoredLoop is the loop state a restored session's activation in
-	// progress continues from when the environment re-invokes it.
-	restoredLoop *LoopState
+	// progress continues from when the environment re-invokes it, as the
+	// checkpoint holds it: decoded by that activation, not by Install.
+	restoredLoop *restoredLoop
 	// restored is set on a session installed from a checkpoint until a
 	// request touches it: a commit whose scope leaves it out deletes it.
 	restored bool
@@ -429,6 +430,30 @@ func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *ope
 	return httpserver.Reply{Header: h, Body: resp}, nil
 }
 
+// admitActivation looks up the session an activation names and decides
+// whether activation n may start (refuse nil, replay false), replays the
+// stored reply, or is refused. Called with s.mu held.
+func (s *Server) admitActivation(ep rollout.EpisodeID, sessionID string, n int) (sess *session, replay bool, refuse error) {
+	sess, ok := s.sessions[sessionID]
+	switch {
+	case !ok:
+		return nil, false, apierror.New(apierror.UnknownSession, "unknown agent session %q", sessionID)
+	case sess.episode != ep:
+		return nil, false, apierror.New(apierror.StaleAttempt, "agent session %s belongs to episode %s, not %s", sess.id, sess.episode.CaptureKey(), ep.CaptureKey())
+	case sess.retired:
+		return nil, false, errRetired
+	case sess.closed:
+		return nil, false, apierror.New(apierror.SessionClosed, "agent session %s is closed", sess.id)
+	case sess.running:
+		return nil, false, apierror.New(apierror.EpisodeRunning, "agent session %s is running an activation", sess.id)
+	case n == sess.completedActivation:
+		return sess, true, nil
+	case n != sess.completedActivation+1:
+		return nil, false, apierror.New(apierror.ActivationOrder, "agent session %s completed activation %d; the next is %d, not %d", sess.id, sess.completedActivation, sess.completedActivation+1, n)
+	}
+	return sess, false, nil
+}
+
 // activate runs activation n of a session: n == completed_activation
 // returns the stored reply; anything but completed_activation + 1 is out of
 // order; one activation runs at a time. On a session restored from a
@@ -436,42 +461,49 @@ func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *ope
 // boundary the checkpoint recorded.
 func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest) (any, error) {
 	s.mu.Lock()
-	sess, ok := s.sessions[sessionID]
-	var refuse error
-	switch {
-	case !ok:
-		refuse = apierror.New(apierror.UnknownSession, "unknown agent session %q", sessionID)
-	case sess.episode != ep:
-		refuse = apierror.New(apierror.StaleAttempt, "agent session %s belongs to episode %s, not %s", sess.id, sess.episode.CaptureKey(), ep.CaptureKey())
-	case sess.retired:
-		refuse = errRetired
-	case sess.closed:
-		refuse = apierror.New(apierror.SessionClosed, "agent session %s is closed", sess.id)
-	case sess.running:
-		refuse = apierror.New(apierror.EpisodeRunning, "agent session %s is running an activation", sess.id)
-	case n == sess.completedActivation:
-		reply := sess.completedReply
+	sess, replay, refuse := s.admitActivation(ep, sessionID, n)
+	// The loop state a restored session continues from is decoded outside
+	// the lock (it is kilobytes of JSON); the session is checked again
+	// after, and decoded again should another state have replaced it.
+	var pre decodedLoop
+	for refuse == nil && !replay && s.ckpt != nil && sess.restoredLoop != nil && pre.from != sess.restoredLoop {
+		pre = decodedLoop{from: sess.restoredLoop}
 		s.mu.Unlock()
-		s.metrics.activations.WithLabelValues("replayed").Inc()
-		return reply, nil
-	case n != sess.completedActivation+1:
-		refuse = apierror.New(apierror.ActivationOrder, "agent session %s completed activation %d; the next is %d, not %d", sess.id, sess.completedActivation, sess.completedActivation+1, n)
+		pre.state, pre.err = pre.from.decode()
+		s.mu.Lock()
+		sess, replay, refuse = s.admitActivation(ep, sessionID, n)
 	}
 	if refuse != nil {
 		s.mu.Unlock()
 		s.metrics.activations.WithLabelValues("refused").Inc()
 		return nil, refuse
 	}
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	if replay {
+		reply := sess.completedReply
+		s.mu.Unlock()
+		s.metrics.activations.WithLabelValues("replayed").Inc()
+		return reply, nil
+	}
 	var from *LoopState
 	if s.ckpt != nil {
 		sess.restored = false
-		// The activation that was in progress when the checkpoint was
-		// taken continues from its boundary: no model call is repeated and
-		// no pending tool skipped. It is the same activation, not a new one.
-		from, sess.restoredLoop = sess.restoredLoop, nil
+		if sess.restoredLoop != nil {
+			if pre.err != nil {
+				// The state stays as restored: a later checkpoint carries
+				// it on unchanged, and a retry fails the same way.
+				s.mu.Unlock()
+				s.metrics.activations.WithLabelValues("failed").Inc()
+				return nil, apierror.New(apierror.InvalidCheckpointState, "agent session %s: the restored loop state cannot be continued: %v", sess.id, pre.err)
+			}
+			// The activation that was in progress when the checkpoint was
+			// taken continues from its boundary: no model call is repeated
+			// and no pending tool skipped. It is the same activation, not a
+			// new one.
+			from, sess.restoredLoop = pre.state, nil
+		}
 	}
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	act := s.newActivation(ep, sess.resourcesSessionID, params, from)
 	sess.running, sess.cancelRun, sess.runDone = true, cancel, make(chan struct{})
 	if from == nil {
