@@ -396,6 +396,9 @@ type CommitReply struct {
 	Extras     map[string]any
 	Records    int
 	Bytes      int64
+	// WriteSeconds is how long this participant took to export and write
+	// its part, so a slow commit names the participant that made it slow.
+	WriteSeconds float64
 }
 
 // MarshalJSON flattens the extras next to the fixed fields.
@@ -411,6 +414,7 @@ func (r CommitReply) MarshalJSON() ([]byte, error) {
 		keys = []string{}
 	}
 	m["episode_ids"] = keys
+	m["write_seconds"] = r.WriteSeconds
 	return marshalMap(m)
 }
 
@@ -498,6 +502,7 @@ func (c *Controller) runWrite(t *task, req CommitRequest, scope Scope) {
 			err = fmt.Errorf("after the commit was written: %w", err)
 		}
 	}
+	took := time.Since(start)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.metrics.observe("commit_write", start, err)
@@ -510,7 +515,7 @@ func (c *Controller) runWrite(t *task, req CommitRequest, scope Scope) {
 		return
 	}
 	c.st = Step(c.st, Input{Op: OpCommitDone, CheckpointID: t.id, OK: true}).Next
-	reply := &CommitReply{Phase: PhaseCommitted, Manifest: w.Manifest, EpisodeIDs: keys, Extras: extras.Reply, Records: w.Manifest.RecordCount, Bytes: w.Bytes}
+	reply := &CommitReply{Phase: PhaseCommitted, Manifest: w.Manifest, EpisodeIDs: keys, Extras: extras.Reply, Records: w.Manifest.RecordCount, Bytes: w.Bytes, WriteSeconds: took.Seconds()}
 	if c.st.Phase == PhaseCommitted && c.st.CheckpointID == t.id {
 		c.committed = reply
 	}
@@ -569,7 +574,11 @@ type RestoreReply struct {
 	Phase              Phase    `json:"phase"`
 	SourceCheckpointID string   `json:"source_checkpoint_id"`
 	Restored           []string `json:"restored"`
-	Records            int      `json:"-"`
+	// ReadSeconds is how long reading and verifying the records took,
+	// InstallSeconds how long the participant took to install them.
+	ReadSeconds    float64 `json:"read_seconds"`
+	InstallSeconds float64 `json:"install_seconds"`
+	Records        int     `json:"-"`
 }
 
 // Restore reads this participant's records of the scope and installs them
@@ -642,6 +651,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	start := time.Now()
 	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
 	m, recs, size, err := c.store.Read(c.ctx, target, scope.Has)
+	read := time.Since(start)
 	var installed []rollout.EpisodeID
 	if err == nil {
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
@@ -652,6 +662,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 			}
 		}
 	}
+	took := time.Since(start)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.metrics.observe("restore_install", start, err)
@@ -678,7 +689,10 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	for i, id := range installed {
 		keys[i] = id.CaptureKey()
 	}
-	reply := &RestoreReply{Phase: PhaseRestored, SourceCheckpointID: t.id, Restored: keys, Records: len(recs)}
+	reply := &RestoreReply{
+		Phase: PhaseRestored, SourceCheckpointID: t.id, Restored: keys, Records: len(recs),
+		ReadSeconds: read.Seconds(), InstallSeconds: (took - read).Seconds(),
+	}
 	c.st = Step(c.st, Input{Op: OpRestoreDone, CheckpointID: t.id, OK: true}).Next
 	if c.st.Phase == PhaseRestored && c.st.CheckpointID == t.id {
 		c.restored = reply

@@ -42,6 +42,8 @@ type Result struct {
 	// process answers /readyz.
 	KillToReadySeconds float64 `json:"kill_to_ready_seconds"`
 	RestoreSeconds     float64 `json:"restore_seconds"`
+	// RestoreKinds splits the restore by participant kind.
+	RestoreKinds []RestoreKind `json:"restore_kinds"`
 	// Restored is how many episodes the environment restored.
 	Restored      int     `json:"restored"`
 	ResumeSeconds float64 `json:"resume_seconds"`
@@ -108,12 +110,22 @@ type Commit struct {
 
 // CommitKind sums one participant kind's part of the checkpoint.
 type CommitKind struct {
-	Kind         string `json:"kind"`
-	Participants int    `json:"participants"`
+	Kind string `json:"kind"`
+	// Seconds is the slowest participant's export and write.
+	Seconds      float64 `json:"seconds"`
+	Participants int     `json:"participants"`
 	Records      int    `json:"records"`
 	Bytes        int64  `json:"bytes"`
 	// Exported is how many capture keys the kind's participants exported.
 	Exported int `json:"exported"`
+}
+
+// RestoreKind is one participant kind's part of the restore: its slowest
+// participant's read (and verify) of its records and install of them.
+type RestoreKind struct {
+	Kind           string  `json:"kind"`
+	ReadSeconds    float64 `json:"read_seconds"`
+	InstallSeconds float64 `json:"install_seconds"`
 }
 
 // LogSummary counts one process's warning and error lines.
@@ -191,10 +203,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("prepare total", r.Prepare.Seconds, prepared(r.Prepare.Prepared))
 	row("commit", r.Commit.Seconds, fmt.Sprintf("%d records, %s; the environment exported %d", r.Commit.Records, fmtBytes(r.Commit.Bytes), r.Exported))
 	for _, k := range r.Commit.Kinds {
-		fmt.Fprintf(tw, "  %s\t%9s\t%d records, %s, %d exported\n", k.Kind, "", k.Records, fmtBytes(k.Bytes), k.Exported)
+		row("  "+k.Kind, k.Seconds, fmt.Sprintf("%d records, %s, %d exported", k.Records, fmtBytes(k.Bytes), k.Exported))
 	}
 	row("kill to ready (fresh fleet)", r.KillToReadySeconds, "")
 	row("restore", r.RestoreSeconds, fmt.Sprintf("%d restored by the environment", r.Restored))
+	for _, k := range r.RestoreKinds {
+		row("  "+k.Kind, k.ReadSeconds+k.InstallSeconds, fmt.Sprintf("read and verify %s, install %s", fmtSeconds(k.ReadSeconds), fmtSeconds(k.InstallSeconds)))
+	}
 	row("resume", r.ResumeSeconds, "")
 	row("replacements: every one finished", r.ReplacementsSeconds, fmt.Sprintf("%d sent, %d failed, %d reward != 1.0", r.Replacements, r.ReplacementFailures, r.RewardsNotOne))
 	if err := tw.Flush(); err != nil {

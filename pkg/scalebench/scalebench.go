@@ -334,7 +334,7 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	}); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	b.recordRestore(rr, len(continued))
+	b.recordRestore(coord, rr, len(continued))
 	start = time.Now()
 	if err := coord.Resume(ctx, checkpointID, time.Now().Add(controlDeadline)); err != nil {
 		return fmt.Errorf("resume: %w", err)
@@ -641,6 +641,9 @@ func (b *bench) recordCommit(coord *coordination.Coordinator, cm *coordination.C
 			byKind[m.Kind] = k
 		}
 		k.Participants++
+		if secs, _ := rep["write_seconds"].(float64); secs > k.Seconds {
+			k.Seconds = secs
+		}
 		k.Records += int(count)
 		k.Bytes += st.Size()
 		k.Exported += len(cm.ExportedBy(m.Name))
@@ -687,7 +690,26 @@ func (b *bench) checkExported(cm *coordination.CommitResult, rows []row) []rollo
 	return out
 }
 
-func (b *bench) recordRestore(rr *coordination.RestoreResult, want int) {
+func (b *bench) recordRestore(coord *coordination.Coordinator, rr *coordination.RestoreResult, want int) {
+	byKind := map[string]*RestoreKind{}
+	for _, m := range coord.Members() {
+		rep, ok := rr.Replies[m.Name]
+		if !ok {
+			continue
+		}
+		k := byKind[m.Kind]
+		if k == nil {
+			k = &RestoreKind{Kind: m.Kind}
+			byKind[m.Kind] = k
+		}
+		k.ReadSeconds = max(k.ReadSeconds, rep.ReadSeconds)
+		k.InstallSeconds = max(k.InstallSeconds, rep.InstallSeconds)
+	}
+	for _, kind := range coordination.PrepareOrder {
+		if k := byKind[kind]; k != nil {
+			b.res.RestoreKinds = append(b.res.RestoreKinds, *k)
+		}
+	}
 	if rep, ok := rr.Replies[envName]; ok {
 		b.res.Restored = len(rep.Restored)
 	}

@@ -212,9 +212,10 @@ func sampleResult() *Result {
 		}},
 		Commit: Commit{Seconds: 0.45, Records: 64000, Bytes: 110 << 20, Kinds: []CommitKind{
 			{Kind: "environment", Participants: 1, Records: 16000, Bytes: 6 << 20, Exported: 16000},
-			{Kind: "model", Participants: 1, Records: 16000, Bytes: 23 << 20, Exported: 16000},
+			{Kind: "model", Seconds: 0.3, Participants: 1, Records: 16000, Bytes: 23 << 20, Exported: 16000},
 		}},
 		Exported: 16000, KillToReadySeconds: 1.25, RestoreSeconds: 0.48, Restored: 16000, ResumeSeconds: 0.01,
+		RestoreKinds: []RestoreKind{{Kind: "agent", ReadSeconds: 0.125, InstallSeconds: 0.25}},
 		ReplacementsSeconds: 20, Replacements: 16000, OriginalsCutOff: 16000,
 		Processes: []ProcessStat{
 			{Name: "env", Fleet: "first", PID: 10, PeakRSSBytes: 800 << 20, FDsAtBoundary: 19, PeakFDs: 140, CPUSeconds: 12.5},
@@ -238,9 +239,10 @@ func TestWriteTable(t *testing.T) {
 		"prepare model                                 0.200  1 server(s)",
 		"prepare total                                 0.400  every stage prepared",
 		"commit                                        0.450  64000 records, 110.0 MiB; the environment exported 16000",
-		"  model                                              16000 records, 23.0 MiB, 16000 exported",
+		"  model                                       0.300  16000 records, 23.0 MiB, 16000 exported",
 		"kill to ready (fresh fleet)                   1.250",
 		"restore                                       0.480  16000 restored by the environment",
+		"  agent                                       0.375  read and verify 0.125, install 0.250",
 		"replacements: every one finished             20.000  16000 sent, 0 failed, 0 reward != 1.0",
 		"originals: 0 replied (want 0), 16000 cut off by the crash",
 		"first fleet, sum of peaks",
@@ -293,7 +295,7 @@ func TestWriteJSONRoundTrips(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Prepare.Stages[1].Seconds != 0.2 || got.Commit.Kinds[1].Bytes != 23<<20 || got.Processes[0].CPUSeconds != 12.5 || got.RestoreSeconds != 0.48 {
+	if got.Prepare.Stages[1].Seconds != 0.2 || got.Commit.Kinds[1].Bytes != 23<<20 || got.Processes[0].CPUSeconds != 12.5 || got.RestoreSeconds != 0.48 || got.RestoreKinds[0].InstallSeconds != 0.25 {
 		t.Fatalf("round trip lost figures: %+v", got)
 	}
 	for _, key := range []string{`"prepare"`, `"kill_to_ready_seconds"`, `"peak_rss_bytes"`, `"replacement_failures"`, `"violations": []`} {

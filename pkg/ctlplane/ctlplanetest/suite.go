@@ -248,7 +248,7 @@ func testCycle(t *testing.T, s Subject) {
 				t.Fatalf("renew reply = %v", r)
 			}
 			cm := c.want("commit", commitReq(id, dir, nil), http.StatusOK, "")
-			if cm["phase"] != "committed" {
+			if secs, ok := cm["write_seconds"].(float64); cm["phase"] != "committed" || !ok || secs <= 0 {
 				t.Fatalf("commit reply = %v", cm)
 			}
 			man, _ := cm["manifest"].(map[string]any)
@@ -297,7 +297,9 @@ func testRestore(t *testing.T, newSubject Factory) {
 	f := newClient(t, fresh.URL, Token)
 	restoreReq := map[string]any{"checkpoint_id": "r1", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}
 	m := f.want("restore", restoreReq, http.StatusOK, "")
-	if m["phase"] != "restored" || m["source_checkpoint_id"] != "r1" {
+	read, okRead := m["read_seconds"].(float64)
+	install, okInstall := m["install_seconds"].(float64)
+	if m["phase"] != "restored" || m["source_checkpoint_id"] != "r1" || !okRead || !okInstall || read <= 0 || install < 0 {
 		t.Fatalf("restore reply = %v", m)
 	}
 	if again := f.want("restore", restoreReq, http.StatusOK, ""); again["phase"] != "restored" {
