@@ -114,8 +114,8 @@ type CommitKind struct {
 	// Seconds is the slowest participant's export and write.
 	Seconds      float64 `json:"seconds"`
 	Participants int     `json:"participants"`
-	Records      int    `json:"records"`
-	Bytes        int64  `json:"bytes"`
+	Records      int     `json:"records"`
+	Bytes        int64   `json:"bytes"`
 	// Exported is how many capture keys the kind's participants exported.
 	Exported int `json:"exported"`
 }

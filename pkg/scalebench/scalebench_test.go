@@ -215,7 +215,7 @@ func sampleResult() *Result {
 			{Kind: "model", Seconds: 0.3, Participants: 1, Records: 16000, Bytes: 23 << 20, Exported: 16000},
 		}},
 		Exported: 16000, KillToReadySeconds: 1.25, RestoreSeconds: 0.48, Restored: 16000, ResumeSeconds: 0.01,
-		RestoreKinds: []RestoreKind{{Kind: "agent", ReadSeconds: 0.125, InstallSeconds: 0.25}},
+		RestoreKinds:        []RestoreKind{{Kind: "agent", ReadSeconds: 0.125, InstallSeconds: 0.25}},
 		ReplacementsSeconds: 20, Replacements: 16000, OriginalsCutOff: 16000,
 		Processes: []ProcessStat{
 			{Name: "env", Fleet: "first", PID: 10, PeakRSSBytes: 800 << 20, FDsAtBoundary: 19, PeakFDs: 140, CPUSeconds: 12.5},
