@@ -87,9 +87,10 @@ func NewTransport(opts Options) *http.Transport {
 	return t
 }
 
-// New returns a client over NewTransport(opts).
+// New returns a client over NewTransport(opts) that sends again, a few
+// times, a request no connection carried (see notEstablished).
 func New(opts Options) *http.Client {
-	return &http.Client{Transport: NewTransport(opts)}
+	return &http.Client{Transport: resendUnsent{next: NewTransport(opts), pause: unsentPause}}
 }
 
 // MaxReplyBytes bounds a reply body the JSON helper reads.
