@@ -102,11 +102,17 @@ func New(cfg Config, handler http.Handler) *Server {
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams:          cfg.MaxConcurrentStreams,
 			MaxReceiveBufferPerConnection: DefaultConnReceiveWindow,
+			// A protocol error a peer caused: most close a stream, some the
+			// whole connection (and every stream on it).
+			CountError: func(errType string) { cfg.Logger.Warn("http2 protocol error", "type", errType) },
 		},
 		// Handlers derive from the server's context, so Close cancels every
 		// request still running.
 		BaseContext: func(net.Listener) context.Context { return ctx },
-		ErrorLog:    slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+		// What net/http reports here is a connection it closed or could not
+		// serve (an HTTP/2 handshake timeout, a flood limit): warnings an
+		// operator must see, since every stream on it failed.
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
 	return s
 }
