@@ -435,3 +435,40 @@ func TestRouter_Pprof(t *testing.T) {
 		t.Errorf("CPU profile answered %d with %d bytes, want 200 and gzip data", rec.Code, len(b))
 	}
 }
+
+// eofReader is a request body that records whether it was read to its end.
+type eofReader struct {
+	r      io.Reader
+	sawEOF bool
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		e.sawEOF = true
+	}
+	return n, err
+}
+
+func (e *eofReader) Close() error { return nil }
+
+// A handler that ignores its body (or refuses the request before reading
+// it) still has the body read to its end before the reply is written, so
+// over HTTP/2 the reply never completes ahead of the request's END_STREAM.
+func TestHandle_DrainsTheBodyBeforeReplying(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		body := &eofReader{r: strings.NewReader(`{"ignored":true}`)}
+		r := httptest.NewRequest(http.MethodPost, "/close_session", nil)
+		r.Body = body
+		w := httptest.NewRecorder()
+		httpserver.Handle(slog.New(slog.DiscardHandler), func(*http.Request) (any, error) {
+			if fail {
+				return nil, apierror.New(apierror.InvalidRequest, "refused before reading")
+			}
+			return map[string]bool{"closed": true}, nil
+		})(w, r)
+		if !body.sawEOF {
+			t.Errorf("fail=%v: the reply (%d) was written with the body unread", fail, w.Code)
+		}
+	}
+}
