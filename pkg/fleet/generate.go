@@ -79,16 +79,29 @@ func Standard(dir, binDir, token string) Topology {
 	return t
 }
 
-// FreePort asks the kernel for a free loopback port. The port is released
-// before use, so another process could take it first; the launcher then
-// fails that start loudly rather than silently.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// FreePorts asks the kernel for n distinct free loopback ports. Every
+// listener stays open until all n are chosen, so the kernel cannot hand the
+// same port out twice (closing each before asking for the next did, and two
+// servers of one fleet got the same port). The ports are released before
+// use, so another process could take one first; the launcher then fails
+// that start loudly rather than silently.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var held []net.Listener
+	defer func() {
+		for _, ln := range held {
+			_ = ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		held = append(held, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // Generate writes the topology's config files and returns its fleet.
@@ -101,12 +114,13 @@ func Generate(t Topology) (*Config, error) {
 	}
 	urls := map[string]string{}
 	listen := map[string]string{}
-	for _, name := range t.names() {
-		port, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
-		listen[name] = fmt.Sprintf("127.0.0.1:%d", port)
+	names := t.names()
+	ports, err := FreePorts(len(names))
+	if err != nil {
+		return nil, err
+	}
+	for i, name := range names {
+		listen[name] = fmt.Sprintf("127.0.0.1:%d", ports[i])
 		urls[name] = "http://" + listen[name]
 	}
 	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token}

@@ -39,3 +39,20 @@ func TestGenerate_PprofReachesEveryServer(t *testing.T) {
 		}
 	}
 }
+
+// Every server of a generated fleet listens on a port of its own.
+func TestFreePorts_Distinct(t *testing.T) {
+	for range 20 {
+		ports, err := fleet.FreePorts(12)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[int]bool{}
+		for _, p := range ports {
+			if seen[p] || p == 0 {
+				t.Fatalf("ports %v repeat or are zero", ports)
+			}
+			seen[p] = true
+		}
+	}
+}
