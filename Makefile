@@ -6,7 +6,7 @@ GO        ?= go
 BIN       := $(CURDIR)/bin
 VERSION   := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
-FUZZTIME  ?= 1s
+FUZZTIME  ?= 100x
 # Packages with goroutines and shared state run under the race detector.
 RACE_PKGS := ./pkg/... ./cmd/...
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
@@ -29,7 +29,7 @@ vet:
 test-unit:
 	$(GO) test -race -count=1 -timeout 8m $(RACE_PKGS) ./tests/inprocess/...
 
-# Every fuzz target runs for FUZZTIME on top of its seed corpus.
+# Every fuzz target runs FUZZTIME (a count of executions) on top of its seed corpus.
 test-fuzz:
 	@scripts/fuzz.sh $(FUZZTIME)
 
