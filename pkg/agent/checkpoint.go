@@ -716,13 +716,6 @@ func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 	}, nil
 }
 
-// startsObject reports whether raw, known to be one valid JSON value, is an
-// object.
-func startsObject(raw []byte) bool {
-	t := bytes.TrimLeft(raw, " \t\r\n")
-	return len(t) > 0 && t[0] == '{'
-}
-
 // loopShape is what Install decodes of a loop boundary: the fields its
 // checks read, and of new_outputs only that each item is an object. No item
 // (nor its token arrays) is decoded.
@@ -759,20 +752,11 @@ func (p *presence) UnmarshalJSON(b []byte) error {
 // decodeLoopState does, without decoding its items: what it cannot see
 // (an item's fields) fails the activation that continues the state.
 func checkLoopShape(raw codec.RawMessage) error {
-	if !startsObject(raw) {
-		return errors.New("loop boundary is not a JSON object")
-	}
 	var st loopShape
-	if err := codec.Unmarshal(raw, &st); err != nil {
-		return fmt.Errorf("loop boundary: %s", codec.DescribeError(err))
+	if err := decodeLoopObject(raw, &st); err != nil {
+		return err
 	}
-	switch {
-	case st.Step < 0 || st.ModelCalls < 0:
-		return errors.New("loop boundary has a negative step or model call count")
-	case st.PendingTools && !bool(st.LastModelResponse):
-		return errors.New("loop boundary has pending tools but no model response")
-	}
-	return nil
+	return loopInvariants(st.Step, st.ModelCalls, st.PendingTools, bool(st.LastModelResponse))
 }
 
 // decodeLoopState reads a loop boundary (null: none) and checks it can be
@@ -781,20 +765,37 @@ func decodeLoopState(raw codec.RawMessage) (*LoopState, error) {
 	if len(raw) == 0 || isNull(raw) {
 		return nil, nil
 	}
-	if !isObject(raw) {
-		return nil, errors.New("loop boundary is not a JSON object")
-	}
 	var st LoopState
-	if err := codec.Unmarshal(raw, &st); err != nil {
-		return nil, fmt.Errorf("loop boundary: %s", codec.DescribeError(err))
+	if err := decodeLoopObject(raw, &st); err != nil {
+		return nil, err
 	}
-	switch {
-	case st.Step < 0 || st.ModelCalls < 0:
-		return nil, errors.New("loop boundary has a negative step or model call count")
-	case st.PendingTools && st.LastModelResponse == nil:
-		return nil, errors.New("loop boundary has pending tools but no model response")
+	if err := loopInvariants(st.Step, st.ModelCalls, st.PendingTools, st.LastModelResponse != nil); err != nil {
+		return nil, err
 	}
 	return &st, nil
+}
+
+// decodeLoopObject decodes a loop boundary that must be a JSON object into
+// v (the full LoopState or the loopShape Install reads).
+func decodeLoopObject(raw codec.RawMessage, v any) error {
+	if !startsObject(raw) {
+		return errors.New("loop boundary is not a JSON object")
+	}
+	if err := codec.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("loop boundary: %s", codec.DescribeError(err))
+	}
+	return nil
+}
+
+// loopInvariants are what a loop boundary must hold to be continued.
+func loopInvariants(step, modelCalls int, pendingTools, hasResponse bool) error {
+	switch {
+	case step < 0 || modelCalls < 0:
+		return errors.New("loop boundary has a negative step or model call count")
+	case pendingTools && !hasResponse:
+		return errors.New("loop boundary has pending tools but no model response")
+	}
+	return nil
 }
 
 // decodeLegacyRecord validates a legacy record's envelope and its boundary

@@ -572,9 +572,13 @@ func NewResourcesSessionID() string {
 }
 
 // isObject reports whether raw is a JSON object.
-func isObject(raw []byte) bool {
-	t := bytes.TrimSpace(raw)
-	return len(t) > 0 && t[0] == '{' && codec.Valid(raw)
+func isObject(raw []byte) bool { return startsObject(raw) && codec.Valid(raw) }
+
+// startsObject reports whether raw, known to be one valid JSON value, is an
+// object.
+func startsObject(raw []byte) bool {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	return len(t) > 0 && t[0] == '{'
 }
 
 // isNull reports whether raw is JSON null.

@@ -648,14 +648,23 @@ func (b *bench) recordCommit(coord *coordination.Coordinator, cm *coordination.C
 		k.Bytes += st.Size()
 		k.Exported += len(cm.ExportedBy(m.Name))
 	}
-	for _, kind := range coordination.PrepareOrder {
-		if k := byKind[kind]; k != nil {
-			b.res.Commit.Kinds = append(b.res.Commit.Kinds, *k)
-			b.res.Commit.Records += k.Records
-			b.res.Commit.Bytes += k.Bytes
-		}
+	b.res.Commit.Kinds = inPrepareOrder(byKind)
+	for _, k := range b.res.Commit.Kinds {
+		b.res.Commit.Records += k.Records
+		b.res.Commit.Bytes += k.Bytes
 	}
 	return nil
+}
+
+// inPrepareOrder lists per-kind figures in the order the fleet prepares.
+func inPrepareOrder[T any](byKind map[string]*T) []T {
+	var out []T
+	for _, kind := range coordination.PrepareOrder {
+		if k := byKind[kind]; k != nil {
+			out = append(out, *k)
+		}
+	}
+	return out
 }
 
 // checkExported requires the environment to have exported every rollout:
@@ -705,11 +714,7 @@ func (b *bench) recordRestore(coord *coordination.Coordinator, rr *coordination.
 		k.ReadSeconds = max(k.ReadSeconds, rep.ReadSeconds)
 		k.InstallSeconds = max(k.InstallSeconds, rep.InstallSeconds)
 	}
-	for _, kind := range coordination.PrepareOrder {
-		if k := byKind[kind]; k != nil {
-			b.res.RestoreKinds = append(b.res.RestoreKinds, *k)
-		}
-	}
+	b.res.RestoreKinds = inPrepareOrder(byKind)
 	if rep, ok := rr.Replies[envName]; ok {
 		b.res.Restored = len(rep.Restored)
 	}
