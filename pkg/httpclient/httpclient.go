@@ -17,6 +17,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -26,12 +27,10 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 )
 
-// DefaultH2CConnsPerHost bounds the h2c connections to one server. A burst
-// of requests arriving before a new connection has received the server's
-// settings sees it as carrying only 100 streams and would dial another
-// connection per hundred requests, up to a descriptor per request; the
-// bound makes the burst wait for a connection instead. With the servers'
-// 2,000 streams per connection (pkg/httpserver) it leaves room for 256,000
+// DefaultH2CConnsPerHost bounds the h2c connections to one server. A
+// connection takes requests once the server has answered on it (h2cPool),
+// so a burst waits for it rather than dialing more; with the servers' 2,000
+// streams per connection (pkg/httpserver) the bound leaves room for 256,000
 // requests in flight to one server.
 const DefaultH2CConnsPerHost = 128
 
@@ -47,8 +46,16 @@ type Options struct {
 	IdleConnTimeout time.Duration
 }
 
-// NewTransport returns a transport configured by opts.
-func NewTransport(opts Options) *http.Transport {
+// Transport is what New sends requests with.
+type Transport interface {
+	http.RoundTripper
+	CloseIdleConnections()
+}
+
+// NewTransport returns a transport configured by opts: for H2C, a pool of
+// HTTP/2 connections that take requests only once the server has answered
+// on them (h2cPool); else net/http's HTTP/1.1 transport.
+func NewTransport(opts Options) Transport {
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 10 * time.Second
 	}
@@ -73,22 +80,21 @@ func NewTransport(opts Options) *http.Transport {
 		// loopback and hides SSE framing.
 		DisableCompression: true,
 	}
-	if opts.H2C {
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		t.Protocols = &p
-		// The server's MaxConcurrentStreams decides how many streams share a
-		// connection; a new connection opens only when it is reached.
-		t.HTTP2 = &http.HTTP2Config{
-			SendPingTimeout: 30 * time.Second,
-			PingTimeout:     15 * time.Second,
-		}
+	if !opts.H2C {
+		return t
 	}
-	return t
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	t.Protocols = &p
+	t.HTTP2 = &http.HTTP2Config{
+		SendPingTimeout: 30 * time.Second,
+		PingTimeout:     15 * time.Second,
+	}
+	return newH2CPool(t, opts.MaxConnsPerHost)
 }
 
 // New returns a client over NewTransport(opts) that sends again, a few
-// times, a request no connection carried (see notEstablished).
+// times, a request the server never processed (see notProcessed).
 func New(opts Options) *http.Client {
 	return &http.Client{Transport: resendUnsent{next: NewTransport(opts), pause: unsentPause}}
 }
@@ -153,7 +159,7 @@ func Do(ctx context.Context, c *http.Client, method, url string, header http.Hea
 	if body != nil && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.Do(req)
+	resp, err := send(c, req)
 	if err != nil {
 		return nil, err
 	}
@@ -163,6 +169,31 @@ func Do(ctx context.Context, c *http.Client, method, url string, header http.Hea
 		return nil, fmt.Errorf("reading reply of %s %s: %w", method, url, err)
 	}
 	return &Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// send sends req on c's transport directly when c keeps no cookies and has
+// no timeout (every client New returns). http.Client.Do adds four frames
+// (about 1 KB) to the stack of every goroutine waiting in a call, and at
+// 100,000 rollouts held at a model call that is 100,000 stacks, each kept
+// at twice the size it needs. A redirect is not followed: no server of ours
+// sends one, and its reply is returned as an error like any non-2xx.
+func send(c *http.Client, req *http.Request) (*http.Response, error) {
+	if c.Jar != nil || c.Timeout != 0 || c.Transport == nil {
+		return c.Do(req)
+	}
+	resp, err := c.Transport.RoundTrip(req)
+	if err != nil {
+		return nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.String(), Err: err}
+	}
+	return resp, nil
+}
+
+// urlErrorOp is the Op http.Client gives a *url.Error: "Post", "Get".
+func urlErrorOp(method string) string {
+	if method == "" {
+		return "Get"
+	}
+	return method[:1] + strings.ToLower(method[1:])
 }
 
 // PostJSON posts in and decodes a 2xx reply into out (unless out is nil).

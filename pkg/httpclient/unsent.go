@@ -6,27 +6,34 @@ import (
 	"time"
 )
 
-// notEstablished is how net/http's HTTP/2 transport reports a request it
-// did not send because the new connection chosen for it closed before
-// carrying any stream (the error value is unexported). We saw it at 50k
-// rollouts on 2 cores, where servers close fresh connections (net/http's
-// server drops one whose SETTINGS acknowledgement misses a 2-second timer,
-// which a CPU-starved pair of processes can). The request never left, so
-// sending it again is safe, even a /run or a control POST.
+// notProcessed are how net/http's HTTP/2 client reports a request the
+// server never processed (the error values are unexported): a new
+// connection that closed before carrying any stream, a connection found
+// unusable when the stream was to open, a stream above the last one a
+// server's GOAWAY accepted, a stream the server refused. We saw the first
+// at 50k rollouts on 2 cores, where servers close fresh connections
+// (net/http's server drops one whose SETTINGS it has not read within a
+// fixed 2 s, which a CPU-starved pair of processes can miss). The server did
+// nothing with the request, so sending it again is safe, even a /run or a
+// control POST; RFC 9113 §8.7 says so of the last two.
+var notProcessed = []string{
+	notEstablished,
+	"http2: client conn not usable",
+	"http2: Transport received Server's graceful shutdown GOAWAY",
+	"REFUSED_STREAM",
+}
+
 const notEstablished = "http2: client conn could not be established"
 
 // unsentRetries bounds the sends of one request its connections never
 // carried.
 const unsentRetries = 5
 
-// resendUnsent sends again a request that no connection carried (see
-// notEstablished), after a short pause, a bounded number of times. Every
+// resendUnsent sends again a request the server never processed (see
+// notProcessed), after a short pause, a bounded number of times. Every
 // other error, and every reply, is returned as it is.
 type resendUnsent struct {
-	next interface {
-		http.RoundTripper
-		CloseIdleConnections()
-	}
+	next Transport
 	// pause is the wait before the nth resend.
 	pause func(n int) time.Duration
 }
@@ -34,7 +41,7 @@ type resendUnsent struct {
 func (r resendUnsent) RoundTrip(req *http.Request) (*http.Response, error) {
 	for n := 1; ; n++ {
 		resp, err := r.next.RoundTrip(req)
-		if err == nil || n > unsentRetries || !strings.Contains(err.Error(), notEstablished) {
+		if err == nil || n > unsentRetries || !neverProcessed(err) {
 			return resp, err
 		}
 		if req.Body != nil && req.Body != http.NoBody {
@@ -64,3 +71,12 @@ func (r resendUnsent) CloseIdleConnections() { r.next.CloseIdleConnections() }
 
 // unsentPause waits 50 ms, then twice as long each time (50 ms to 800 ms).
 func unsentPause(n int) time.Duration { return 50 * time.Millisecond << (n - 1) }
+
+func neverProcessed(err error) bool {
+	for _, s := range notProcessed {
+		if strings.Contains(err.Error(), s) {
+			return true
+		}
+	}
+	return false
+}

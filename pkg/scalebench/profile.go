@@ -127,7 +127,8 @@ func (p *profiler) self(ctx context.Context, path string, d time.Duration) error
 	return f.Close()
 }
 
-// heap writes a heap profile of every running server.
+// heap writes a heap profile, a goroutine profile and the metrics of
+// every running server.
 func (p *profiler) heap(ctx context.Context, fleetLabel string) {
 	if !p.b.opts.Profile {
 		return
@@ -142,9 +143,18 @@ func (p *profiler) heap(ctx context.Context, fleetLabel string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			path := filepath.Join(p.dir, fmt.Sprintf("heap-%s-%s.pb.gz", fleetLabel, t.name))
-			if err := p.fetch(ctx, t.url+"/debug/pprof/heap", path, time.Minute); err != nil {
-				p.b.logf("heap profile of %s: %v", t.name, err)
+			// The goroutine profile and the runtime's own figures
+			// (/metrics: stack and heap bytes, goroutines) show what the
+			// heap profile cannot: memory held by parked goroutines' stacks.
+			for _, snap := range []struct{ what, route, file string }{
+				{"heap profile", "/debug/pprof/heap", "heap-%s-%s.pb.gz"},
+				{"goroutine profile", "/debug/pprof/goroutine", "goroutine-%s-%s.pb.gz"},
+				{"metrics", "/metrics", "metrics-%s-%s.txt"},
+			} {
+				path := filepath.Join(p.dir, fmt.Sprintf(snap.file, fleetLabel, t.name))
+				if err := p.fetch(ctx, t.url+snap.route, path, time.Minute); err != nil {
+					p.b.logf("%s of %s: %v", snap.what, t.name, err)
+				}
 			}
 		}()
 	}

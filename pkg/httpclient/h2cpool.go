@@ -1,0 +1,214 @@
+package httpclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// h2cPool is the round tripper between our own servers: HTTP/2 without TLS
+// over connections it opens itself (http.Transport.NewClientConn) and
+// hands a request only after the server has answered on them.
+//
+// net/http's own pool puts requests on a new connection as soon as it is
+// dialed. Its server closes a connection whose client SETTINGS it has not
+// read within a fixed 2 s, and on 2 cores with 100,000 goroutines runnable
+// it sometimes has not: at 50,000 rollouts in flight that dropped up to a
+// hundred requests at once (every stream of the new connection), requests
+// that had been sent and so could not be sent again. Here the first request
+// on a connection is the pool's own `OPTIONS *` (answered by net/http's
+// server itself, no handler runs), and the server answering it has read our
+// SETTINGS; a connection dropped before that carried nothing of ours and is
+// simply opened again.
+type h2cPool struct {
+	t        *http.Transport // dials; its own connection cache is not used
+	maxConns int             // per host
+	// handshakeTimeout bounds the first exchange on a new connection.
+	handshakeTimeout time.Duration
+	// handshakes bounds the connections opened for one request whose
+	// handshake failed before the pool gives up.
+	handshakes int
+
+	mu    sync.Mutex
+	hosts map[string]*hostConns
+}
+
+// hostConns is the pool's state for one host.
+type hostConns struct {
+	conns []*http.ClientConn
+	// opening is closed when the connection being opened is ready or has
+	// failed; nil when none is being opened. One at a time per host: a burst
+	// waits for it rather than dialing a connection per request.
+	opening chan struct{}
+}
+
+func newH2CPool(t *http.Transport, maxConns int) *h2cPool {
+	return &h2cPool{t: t, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, hosts: map[string]*hostConns{}}
+}
+
+// RoundTrip sends req on a connection with a free stream, opening one when
+// none has and the host is under maxConns, else waiting on the least busy.
+func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL == nil || req.URL.Scheme != "http" {
+		closeBody(req)
+		return nil, fmt.Errorf("h2c transport: only http:// addresses, got %v", req.URL)
+	}
+	addr := hostPort(req.URL)
+	for {
+		cc, opening, err := p.pick(addr)
+		switch {
+		case cc != nil:
+			return cc.RoundTrip(req)
+		case opening != nil:
+			select {
+			case <-opening:
+			case <-req.Context().Done():
+				closeBody(req)
+				return nil, context.Cause(req.Context())
+			}
+		default: // this request opens the connection
+			if err = p.open(req.Context(), addr); err != nil {
+				closeBody(req)
+				return nil, err
+			}
+		}
+	}
+}
+
+// pick returns a connection with a stream reserved for the caller, or the
+// channel of a connection being opened to wait for, or (nil, nil) when the
+// caller is to open one itself (p.open).
+func (p *h2cPool) pick(addr string) (*http.ClientConn, chan struct{}, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := p.hosts[addr]
+	if h == nil {
+		h = &hostConns{}
+		p.hosts[addr] = h
+	}
+	live := h.conns[:0]
+	for _, cc := range h.conns {
+		if cc.Err() == nil {
+			live = append(live, cc)
+		}
+	}
+	clear(h.conns[len(live):])
+	h.conns = live
+	for _, cc := range h.conns {
+		if cc.Reserve() == nil {
+			return cc, nil, nil
+		}
+	}
+	if h.opening != nil {
+		return nil, h.opening, nil
+	}
+	if len(h.conns) >= p.maxConns {
+		// Every connection is at the server's stream limit: the request
+		// waits inside the least busy one for a stream to end.
+		least := h.conns[0]
+		for _, cc := range h.conns[1:] {
+			if cc.InFlight() < least.InFlight() {
+				least = cc
+			}
+		}
+		return least, nil, nil
+	}
+	h.opening = make(chan struct{})
+	return nil, nil, nil
+}
+
+// open opens a connection to addr and adds it to the pool once the server
+// has answered on it. A connection the server closed during the handshake
+// is opened again, up to p.handshakes times; a dial error is returned as
+// it is. Requests waiting on the host are woken either way.
+func (p *h2cPool) open(ctx context.Context, addr string) (err error) {
+	var cc *http.ClientConn
+	defer func() {
+		p.mu.Lock()
+		h := p.hosts[addr]
+		if cc != nil {
+			h.conns = append(h.conns, cc)
+		}
+		close(h.opening)
+		h.opening = nil
+		p.mu.Unlock()
+	}()
+	for attempt := 1; ; attempt++ {
+		cc, err = p.t.NewClientConn(ctx, "http", addr)
+		if err != nil {
+			return err
+		}
+		herr := p.handshake(ctx, cc, addr)
+		if herr == nil {
+			return nil
+		}
+		cc.Close()
+		cc = nil
+		if ctx.Err() != nil || attempt >= p.handshakes {
+			return fmt.Errorf("h2c connection to %s: no answer to the first request (%d tries): %w", addr, attempt, herr)
+		}
+	}
+}
+
+// handshake sends `OPTIONS *` on cc and waits for any answer: the server has
+// then read the client's SETTINGS, so its first-SETTINGS timer cannot drop
+// the connection any more. Any status will do; a server that is not Go's
+// may answer 4xx.
+func (p *h2cPool) handshake(ctx context.Context, cc *http.ClientConn, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, p.handshakeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodOptions, "http://"+addr, nil)
+	if err != nil {
+		return err
+	}
+	req.URL.Opaque = "*"
+	resp, err := cc.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if cc.Err() != nil {
+		return errors.New("connection closed after the first answer")
+	}
+	return nil
+}
+
+// CloseIdleConnections closes every connection carrying no request.
+func (p *h2cPool) CloseIdleConnections() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, h := range p.hosts {
+		busy := h.conns[:0]
+		for _, cc := range h.conns {
+			if cc.InFlight() == 0 {
+				cc.Close()
+			} else {
+				busy = append(busy, cc)
+			}
+		}
+		clear(h.conns[len(busy):])
+		h.conns = busy
+	}
+}
+
+// hostPort is u's host and port, http's default port when it has none.
+func hostPort(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// closeBody closes a request body the round tripper will not send, as the
+// RoundTripper contract asks.
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}

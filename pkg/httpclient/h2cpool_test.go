@@ -1,0 +1,198 @@
+package httpclient
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// h2cServer starts an HTTP/2-without-TLS server of h allowing streams
+// concurrent streams per connection, counting the connections it accepts.
+func h2cServer(t *testing.T, ln net.Listener, streams int, h http.Handler) (url string, conns *atomic.Int64) {
+	t.Helper()
+	conns = new(atomic.Int64)
+	srv := httptest.NewUnstartedServer(h)
+	if ln != nil {
+		srv.Listener.Close()
+		srv.Listener = ln
+	}
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: streams}
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL, conns
+}
+
+// heldHandler answers each request once release is closed, counting the
+// requests that reached it and whether each came over HTTP/2.
+type heldHandler struct {
+	release chan struct{}
+	arrived atomic.Int64
+	notH2   atomic.Int64
+}
+
+func (h *heldHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.arrived.Add(1)
+	if r.ProtoMajor != 2 {
+		h.notH2.Add(1)
+	}
+	b, _ := io.ReadAll(r.Body)
+	<-h.release
+	w.Write(b)
+}
+
+func TestH2CPool_SpreadsStreamsOverFewConnections(t *testing.T) {
+	h := &heldHandler{release: make(chan struct{})}
+	url, conns := h2cServer(t, nil, 10, h)
+	c := New(Options{H2C: true, MaxConnsPerHost: 3})
+	defer c.CloseIdleConnections()
+
+	const requests = 45 // more than 3 connections of 10 streams carry at once
+	var wg sync.WaitGroup
+	errs := make(chan error, requests)
+	for i := range requests {
+		wg.Go(func() {
+			body := strings.Repeat("x", i)
+			rep, err := Do(context.Background(), c, http.MethodPost, url+"/run", nil, []byte(body))
+			switch {
+			case err != nil:
+				errs <- err
+			case rep.Status != 200 || string(rep.Body) != body:
+				errs <- errors.New("wrong reply " + string(rep.Body))
+			}
+		})
+	}
+	waitFor(t, func() bool { return h.arrived.Load() == 30 }, "30 requests held on 3 connections")
+	close(h.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := h.arrived.Load(); got != requests {
+		t.Errorf("handler saw %d requests, want %d (the handshake must not reach it)", got, requests)
+	}
+	if h.notH2.Load() != 0 {
+		t.Errorf("%d requests were not HTTP/2", h.notH2.Load())
+	}
+	if got := conns.Load(); got != 3 {
+		t.Errorf("the server accepted %d connections, want 3", got)
+	}
+}
+
+// dropFirst is a listener that closes the first connection it accepts
+// after reading the client's preface and SETTINGS, as net/http's server
+// does with a connection whose SETTINGS it read too late.
+type dropFirst struct {
+	net.Listener
+	once    sync.Once
+	dropped atomic.Bool
+}
+
+func (d *dropFirst) Accept() (net.Conn, error) {
+	c, err := d.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	drop := false
+	d.once.Do(func() { drop = true })
+	if !drop {
+		return c, nil
+	}
+	go func() {
+		buf := make([]byte, 64)
+		_, _ = io.ReadAtLeast(c, buf, 24)
+		c.Close()
+		d.dropped.Store(true)
+	}()
+	return d.Accept()
+}
+
+func TestH2CPool_ConnectionDroppedBeforeItsFirstAnswerIsOpenedAgain(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := &dropFirst{Listener: ln}
+	h := &heldHandler{release: make(chan struct{})}
+	close(h.release)
+	url, _ := h2cServer(t, df, 100, h)
+	c := New(Options{H2C: true})
+	defer c.CloseIdleConnections()
+
+	rep, err := Do(context.Background(), c, http.MethodPost, url+"/run", nil, []byte(`{"row":1}`))
+	if err != nil || rep.Status != 200 || string(rep.Body) != `{"row":1}` {
+		t.Fatalf("Do = %+v, %v", rep, err)
+	}
+	if !df.dropped.Load() {
+		t.Fatal("the first connection was not dropped; the test tests nothing")
+	}
+	if got := h.arrived.Load(); got != 1 {
+		t.Errorf("handler ran %d times, want once", got)
+	}
+}
+
+func TestH2CPool_ClosedConnectionsAreReplaced(t *testing.T) {
+	h := &heldHandler{release: make(chan struct{})}
+	close(h.release)
+	url, conns := h2cServer(t, nil, 100, h)
+	c := New(Options{H2C: true})
+	defer c.CloseIdleConnections()
+	for i := range 3 {
+		if rep, err := Do(context.Background(), c, http.MethodGet, url+"/x", nil, nil); err != nil || rep.Status != 200 {
+			t.Fatalf("request %d: %+v, %v", i, rep, err)
+		}
+		c.CloseIdleConnections()
+	}
+	if got := conns.Load(); got != 3 {
+		t.Errorf("%d connections for 3 requests with the idle ones closed between them, want 3", got)
+	}
+}
+
+func TestH2CPool_DialErrorIsReturned(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c := New(Options{H2C: true, DialTimeout: time.Second})
+	_, err = Do(context.Background(), c, http.MethodGet, "http://"+addr+"/x", nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("err = %v, want connection refused", err)
+	}
+}
+
+func TestH2CPool_RefusesOtherSchemes(t *testing.T) {
+	c := New(Options{H2C: true})
+	if _, err := Do(context.Background(), c, http.MethodGet, "https://example.invalid/x", nil, nil); err == nil || !strings.Contains(err.Error(), "only http://") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// waitFor polls cond until it holds or a deadline passes.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
