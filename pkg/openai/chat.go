@@ -124,17 +124,6 @@ func (c *MessageContent) String() string {
 	return b.String()
 }
 
-// MarshalJSON writes a string or a list.
-func (c MessageContent) MarshalJSON() ([]byte, error) {
-	if c.IsParts {
-		if c.Parts == nil {
-			return []byte("[]"), nil
-		}
-		return codec.Marshal(c.Parts)
-	}
-	return codec.Marshal(c.Text)
-}
-
 // UnmarshalJSON reads a string or a list.
 func (c *MessageContent) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
@@ -158,40 +147,6 @@ type ContentPart struct {
 	// Detail is input_image's detail ("auto", "low", "high").
 	Detail   string           `json:"detail,omitempty"`
 	VideoURL codec.RawMessage `json:"video_url,omitempty"`
-}
-
-// outputTextWire is output_text's wire shape: annotations and logprobs are
-// always present (OpenAI clients read them), as [] and null by default.
-type outputTextWire struct {
-	Type        string           `json:"type"`
-	Text        string           `json:"text"`
-	Annotations []any            `json:"annotations"`
-	Logprobs    codec.RawMessage `json:"logprobs"`
-}
-
-// MarshalJSON writes output_text parts with annotations and logprobs always
-// present, and every other part with only the fields it sets.
-func (p ContentPart) MarshalJSON() ([]byte, error) {
-	if p.Type == "output_text" {
-		w := outputTextWire{Type: p.Type, Text: p.Text, Annotations: p.Annotations, Logprobs: p.Logprobs}
-		if w.Annotations == nil {
-			w.Annotations = []any{}
-		}
-		if len(w.Logprobs) == 0 {
-			w.Logprobs = codec.RawMessage("null")
-		}
-		return codec.Marshal(w)
-	}
-	type plain ContentPart
-	if p.Text == "" && p.Type != "text" && p.Type != "input_text" {
-		// Media parts carry no text; vLLM's part types do not declare it.
-		type media struct {
-			plain
-			Text string `json:"text,omitempty"`
-		}
-		return codec.Marshal(media{plain: plain(p)})
-	}
-	return codec.Marshal(plain(p))
 }
 
 // ToolCall is a function call the model made.

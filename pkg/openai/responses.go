@@ -78,17 +78,6 @@ func (in Input) AsItems() []Item {
 	return []Item{{Type: ItemMessage, Role: "user", Content: TextContent(in.Text)}}
 }
 
-// MarshalJSON writes a string or a list.
-func (in Input) MarshalJSON() ([]byte, error) {
-	if in.IsItems {
-		if in.Items == nil {
-			return []byte("[]"), nil
-		}
-		return codec.Marshal(in.Items)
-	}
-	return codec.Marshal(in.Text)
-}
-
 // UnmarshalJSON reads a string or a list.
 func (in *Input) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
@@ -164,72 +153,6 @@ func (it *Item) UnmarshalJSON(b []byte) error {
 		TokenFields: TokenFields{PromptTokenIDs: w.PromptTokenIDs, GenerationTokenIDs: w.GenerationTokenIDs, GenerationLogProbs: w.GenerationLogProbs},
 	}
 	return nil
-}
-
-type messageWire struct {
-	ID      string          `json:"id,omitempty"`
-	Type    string          `json:"type"`
-	Role    string          `json:"role"`
-	Status  string          `json:"status,omitempty"`
-	Content *MessageContent `json:"content"`
-	TokenFields
-}
-
-type functionCallWire struct {
-	Type      string `json:"type"`
-	ID        string `json:"id,omitempty"`
-	CallID    string `json:"call_id"`
-	Name      string `json:"name"`
-	Arguments string `json:"arguments"`
-	Status    string `json:"status,omitempty"`
-	TokenFields
-}
-
-type functionCallOutputWire struct {
-	Type   string          `json:"type"`
-	ID     string          `json:"id,omitempty"`
-	CallID string          `json:"call_id"`
-	Output *MessageContent `json:"output"`
-	Status string          `json:"status,omitempty"`
-}
-
-type reasoningWire struct {
-	ID               string        `json:"id,omitempty"`
-	Type             string        `json:"type"`
-	Summary          []SummaryText `json:"summary"`
-	EncryptedContent *string       `json:"encrypted_content"`
-	Content          any           `json:"content"`
-	TokenFields
-}
-
-// MarshalJSON writes the item in its type's wire shape.
-func (it Item) MarshalJSON() ([]byte, error) {
-	switch it.Type {
-	case ItemFunctionCall:
-		return codec.Marshal(functionCallWire{Type: it.Type, ID: it.ID, CallID: it.CallID, Name: it.Name, Arguments: it.Arguments, Status: it.Status, TokenFields: it.TokenFields})
-	case ItemFunctionCallOutput:
-		out := it.Output
-		if out == nil {
-			out = TextContent("")
-		}
-		return codec.Marshal(functionCallOutputWire{Type: it.Type, ID: it.ID, CallID: it.CallID, Output: out, Status: it.Status})
-	case ItemReasoning:
-		s := it.Summary
-		if s == nil {
-			s = []SummaryText{}
-		}
-		return codec.Marshal(reasoningWire{ID: it.ID, Type: it.Type, Summary: s, EncryptedContent: it.EncryptedContent, TokenFields: it.TokenFields})
-	default:
-		typ := it.Type
-		if typ == "" {
-			typ = ItemMessage
-		}
-		c := it.Content
-		if c == nil {
-			c = TextContent("")
-		}
-		return codec.Marshal(messageWire{ID: it.ID, Type: typ, Role: it.Role, Status: it.Status, Content: c, TokenFields: it.TokenFields})
-	}
 }
 
 // OutputText is the assistant's output_text part as NeMo Gym emits it.

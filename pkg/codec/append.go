@@ -1,0 +1,153 @@
+package codec
+
+import (
+	"bytes"
+	stdjson "encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
+
+// The Append functions write JSON values onto a byte slice, byte for byte
+// as encoding/json writes them (the fuzz tests check it). A MarshalJSON of
+// ours that writes its fields with them, instead of calling Marshal on a
+// wire struct, keeps goccy's encoder (a 3 KB stack frame) from nesting once
+// per level: an OpenAI item nested four levels deep grew every goroutine
+// that encoded one to a 32 KB stack, and at 100,000 rollouts in flight that
+// is gigabytes.
+
+const hexDigits = "0123456789abcdef"
+
+// AppendString appends s as a JSON string: HTML-safe (<, > and & as
+// \u003c, \u003e, \u0026), invalid UTF-8 as \ufffd, U+2028 and U+2029
+// escaped.
+func AppendString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if b := s[i]; b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch b {
+			case '\\', '"':
+				dst = append(dst, '\\', b)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		if c == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if c == '\u2028' || c == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[c&0xF])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// AppendFloat appends f as a JSON number; NaN and infinities are an error.
+func AppendFloat(dst []byte, f float64) ([]byte, error) {
+	if math.IsInf(f, 0) || math.IsNaN(f) {
+		return dst, fmt.Errorf("json: unsupported value: %s", strconv.FormatFloat(f, 'g', -1, 64))
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	dst = strconv.AppendFloat(dst, f, format, -1, 64)
+	if format == 'e' {
+		// e-09 is written e-9.
+		if n := len(dst); n >= 4 && dst[n-4] == 'e' && dst[n-3] == '-' && dst[n-2] == '0' {
+			dst[n-2] = dst[n-1]
+			dst = dst[:n-1]
+		}
+	}
+	return dst, nil
+}
+
+// AppendInts appends v as a JSON array of integers ([] for nil).
+func AppendInts(dst []byte, v []int) []byte {
+	dst = append(dst, '[')
+	for i, n := range v {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendInt(dst, int64(n), 10)
+	}
+	return append(dst, ']')
+}
+
+// AppendFloats appends v as a JSON array of numbers ([] for nil).
+func AppendFloats(dst []byte, v []float64) ([]byte, error) {
+	dst = append(dst, '[')
+	for i, f := range v {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		var err error
+		if dst, err = AppendFloat(dst, f); err != nil {
+			return dst, err
+		}
+	}
+	return append(dst, ']'), nil
+}
+
+// AppendRaw appends raw, a JSON value, compacted and HTML-safe as
+// encoding/json writes a RawMessage; raw that is not one JSON value is an
+// error.
+func AppendRaw(dst []byte, raw []byte) ([]byte, error) {
+	if !Valid(raw) {
+		return dst, fmt.Errorf("json: invalid raw JSON value %.40q", raw)
+	}
+	if alreadyCompactAndSafe(raw) {
+		return append(dst, raw...), nil
+	}
+	var compact bytes.Buffer
+	if err := stdjson.Compact(&compact, raw); err != nil {
+		return dst, err
+	}
+	out := bytes.NewBuffer(dst)
+	stdjson.HTMLEscape(out, compact.Bytes())
+	return out.Bytes(), nil
+}
+
+// alreadyCompactAndSafe reports that valid JSON raw has no whitespace and
+// nothing HTML escaping changes (<, >, &, and U+2028/U+2029, which start
+// with 0xE2), so AppendRaw may copy it as it is.
+func alreadyCompactAndSafe(raw []byte) bool {
+	for _, c := range raw {
+		switch c {
+		case ' ', '\t', '\n', '\r', '<', '>', '&', 0xE2:
+			return false
+		}
+	}
+	return true
+}
