@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+
+	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 
 	"github.com/gymfleet/gymfleet/pkg/scalebench"
 )
@@ -14,7 +17,7 @@ import (
 // runBenchScale is `gymctl bench-scale`: the scale benchmark of the
 // checkpoint path (pkg/scalebench). It prints one table and, with --json,
 // writes the same figures for comparing runs.
-func runBenchScale(ctx context.Context, args []string, _ func(string) string, stdout, stderr io.Writer) error {
+func runBenchScale(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench-scale", stderr)
 	rollouts := fs.Int("rollouts", 1000, "rollouts in flight at the checkpoint")
 	jsonPath := fs.String("json", "", "also write the figures as JSON to this file")
@@ -39,6 +42,11 @@ func runBenchScale(ctx context.Context, args []string, _ func(string) string, st
 			return fmt.Errorf("bench-scale: finding gymctl's directory (pass --bin-dir): %w", err)
 		}
 		*binDir = filepath.Dir(exe)
+	}
+	// The bench holds every rollout's /run call open, as the servers hold
+	// theirs; it collects garbage as they do (lifecycle.SetServerGC).
+	if getenv("GOGC") == "" {
+		defer debug.SetGCPercent(debug.SetGCPercent(lifecycle.ServerGCPercent))
 	}
 	res, err := scalebench.Run(ctx, scalebench.Options{
 		Rollouts:       *rollouts,
