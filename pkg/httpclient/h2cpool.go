@@ -126,7 +126,13 @@ func (p *h2cPool) pick(addr string) (*http.ClientConn, chan struct{}, error) {
 // has answered on it. A connection the server closed during the handshake
 // is opened again, up to p.handshakes times; a dial error is returned as
 // it is. Requests waiting on the host are woken either way.
-func (p *h2cPool) open(ctx context.Context, addr string) (err error) {
+func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
+	// The connection is the pool's, not the request's: its dial and
+	// handshake carry none of the request's values (a client trace would
+	// count the handshake as a request written), only its cancellation.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	defer context.AfterFunc(reqCtx, func() { cancel(context.Cause(reqCtx)) })()
 	var cc *http.ClientConn
 	defer func() {
 		p.mu.Lock()

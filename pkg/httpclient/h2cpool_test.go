@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,5 +195,23 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestH2CPool_HandshakeIsNotTheRequests(t *testing.T) {
+	h := &heldHandler{release: make(chan struct{})}
+	close(h.release)
+	url, _ := h2cServer(t, nil, 100, h)
+	c := New(Options{H2C: true})
+	defer c.CloseIdleConnections()
+	var written atomic.Int64
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { written.Add(1) },
+	})
+	if rep, err := Do(ctx, c, http.MethodPost, url+"/run", nil, []byte(`{}`)); err != nil || rep.Status != 200 {
+		t.Fatalf("Do = %+v, %v", rep, err)
+	}
+	if got := written.Load(); got != 1 {
+		t.Errorf("the request's trace saw %d requests written on a new connection, want 1 (its own)", got)
 	}
 }
