@@ -365,11 +365,22 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		return err
 	}
 	b.logf("dispatching %d replacements", len(again))
+	// The first seconds of the replacements are profiled: the fresh fleet
+	// continuing every restored rollout at once.
+	var profileWait func()
+	if b.opts.Profile {
+		if profileWait, err = b.profiler.startCPU(ctx, "replacements"); err != nil {
+			return err
+		}
+	}
 	start = time.Now()
 	replacements := dispatch(ctx, b.client, b.envURL+"/run", again, 1)
 	defer replacements.close()
 	if err := b.awaitReplacements(ctx, replacements); err != nil {
 		return err
+	}
+	if profileWait != nil {
+		profileWait()
 	}
 	b.res.ReplacementsSeconds = seconds(time.Since(start))
 	b.checkReplacements(replacements)
