@@ -47,6 +47,20 @@ type heldHandler struct {
 	notH2   atomic.Int64
 }
 
+// answering returns a handler that answers at once.
+func answering() *heldHandler {
+	h := &heldHandler{release: make(chan struct{})}
+	close(h.release)
+	return h
+}
+
+// poolClient is New(opts) with its connections closed when the test ends.
+func poolClient(t *testing.T, opts Options) *http.Client {
+	c := New(opts)
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
 func (h *heldHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.arrived.Add(1)
 	if r.ProtoMajor != 2 {
@@ -130,11 +144,9 @@ func TestH2CPool_ConnectionDroppedBeforeItsFirstAnswerIsOpenedAgain(t *testing.T
 		t.Fatal(err)
 	}
 	df := &dropFirst{Listener: ln}
-	h := &heldHandler{release: make(chan struct{})}
-	close(h.release)
+	h := answering()
 	url, _ := h2cServer(t, df, 100, h)
-	c := New(Options{H2C: true})
-	defer c.CloseIdleConnections()
+	c := poolClient(t, Options{H2C: true})
 
 	rep, err := Do(context.Background(), c, http.MethodPost, url+"/run", nil, []byte(`{"row":1}`))
 	if err != nil || rep.Status != 200 || string(rep.Body) != `{"row":1}` {
@@ -149,11 +161,8 @@ func TestH2CPool_ConnectionDroppedBeforeItsFirstAnswerIsOpenedAgain(t *testing.T
 }
 
 func TestH2CPool_ClosedConnectionsAreReplaced(t *testing.T) {
-	h := &heldHandler{release: make(chan struct{})}
-	close(h.release)
-	url, conns := h2cServer(t, nil, 100, h)
-	c := New(Options{H2C: true})
-	defer c.CloseIdleConnections()
+	url, conns := h2cServer(t, nil, 100, answering())
+	c := poolClient(t, Options{H2C: true})
 	for i := range 3 {
 		if rep, err := Do(context.Background(), c, http.MethodGet, url+"/x", nil, nil); err != nil || rep.Status != 200 {
 			t.Fatalf("request %d: %+v, %v", i, rep, err)
@@ -199,11 +208,8 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 }
 
 func TestH2CPool_HandshakeIsNotTheRequests(t *testing.T) {
-	h := &heldHandler{release: make(chan struct{})}
-	close(h.release)
-	url, _ := h2cServer(t, nil, 100, h)
-	c := New(Options{H2C: true})
-	defer c.CloseIdleConnections()
+	url, _ := h2cServer(t, nil, 100, answering())
+	c := poolClient(t, Options{H2C: true})
 	var written atomic.Int64
 	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) { written.Add(1) },

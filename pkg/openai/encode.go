@@ -16,18 +16,7 @@ func (in Input) MarshalJSON() ([]byte, error) {
 	if !in.IsItems {
 		return codec.AppendString(nil, in.Text), nil
 	}
-	b := make([]byte, 0, 256*len(in.Items)+2)
-	b = append(b, '[')
-	for i, it := range in.Items {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		var err error
-		if b, err = it.appendJSON(b); err != nil {
-			return nil, err
-		}
-	}
-	return append(b, ']'), nil
+	return appendList(make([]byte, 0, 256*len(in.Items)+2), in.Items, Item.appendJSON)
 }
 
 // MarshalJSON writes the item in its type's wire shape.
@@ -139,17 +128,7 @@ func (c MessageContent) appendJSON(b []byte) ([]byte, error) {
 	if !c.IsParts {
 		return codec.AppendString(b, c.Text), nil
 	}
-	b = append(b, '[')
-	for i, p := range c.Parts {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		var err error
-		if b, err = p.appendJSON(b); err != nil {
-			return nil, err
-		}
-	}
-	return append(b, ']'), nil
+	return appendList(b, c.Parts, ContentPart.appendJSON)
 }
 
 // MarshalJSON writes output_text parts with annotations and logprobs always
@@ -209,6 +188,21 @@ func (p ContentPart) appendJSON(b []byte) ([]byte, error) {
 		}
 	}
 	return append(b, '}'), nil
+}
+
+// appendList appends items as a JSON array ([] for none).
+func appendList[T any](b []byte, items []T, appendOne func(T, []byte) ([]byte, error)) ([]byte, error) {
+	b = append(b, '[')
+	for i, it := range items {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		var err error
+		if b, err = appendOne(it, b); err != nil {
+			return nil, err
+		}
+	}
+	return append(b, ']'), nil
 }
 
 // appendField appends sep (none when 0), then "name":"value".
