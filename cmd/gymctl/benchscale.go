@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -25,7 +26,8 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 	keep := fs.Bool("keep", false, "keep the work directory after a successful run")
 	profile := fs.Bool("profile", false, "write CPU profiles of every server (and the bench) during dispatch, prepare, commit and restore, and heap profiles of both fleets, into <dir>/profiles")
 	profileSeconds := fs.Int("profile-seconds", 0, "length of each CPU profile; 0: 3 + rollouts/5000")
-	maxRSS := fs.Float64("max-rss-gib", 20, "abort when the fleet and the bench together hold more resident memory than this (GiB); 0: no limit")
+	maxRSS := fs.Float64("max-rss-gib", math.Round(float64(scalebench.DefaultMaxRSSBytes())/(1<<30)*10)/10,
+		"abort when the fleet and the bench together hold more resident memory than this (GiB); 0: no limit; default: 90% of this machine's")
 	binDir := fs.String("bin-dir", "", "directory of the server binaries; empty: gymctl's own directory")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -366,3 +366,31 @@ func (b *bench) summarizeLogs() {
 		b.res.Logs = append(b.res.Logs, sum)
 	}
 }
+
+// DefaultMaxRSSBytes is the memory a run may hold before it aborts: 90% of
+// this machine's (MemTotal in /proc/meminfo), leaving the kernel and page
+// cache the rest rather than meeting the OOM killer; 20 GiB where
+// /proc/meminfo cannot be read.
+func DefaultMaxRSSBytes() uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 20 << 30
+	}
+	if total, ok := parseMemTotal(b); ok {
+		return total / 10 * 9
+	}
+	return 20 << 30
+}
+
+// parseMemTotal reads MemTotal (kB) from /proc/meminfo's text, in bytes.
+func parseMemTotal(b []byte) (uint64, bool) {
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "MemTotal:")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		return kb << 10, err == nil && kb > 0
+	}
+	return 0, false
+}

@@ -353,3 +353,18 @@ func TestSummarizeLog(t *testing.T) {
 		t.Fatalf("summary %+v, want 2 warnings, 1 error, the first warning kept", got)
 	}
 }
+
+func TestParseMemTotal(t *testing.T) {
+	got, ok := parseMemTotal([]byte("MemTotal:       24683648 kB\nMemFree:         8823388 kB\n"))
+	if !ok || got != 24683648<<10 {
+		t.Errorf("parseMemTotal = %d, %v", got, ok)
+	}
+	for _, bad := range []string{"", "MemFree: 1 kB\n", "MemTotal: x kB\n", "MemTotal: 0 kB\n"} {
+		if _, ok := parseMemTotal([]byte(bad)); ok {
+			t.Errorf("parseMemTotal(%q) ok", bad)
+		}
+	}
+	if d := DefaultMaxRSSBytes(); d == 0 {
+		t.Error("DefaultMaxRSSBytes is 0")
+	}
+}
