@@ -84,8 +84,10 @@ type episode struct {
 	protocol string
 	agent    AgentConfig
 	req      *RunRequest
-	started  time.Time
-	log      *slog.Logger
+	// digest is the task's digest, set with checkpointing on.
+	digest  string
+	started time.Time
+	log     *slog.Logger
 
 	mu sync.Mutex
 	// boundary is the latest boundary recorded; checkpoint export reads it.

@@ -46,6 +46,7 @@ type Server struct {
 	// tracker and ctl exist only with checkpointing on.
 	tracker *tracking.Tracker
 	ctl     *ctlplane.Controller
+	cpu     cpuGate
 
 	mu      sync.Mutex
 	live    map[string]*episode // by capture key
@@ -72,6 +73,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		agents:  make(map[string]AgentConfig, len(cfg.Agents)),
 		metrics: newMetrics(deps.Registry),
 		live:    make(map[string]*episode),
+		cpu:     newCPUGate(),
 	}
 	for _, a := range cfg.Agents {
 		a.URL = strings.TrimRight(a.URL, "/")
@@ -148,7 +150,11 @@ func (s *Server) handleRun(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	req, err := DecodeRunRequest(r.Context(), body)
+	if err := s.cpu.enter(r.Context()); err != nil {
+		return nil, err
+	}
+	req, digest, err := s.decodeRun(r.Context(), body)
+	s.cpu.leave()
 	if err != nil {
 		return nil, err
 	}
@@ -169,6 +175,7 @@ func (s *Server) handleRun(r *http.Request) (any, error) {
 	}
 	ep := &episode{
 		id:       req.Episode,
+		digest:   digest,
 		protocol: s.cfg.protocolOf(agent),
 		agent:    agent,
 		req:      req,
@@ -191,6 +198,20 @@ func (s *Server) handleRun(r *http.Request) (any, error) {
 		return nil, err
 	}
 	return reply, nil
+}
+
+// decodeRun decodes a /run body and, with checkpointing on, digests its
+// task: the CPU of a /run before its episode starts (s.cpu bounds it).
+func (s *Server) decodeRun(ctx context.Context, body []byte) (*RunRequest, string, error) {
+	req, err := DecodeRunRequest(ctx, body)
+	if err != nil || s.tracker == nil {
+		return req, "", err
+	}
+	digest, err := taskDigest(req.Row)
+	if err != nil {
+		return nil, "", apierror.New(apierror.InvalidRequest, "task digest: %v", err)
+	}
+	return req, digest, nil
 }
 
 // admit registers an episode as live, refusing a second /run of an attempt
@@ -267,11 +288,7 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 // attempt with a restored record gets the boundary it continues from (nil:
 // the record had none, so it starts from its input).
 func (s *Server) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episode, *Boundary, error) {
-	digest, err := taskDigest(ep.req.Row)
-	if err != nil {
-		return nil, nil, apierror.New(apierror.InvalidRequest, "task digest: %v", err)
-	}
-	tracked, cont, err := s.tracker.Begin(ep.id, digest, cancel)
+	tracked, cont, err := s.tracker.Begin(ep.id, ep.digest, cancel)
 	if err != nil {
 		return nil, nil, err
 	}
