@@ -167,25 +167,15 @@ func (p ContentPart) appendJSON(b []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
-	for _, raw := range []struct {
-		name string
-		v    codec.RawMessage
-	}{{"logprobs", p.Logprobs}, {"image_url", p.ImageURL}} {
-		if len(raw.v) > 0 {
-			b = append(b, ',')
-			b = codec.AppendString(b, raw.name)
-			b = append(b, ':')
-			if b, err = codec.AppendRaw(b, raw.v); err != nil {
-				return nil, err
-			}
-		}
+	if b, err = appendOptionalRaw(b, "logprobs", p.Logprobs); err != nil {
+		return nil, err
+	}
+	if b, err = appendOptionalRaw(b, "image_url", p.ImageURL); err != nil {
+		return nil, err
 	}
 	b = appendOptional(b, "detail", p.Detail)
-	if len(p.VideoURL) > 0 {
-		b = append(b, `,"video_url":`...)
-		if b, err = codec.AppendRaw(b, p.VideoURL); err != nil {
-			return nil, err
-		}
+	if b, err = appendOptionalRaw(b, "video_url", p.VideoURL); err != nil {
+		return nil, err
 	}
 	return append(b, '}'), nil
 }
@@ -222,6 +212,17 @@ func appendOptional(b []byte, name, value string) []byte {
 		return b
 	}
 	return appendField(b, ',', name, value)
+}
+
+// appendOptionalRaw appends ,"name":raw unless raw is empty (omitempty).
+func appendOptionalRaw(b []byte, name string, raw codec.RawMessage) ([]byte, error) {
+	if len(raw) == 0 {
+		return b, nil
+	}
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	b = append(b, '"', ':')
+	return codec.AppendRaw(b, raw)
 }
 
 // appendAny appends v encoded by codec.Marshal: free-form values
