@@ -2,6 +2,10 @@ package environment
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -64,19 +68,48 @@ func (p *participant) StatusExtra() map[string]any {
 
 // taskDigest is what a replacement attempt must match: the row without the
 // bookkeeping fields (_ng_*: the attempt differs by design) in canonical JSON.
+// Checkpoints hold it as tracking.TaskDigest took it of the fields decoded
+// into a map[string]any; it is now taken of the same bytes without the
+// decoding, which was a quarter of the server's CPU when 50,000 rollouts
+// started at once. TestTaskDigest_MatchesDecoded and FuzzTaskDigest check
+// that the two agree.
 func taskDigest(row Row) (string, error) {
-	task := make(map[string]any, len(row))
-	for k, raw := range row {
-		if strings.HasPrefix(k, "_ng_") {
+	task, err := canonicalTask(row)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(task)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// canonicalTask returns the task fields of row as codec.MarshalStable
+// writes them decoded into a map[string]any: names sorted in byte order,
+// values by codec.Canonicalizer. An invalid value is an error.
+func canonicalTask(row Row) ([]byte, error) {
+	names := make([]string, 0, len(row))
+	size := len("{}")
+	for name, raw := range row {
+		if strings.HasPrefix(name, "_ng_") {
 			continue
 		}
-		var v any
-		if err := codec.Unmarshal(raw, &v); err != nil {
-			return "", err
-		}
-		task[k] = v
+		names = append(names, name)
+		size += len(name) + len(raw) + len(`"":,`)
 	}
-	return tracking.TaskDigest(task)
+	slices.Sort(names)
+	dst := make([]byte, 0, size)
+	dst = append(dst, '{')
+	var canon codec.Canonicalizer
+	for i, name := range names {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(codec.AppendString(dst, name), ':')
+		var err error
+		if dst, err = canon.Append(dst, row[name]); err != nil {
+			return nil, fmt.Errorf("field %q: %w", name, err)
+		}
+	}
+	return append(dst, '}'), nil
 }
 
 // modeOf maps a stage's declared mode to the tracker's.

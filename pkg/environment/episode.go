@@ -187,9 +187,15 @@ func (c *cleanupStack) run(ctx context.Context, log *slog.Logger) {
 	fns := c.fns
 	c.fns = nil
 	c.mu.Unlock()
+	// The warning says when the failed step started and how long it ran:
+	// one total timeout means an earlier slow step can leave a later one
+	// only moments.
+	start := time.Now()
 	for i := len(fns) - 1; i >= 0; i-- {
+		stepStart := time.Now()
 		if err := fns[i].fn(ctx); err != nil {
-			log.WarnContext(ctx, "final cleanup step failed", "step", fns[i].name, "err", err)
+			log.WarnContext(ctx, "final cleanup step failed", "step", fns[i].name, "err", err,
+				"started_after_s", stepStart.Sub(start).Seconds(), "took_s", time.Since(stepStart).Seconds())
 		}
 	}
 }
