@@ -261,6 +261,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	bw := bufio.NewWriterSize(io.MultiWriter(rw, h), 256<<10)
 	count := 0
 	var line []byte
+	var compact bytes.Buffer
 	add := func(r Record) error {
 		if stop.Stopped() {
 			return ErrStopped
@@ -273,6 +274,15 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		}
 		if len(r.Data) == 0 || !codec.Valid(r.Data) {
 			return fmt.Errorf("record %d (%s): data is not one JSON value", count, r.EpisodeID)
+		}
+		if bytes.IndexByte(r.Data, '\n') >= 0 {
+			// Line breaks between a value's tokens are JSON white space, but
+			// each record is one line of the file.
+			compact.Reset()
+			if err := codec.Compact(&compact, r.Data); err != nil {
+				return fmt.Errorf("record %d (%s): %w", count, r.EpisodeID, err)
+			}
+			r.Data = compact.Bytes()
 		}
 		line = appendRecord(line[:0], r)
 		count++

@@ -384,3 +384,25 @@ func FuzzRecordsReader(f *testing.F) {
 		}
 	})
 }
+
+// TestStore_RecordsWithLineBreaksReadBack: a record is one JSON value, and
+// line breaks between its tokens are JSON whitespace; they must not split
+// the line that holds it in the records file.
+func TestStore_RecordsWithLineBreaksReadBack(t *testing.T) {
+	ctx := context.Background()
+	s := ckptstore.New(ckptstore.NewLocal())
+	dir := t.TempDir()
+	data := "{\n \"a\": [1,\r\n 2],\n\t\"s\": \"x\\ny\"\n}\n"
+	if _, err := s.Write(ctx, target(dir), nil, func(add func(ckptstore.Record) error) (map[string]any, error) {
+		return nil, add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: "r1"}, Data: []byte(data)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, recs, _, err := s.Read(ctx, target(dir), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"a":[1,2],"s":"x\ny"}`; len(recs) != 1 || string(recs[0].Data) != want {
+		t.Fatalf("read back %q, want one record %s", recs, want)
+	}
+}

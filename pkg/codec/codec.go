@@ -84,6 +84,10 @@ func UnmarshalRecord(data []byte, v any) error {
 // with the data-path codec.
 func MarshalStable(v any) ([]byte, error) { return stdjson.Marshal(v) }
 
+// Compact appends src, a JSON value, to dst without its insignificant white
+// space.
+func Compact(dst *bytes.Buffer, src []byte) error { return stdjson.Compact(dst, src) }
+
 // MarshalIndent encodes v indented, for files people read.
 func MarshalIndent(v any) ([]byte, error) { return stdjson.MarshalIndent(v, "", " ") }
 
