@@ -350,29 +350,15 @@ type exportedSession struct {
 // sessionRecordOut is sessionRecord as Export encodes it: the loop state as
 // a value rather than its encoding, so a record is encoded in one pass. Its
 // bytes are those of sessionRecord with the loop state's encoding as
-// Boundary (null when there is none).
+// Boundary (null when there is none). Export writes them with
+// appendSessionRecord (record_encode.go), which writes what codec.Marshal
+// writes for it.
 type sessionRecordOut struct {
 	Type      string            `json:"type"`
 	EpisodeID rollout.EpisodeID `json:"episode_id"`
 	SessionID string            `json:"session_id"`
 	Session   sessionState      `json:"session"`
 	Boundary  *LoopState        `json:"boundary"`
-}
-
-// nullBoundary ends a record sessionRecordOut encodes without a loop state.
-const nullBoundary = `"boundary":null}`
-
-// spliceBoundary puts an encoded loop state in place of the null boundary
-// that ends data: the record a restored state is exported in holds the
-// bytes the checkpoint held, with no decoding and encoding again.
-func spliceBoundary(data []byte, boundary codec.RawMessage) ([]byte, error) {
-	head, ok := bytes.CutSuffix(data, []byte(nullBoundary))
-	if !ok {
-		return nil, errors.New("agent session record does not end with its boundary")
-	}
-	out := make([]byte, 0, len(data)+len(boundary))
-	out = append(append(append(out, head...), `"boundary":`...), boundary...)
-	return append(out, '}'), nil
 }
 
 // restoredLoop is the loop boundary of a restored session's activation in
@@ -400,7 +386,9 @@ type decodedLoop struct {
 func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
 	s := p.s
 	s.mu.Lock()
-	var out []exportedSession
+	// Sized for every session: grown one append at a time, it allocated
+	// about five times its final size.
+	out := make([]exportedSession, 0, len(s.sessions))
 	for _, sess := range s.sessions {
 		if sess.closed || sess.retired || !scope.Has(sess.episode) {
 			continue
@@ -432,34 +420,20 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 	slices.SortFunc(out, func(a, b exportedSession) int {
 		return cmp.Or(rollout.CompareCaptureKeys(a.rec.EpisodeID, b.rec.EpisodeID), cmp.Compare(a.rec.SessionID, b.rec.SessionID))
 	})
-	encode := func(e exportedSession) ([]byte, error) {
-		rec := sessionRecordOut{Type: e.rec.Type, EpisodeID: e.rec.EpisodeID, SessionID: e.rec.SessionID, Session: e.rec.Session}
-		if e.loop != nil {
-			st := e.loop()
-			rec.Boundary = &st
-		}
-		data, err := codec.Marshal(&rec)
-		if err != nil {
-			return nil, fmt.Errorf("agent session %s: %w", e.rec.SessionID, err)
-		}
-		if e.restored != nil {
-			return spliceBoundary(data, e.restored)
-		}
-		return data, nil
-	}
 	// Records are encoded a window at a time on every core (encoding is
 	// most of the export's work, and a loop state is kilobytes of JSON),
-	// then emitted in order.
+	// then emitted in order. Each slot of the window is reused by the next
+	// window: emit does not retain a record's data after it returns
+	// (ctlplane.Participant.Export).
+	slots := newExportSlots(min(encodeWindow, len(out)))
 	for start := 0; start < len(out); start += encodeWindow {
 		window := out[start:min(start+encodeWindow, len(out))]
-		data := make([][]byte, len(window))
-		errs := make([]error, len(window))
-		inParallel(len(window), func(i int) { data[i], errs[i] = encode(window[i]) })
+		inParallel(len(window), func(i int) { slots[i].encode(&window[i]) })
 		for i, e := range window {
-			if errs[i] != nil {
-				return ctlplane.Extras{}, errs[i]
+			if slots[i].err != nil {
+				return ctlplane.Extras{}, slots[i].err
 			}
-			if err := emit(ctlplane.Record{EpisodeID: e.rec.EpisodeID, Data: data[i]}); err != nil {
+			if err := emit(ctlplane.Record{EpisodeID: e.rec.EpisodeID, Data: slots[i].buf}); err != nil {
 				return ctlplane.Extras{}, err
 			}
 		}
@@ -472,6 +446,51 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 		return emit(ctlplane.Record{EpisodeID: r.EpisodeID, Data: data})
 	})
 	return ctlplane.Extras{}, err
+}
+
+// exportSlot is one slot of an export window, reused by every window: the
+// buffer its record is encoded into, and room for the loop state the
+// record holds (a variable of the encoding goroutine's would escape to the
+// heap through the encoders: an allocation a record).
+type exportSlot struct {
+	buf  []byte
+	loop LoopState
+	err  error
+}
+
+// encode encodes e's record into the slot's buffer: its loop state built
+// from the snapshot, the restored boundary as the checkpoint held it, or
+// null.
+func (s *exportSlot) encode(e *exportedSession) {
+	rec := sessionRecordOut{Type: e.rec.Type, EpisodeID: e.rec.EpisodeID, SessionID: e.rec.SessionID, Session: e.rec.Session}
+	if e.loop != nil {
+		s.loop = e.loop()
+		rec.Boundary = &s.loop
+	}
+	s.buf, s.err = appendSessionRecord(s.buf[:0], &rec, e.restored)
+	if s.err != nil {
+		s.err = fmt.Errorf("agent session %s: %w", e.rec.SessionID, s.err)
+	}
+}
+
+// recordSizeHint is the room each export slot's buffer starts with: a
+// session at its second model call after one tool round encodes to about
+// 3.2 KB (BenchmarkExport). A larger record grows its slot's buffer, which
+// keeps the room for the next windows.
+const recordSizeHint = 4 << 10
+
+// newExportSlots returns n slots whose buffers are empty, with
+// recordSizeHint bytes of room each, cut from one allocation. Each buffer
+// is capped at its own room, so a record that outgrows it moves to a new
+// array rather than into its neighbour's.
+func newExportSlots(n int) []exportSlot {
+	arena := make([]byte, n*recordSizeHint)
+	slots := make([]exportSlot, n)
+	for i := range slots {
+		at := i * recordSizeHint
+		slots[i].buf = arena[at:at:(at + recordSizeHint)]
+	}
+	return slots
 }
 
 func (p participant) Committed(ctx context.Context, scope ctlplane.Scope, stop bool) error {
@@ -664,11 +683,9 @@ func recordType(data []byte) (string, error) {
 // most of a record's bytes, and the activation that continues it decodes
 // it (restoredLoop.decode).
 func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
-	var r sessionRecord
-	// The strict decode validates the raw fields (request, reply, boundary)
-	// as JSON too.
-	if err := codec.UnmarshalRecord(rec.Data, &r); err != nil {
-		return nil, errors.New(codec.DescribeError(err))
+	r, err := decodeSessionFields(rec.Data)
+	if err != nil {
+		return nil, err
 	}
 	if r.Type != recordSession {
 		return nil, fmt.Errorf("type %q is not %s", r.Type, recordSession)
@@ -714,6 +731,26 @@ func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 		completedReply: reply, observations: st.Observations,
 		restoredLoop: loop, restored: true,
 	}, nil
+}
+
+// decodeSessionFields decodes a session record strictly, which validates
+// its raw fields (request, reply, boundary) as JSON too. A record as Export
+// writes it has its boundary cut off first (cutBoundary): the rest is
+// decoded, the boundary only validated here and kept where it is, in the
+// buffer of the records file (Install's records stay unchanged).
+func decodeSessionFields(data []byte) (sessionRecord, error) {
+	if head, boundary, ok := cutBoundary(data); ok && codec.Valid(boundary) {
+		var r sessionRecord
+		if codec.UnmarshalRecord(head, &r) == nil {
+			r.Boundary = boundary
+			return r, nil
+		}
+	}
+	var r sessionRecord
+	if err := codec.UnmarshalRecord(data, &r); err != nil {
+		return sessionRecord{}, errors.New(codec.DescribeError(err))
+	}
+	return r, nil
 }
 
 // loopShape is what Install decodes of a loop boundary: the fields its

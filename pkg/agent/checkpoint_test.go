@@ -861,7 +861,11 @@ func TestCheckpoint_RestoredLoopThatCannotBeContinued(t *testing.T) {
 	}
 	var out []ctlplane.Record
 	scope := ctlplane.NewScope([]rollout.EpisodeID{{RolloutID: "r", Attempt: 1}})
-	if _, err := p.Export(context.Background(), scope, func(r ctlplane.Record) error { out = append(out, r); return nil }); err != nil {
+	if _, err := p.Export(context.Background(), scope, func(r ctlplane.Record) error {
+		// emit must not keep Data: Export reuses its buffers.
+		out = append(out, ctlplane.Record{EpisodeID: r.EpisodeID, Data: slices.Clone(r.Data)})
+		return nil
+	}); err != nil {
 		t.Fatalf("Export: %v", err)
 	}
 	if len(out) != 1 {

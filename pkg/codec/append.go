@@ -151,3 +151,51 @@ func alreadyCompactAndSafe(raw []byte) bool {
 	}
 	return true
 }
+
+// AppendRawMessage appends raw as both encoders write a RawMessage field:
+// null when raw is nil, else as AppendRaw writes it. A valid value with no
+// white space between its tokens and nothing HTML escaping changes, as
+// nearly every stored value is, is copied after one scan that knows where
+// its strings are: AppendRaw's own check gives up at the first space,
+// which the strings of a request (instructions, prompts) are full of, and
+// then compacts through two buffers.
+func AppendRawMessage(dst, raw []byte) ([]byte, error) {
+	if raw == nil {
+		return append(dst, "null"...), nil
+	}
+	if Valid(raw) && compactAndSafeJSON(raw) {
+		return append(dst, raw...), nil
+	}
+	return AppendRaw(dst, raw)
+}
+
+// compactAndSafeJSON reports that valid JSON raw has no white space
+// outside its strings (inside them only a space can occur, which compacting
+// keeps) and no <, >, &, U+2028 or U+2029: compacting and HTML escaping
+// leave it as it is.
+func compactAndSafeJSON(raw []byte) bool {
+	inString := false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case '"':
+			inString = !inString
+		case '\\':
+			// Only inside a string in valid JSON: the escaped byte cannot
+			// end it.
+			i++
+		case ' ', '\t', '\n', '\r':
+			if !inString {
+				return false
+			}
+		case '<', '>', '&':
+			return false
+		case 0xE2:
+			// U+2028 and U+2029 are E2 80 A8 and E2 80 A9; other characters
+			// starting with E2 (’, …, —) are left alone.
+			if i+2 < len(raw) && raw[i+1] == 0x80 && raw[i+2]&^1 == 0xA8 {
+				return false
+			}
+		}
+	}
+	return true
+}

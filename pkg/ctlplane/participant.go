@@ -53,7 +53,9 @@ type Participant interface {
 
 	// Export writes one record per episode in scope that this participant
 	// holds state for, by calling emit. It returns extras for the manifest
-	// and for the commit reply (both may be nil).
+	// and for the commit reply (both may be nil). emit does not retain
+	// Record.Data after it returns (the store copies it into its line), so
+	// an Export may reuse a record's buffer for the next record.
 	Export(ctx context.Context, scope Scope, emit func(Record) error) (Extras, error)
 	// Committed runs after the commit's write is durable: a participant
 	// deletes restored state the scope left out (SPEC §6) and may free

@@ -24,6 +24,11 @@ func (it Item) MarshalJSON() ([]byte, error) {
 	return it.appendJSON(make([]byte, 0, 256))
 }
 
+// AppendJSON appends the item as MarshalJSON writes it, for an encoder of
+// a larger value that writes into a buffer of its own (the agent's
+// checkpoint records). On an error it returns no bytes.
+func (it Item) AppendJSON(b []byte) ([]byte, error) { return it.appendJSON(b) }
+
 func (it Item) appendJSON(b []byte) ([]byte, error) {
 	var err error
 	switch it.Type {

@@ -1,0 +1,74 @@
+package agent
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/codec"
+)
+
+const (
+	cutHead     = `{"type":"session","episode_id":{"rollout_id":"r1","attempt":1},"session_id":"s-1","session":{"request":{"x":[1,"}"]},"resources_session_id":"rs-1","activations":1,"completed_activation":0,"completed_reply":null,"observations":{"activations":0,"steps":0,"model_calls":0,"tool_calls":0,"usage":null,"resources_session_id":"rs-1"}},`
+	cutBoundaryV = `{"step":1,"pending_tools":false,"new_outputs":[{"type":"message","content":"a \"}\" b"}],"usage":null,"last_model_response":null,"turns":[],"tool_records":[],"model_calls":1}`
+)
+
+func TestCutBoundary(t *testing.T) {
+	for _, tc := range []struct {
+		name, data string
+		boundary   string // "" when the record is not cut
+	}{
+		{"as Export writes it", cutHead + `"boundary":` + cutBoundaryV + `}`, cutBoundaryV},
+		{"null boundary", cutHead + `"boundary":null}`, `null`},
+		{"spaces around", " " + cutHead + ` "boundary" : ` + cutBoundaryV + " }\n", cutBoundaryV},
+		{"boundary not last", `{"boundary":null,"type":"session"}`, ""},
+		{"boundary twice", `{"boundary":{},"boundary":null}`, ""},
+		{"another spelling first", `{"Boundary":{},"boundary":null}`, ""},
+		{"escaped key", `{"type":"session","bound\u0061ry":null}`, ""},
+		{"another spelling last", `{"type":"session","BOUNDARY":null}`, ""},
+		{"no boundary", `{"type":"session"}`, ""},
+		{"trailing data", cutHead + `"boundary":null} x`, ""},
+		{"unterminated", cutHead + `"boundary":{"a":"}`, ""},
+		{"not an object", `["boundary",null]`, ""},
+		{"empty", ``, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			head, boundary, ok := cutBoundary([]byte(tc.data))
+			if ok != (tc.boundary != "") {
+				t.Fatalf("ok = %v, want %v", ok, tc.boundary != "")
+			}
+			if !ok {
+				return
+			}
+			if string(boundary) != tc.boundary {
+				t.Errorf("boundary = %s, want %s", boundary, tc.boundary)
+			}
+			if !codec.Valid(head) {
+				t.Errorf("head is not JSON: %s", head)
+			}
+		})
+	}
+}
+
+// FuzzDecodeSessionFields: the cut decode accepts exactly what the strict
+// decode of the whole record accepts, as the same record.
+func FuzzDecodeSessionFields(f *testing.F) {
+	f.Add([]byte(cutHead + `"boundary":` + cutBoundaryV + `}`))
+	f.Add([]byte(cutHead + `"boundary":null}`))
+	f.Add([]byte(cutHead + `"boundary":{"step":1,}}`))
+	f.Add([]byte(cutHead + `"extra":1,"boundary":null}`))
+	f.Add([]byte(`{"type":"session","boundary":[1,2]  }`))
+	f.Add([]byte(`{"type":"session","session":{"request":{"a":"\u00e9"}},"boundary":"\ud800"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var want sessionRecord
+		wantErr := codec.UnmarshalRecord(data, &want)
+		got, err := decodeSessionFields(data)
+		switch {
+		case wantErr != nil && err == nil:
+			t.Fatalf("the cut decode accepts %q, the strict one refuses it: %v", data, wantErr)
+		case wantErr == nil && err != nil:
+			t.Fatalf("the cut decode refuses %q: %v", data, err)
+		case wantErr == nil && !reflect.DeepEqual(got, want):
+			t.Fatalf("the cut decode of %q is\n %+v\nthe strict one's\n %+v", data, got, want)
+		}
+	})
+}
