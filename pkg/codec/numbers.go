@@ -37,20 +37,29 @@ func (v *Ints) UnmarshalJSON(b []byte) error {
 // UnmarshalJSON accepts null (nil) or an array of JSON numbers.
 func (v *Floats) UnmarshalJSON(b []byte) error {
 	return decodeNumbers(b, func(n int) { *v = make(Floats, 0, n) }, func(tok []byte) error {
-		f, err := strconv.ParseFloat(string(tok), 64)
-		if err != nil || math.IsInf(f, 0) {
-			return fmt.Errorf("number %s does not fit a float64", tok)
+		f, err := parseFloat(tok)
+		if err != nil {
+			return err
 		}
 		*v = append(*v, f)
 		return nil
 	}, func() { *v = nil })
 }
 
+// parseFloat reads a JSON number that must fit a float64.
+func parseFloat(tok []byte) (float64, error) {
+	f, err := strconv.ParseFloat(string(tok), 64)
+	if err != nil || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("number %s does not fit a float64", tok)
+	}
+	return f, nil
+}
+
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// decodeNumbers scans a JSON array of numbers, calling alloc with a
-// capacity estimate, then each for every number token (validated against
-// the JSON number grammar).
+// decodeNumbers scans a JSON array of numbers, calling alloc (unless nil)
+// with a capacity estimate, then each for every number token (validated
+// against the JSON number grammar; "0" for a null element).
 func decodeNumbers(b []byte, alloc func(int), each func([]byte) error, null func()) error {
 	i := 0
 	for i < len(b) && isSpace(b[i]) {
@@ -69,13 +78,15 @@ func decodeNumbers(b []byte, alloc func(int), each func([]byte) error, null func
 		return errNotArray
 	}
 	i++
-	commas := 0
-	for _, c := range b[i:] {
-		if c == ',' {
-			commas++
+	if alloc != nil {
+		commas := 0
+		for _, c := range b[i:] {
+			if c == ',' {
+				commas++
+			}
 		}
+		alloc(commas + 1)
 	}
-	alloc(commas + 1)
 	first := true
 	for {
 		for i < len(b) && isSpace(b[i]) {

@@ -553,7 +553,11 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 		}
 		seenRollout[id.RolloutID] = true
 	}
-	decoded := make(map[rollout.EpisodeID]*ModelRecord, len(records))
+	// The rows' token arrays are validated, not decoded, and may refer to
+	// the records' bytes (a buffer of the checkpoint store's) until the
+	// ledger copies them into its import records: nothing of decoded
+	// outlives Install but the generation cuts, which are copies.
+	decoded := make(map[rollout.EpisodeID]*importRecord, len(records))
 	for _, r := range records {
 		if err := r.EpisodeID.Validate(); err != nil {
 			return nil, fmt.Errorf("record episode: %w", err)
@@ -564,7 +568,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 		if decoded[r.EpisodeID] != nil {
 			return nil, fmt.Errorf("two records of %s", r.EpisodeID)
 		}
-		m, err := DecodeModelRecord(r.Data)
+		m, err := decodeImportRecord(r.Data)
 		if err != nil {
 			return nil, fmt.Errorf("record of %s: %w", r.EpisodeID, err)
 		}
@@ -579,7 +583,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 			return nil, err
 		}
 		n := id.Next()
-		var rows []tokencapture.Row
+		var rows []tokencapture.ImportRow
 		r := &restoredEpisode{id: n}
 		if m := decoded[id]; m != nil {
 			rows = m.Rows

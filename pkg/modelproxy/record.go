@@ -84,41 +84,133 @@ func encodeModelRecord(rows []codec.RawMessage, cut *GenerationCut) (data []byte
 // and as many log-probs as generated tokens; at most one cut, whose ids,
 // digest and single staging key are valid.
 func DecodeModelRecord(data []byte) (*ModelRecord, error) {
-	var m ModelRecord
-	if err := codec.UnmarshalRecord(data, &m); err != nil {
-		return nil, fmt.Errorf("not a model record: %s", codec.DescribeError(err))
+	rec, err := decodeImportRecord(data)
+	if err != nil {
+		return nil, err
 	}
+	m := &ModelRecord{GenerationCuts: rec.GenerationCuts}
+	if rec.Rows != nil {
+		m.Rows = make([]tokencapture.Row, len(rec.Rows))
+	}
+	for i, r := range rec.Rows {
+		if m.Rows[i], err = r.Row(); err != nil {
+			return nil, fmt.Errorf("rows[%d]: %w", i, err)
+		}
+	}
+	return m, nil
+}
+
+// importRecord is a ModelRecord as Install reads it: its rows as the
+// ledger imports them, with their token arrays validated but left as JSON.
+type importRecord struct {
+	Rows           []tokencapture.ImportRow `json:"rows"`
+	GenerationCuts []GenerationCut          `json:"generation_cuts"`
+}
+
+// decodeImportRecord decodes and validates a record as DecodeModelRecord
+// does (which is built on it), without decoding the token arrays.
+func decodeImportRecord(data []byte) (*importRecord, error) {
+	m, ok := cutImportRecord(data)
+	if !ok {
+		m = &importRecord{}
+		if err := unmarshalImportRecord(data, m); err != nil {
+			return nil, err
+		}
+	}
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// cutImportRecord reads a record laid out as encodeModelRecord writes it,
+// with rows as the ledger writes them (tokencapture.CutImportRow), which is
+// what Export writes: a restore then needs no generic decoder. ok false
+// means only that the record is laid out otherwise.
+func cutImportRecord(data []byte) (m *importRecord, ok bool) {
+	rest, ok := bytes.CutPrefix(data, []byte(`{"rows":[`))
+	if !ok {
+		return nil, false
+	}
+	m = &importRecord{Rows: []tokencapture.ImportRow{}}
+	for len(rest) > 0 && rest[0] != ']' {
+		if len(m.Rows) > 0 {
+			if rest, ok = bytes.CutPrefix(rest, []byte(",")); !ok {
+				return nil, false
+			}
+		}
+		var row tokencapture.ImportRow
+		if row, rest, ok = tokencapture.CutImportRow(rest); !ok {
+			return nil, false
+		}
+		m.Rows = append(m.Rows, row)
+	}
+	if rest, ok = bytes.CutPrefix(rest, []byte(`],"generation_cuts":`)); !ok {
+		return nil, false
+	}
+	cuts, ok := bytes.CutSuffix(rest, []byte("}"))
+	switch {
+	case !ok:
+		return nil, false
+	case string(cuts) == "[]":
+		m.GenerationCuts = []GenerationCut{}
+	case codec.UnmarshalRecord(cuts, &m.GenerationCuts) != nil:
+		return nil, false
+	}
+	return m, true
+}
+
+// unmarshalImportRecord decodes a record of any layout into m, which is
+// zero, with the generic decoder.
+func unmarshalImportRecord(data []byte, m *importRecord) error {
+	if err := codec.UnmarshalRecord(data, m); err != nil {
+		// A refusal names the type it expected (importRecord, ImportRow):
+		// decoding a ModelRecord again, on this rare path, refuses the
+		// data with the words it always used.
+		var named ModelRecord
+		if namedErr := codec.UnmarshalRecord(data, &named); namedErr != nil {
+			err = namedErr
+		}
+		return fmt.Errorf("not a model record: %s", codec.DescribeError(err))
+	}
+	return nil
+}
+
+// validate checks what DecodeModelRecord promises of a record's rows and
+// cut.
+func (m *importRecord) validate() error {
 	seen := make(map[string]bool, len(m.Rows))
 	var lastSeq int64
-	for i, r := range m.Rows {
+	for i := range m.Rows {
+		r := &m.Rows[i]
 		switch {
 		case !validCallID(r.CallID):
-			return nil, fmt.Errorf("rows[%d].call_id %q is not a model call id", i, r.CallID)
+			return fmt.Errorf("rows[%d].call_id %q is not a model call id", i, r.CallID)
 		case seen[r.CallID]:
-			return nil, fmt.Errorf("rows[%d].call_id %q appears twice", i, r.CallID)
+			return fmt.Errorf("rows[%d].call_id %q appears twice", i, r.CallID)
 		case r.CaptureKey != "" && !validSourceKey(r.CaptureKey):
-			return nil, fmt.Errorf("rows[%d].capture_key %q is not a capture key", i, r.CaptureKey)
+			return fmt.Errorf("rows[%d].capture_key %q is not a capture key", i, r.CaptureKey)
 		case r.ParentCallID != "" && !validCallID(r.ParentCallID):
-			return nil, fmt.Errorf("rows[%d].parent_call_id %q is not a model call id", i, r.ParentCallID)
+			return fmt.Errorf("rows[%d].parent_call_id %q is not a model call id", i, r.ParentCallID)
 		case r.Seq <= lastSeq:
-			return nil, fmt.Errorf("rows[%d].seq %d does not follow %d", i, r.Seq, lastSeq)
-		case len(r.GenerationTokenIDs) != len(r.GenerationLogProbs):
-			return nil, fmt.Errorf("rows[%d] has %d generation tokens but %d log-probs", i, len(r.GenerationTokenIDs), len(r.GenerationLogProbs))
+			return fmt.Errorf("rows[%d].seq %d does not follow %d", i, r.Seq, lastSeq)
+		case r.GenerationTokenIDs.Len() != r.GenerationLogProbs.Len():
+			return fmt.Errorf("rows[%d] has %d generation tokens but %d log-probs", i, r.GenerationTokenIDs.Len(), r.GenerationLogProbs.Len())
 		case r.ContinuedFrom != "" && !validStagingKey(r.ContinuedFrom):
-			return nil, fmt.Errorf("rows[%d].continued_from is not a staging key", i)
+			return fmt.Errorf("rows[%d].continued_from is not a staging key", i)
 		}
 		seen[r.CallID] = true
 		lastSeq = r.Seq
 	}
 	if len(m.GenerationCuts) > 1 {
-		return nil, fmt.Errorf("a record holds at most one generation cut, this one %d", len(m.GenerationCuts))
+		return fmt.Errorf("a record holds at most one generation cut, this one %d", len(m.GenerationCuts))
 	}
 	for _, c := range m.GenerationCuts {
 		if err := c.validate(); err != nil {
-			return nil, fmt.Errorf("generation_cuts[0]: %w", err)
+			return fmt.Errorf("generation_cuts[0]: %w", err)
 		}
 	}
-	return &m, nil
+	return nil
 }
 
 func (c GenerationCut) validate() error {

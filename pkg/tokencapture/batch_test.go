@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"testing"
@@ -96,26 +98,38 @@ func TestLedger_ReadRowsIsRows(t *testing.T) {
 }
 
 // TestLedger_ImportManyIsImport: ImportMany leaves the ledger (and its log,
-// replayed) as one Import per key does, across segment rotations.
+// byte for byte, and replayed) as one Import per key does, across segment
+// rotations and across write batches.
 func TestLedger_ImportManyIsImport(t *testing.T) {
+	t.Run("rotations", func(t *testing.T) { testImportManyIsImport(t, 40, 8<<10) })
+	t.Run("batches", func(t *testing.T) { testImportManyIsImport(t, 6000, 0) })
+}
+
+func testImportManyIsImport(t *testing.T, keys int, segmentBytes int64) {
 	now := time.Unix(1700000000, 0)
-	opts := tokencapture.Options{SegmentBytes: 8 << 10, Now: func() time.Time { return now }}
+	opts := tokencapture.Options{SegmentBytes: segmentBytes, Now: func() time.Time { return now }}
 	var imports []tokencapture.Import
-	for i := range 40 {
-		var rows []tokencapture.Row
+	rowsOf := map[string][]tokencapture.Row{}
+	for i := range keys {
+		im := tokencapture.Import{Key: fmt.Sprintf("k%02d-a1", i)}
 		for j := range i % 3 {
 			r := testRow(fmt.Sprintf("k%d-c%d", i, j), 20)
 			r.Seq = int64(j + 5)
-			rows = append(rows, r)
+			rowsOf[im.Key] = append(rowsOf[im.Key], r)
+			ir, err := tokencapture.ImportRowOf(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			im.Rows = append(im.Rows, ir)
 		}
-		imports = append(imports, tokencapture.Import{Key: fmt.Sprintf("k%02d-a1", i), Rows: rows})
+		imports = append(imports, im)
 	}
 	one, many := t.TempDir(), t.TempDir()
 	lOne, lMany := openLedger(t, one, opts), openLedger(t, many, opts)
 	mustAppend(t, lOne, "k03-a1", testRow("old", 4))
 	mustAppend(t, lMany, "k03-a1", testRow("old", 4))
 	for _, im := range imports {
-		if err := lOne.Import(im.Key, im.Rows); err != nil {
+		if err := lOne.Import(im.Key, rowsOf[im.Key]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -145,6 +159,9 @@ func TestLedger_ImportManyIsImport(t *testing.T) {
 	}
 	if err := lMany.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if a, b := logBytes(t, one), logBytes(t, many); !bytes.Equal(a, b) {
+		t.Fatalf("the logs differ:\n%s\n%s", a, b)
 	}
 	same(openLedger(t, one, opts), openLedger(t, many, opts))
 
@@ -245,4 +262,24 @@ func FuzzReadRawRows(f *testing.F) {
 		}
 		checkRawRows(t, l, []string{"a", "b"})
 	})
+}
+
+// logBytes is the log of the ledger in dir: its segments in order, back
+// to back.
+func logBytes(t *testing.T, dir string) []byte {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "seg-*.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(paths)
+	var all []byte
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, b...)
+	}
+	return all
 }
