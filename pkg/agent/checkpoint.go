@@ -420,23 +420,8 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 	slices.SortFunc(out, func(a, b exportedSession) int {
 		return cmp.Or(rollout.CompareCaptureKeys(a.rec.EpisodeID, b.rec.EpisodeID), cmp.Compare(a.rec.SessionID, b.rec.SessionID))
 	})
-	// Records are encoded a window at a time on every core (encoding is
-	// most of the export's work, and a loop state is kilobytes of JSON),
-	// then emitted in order. Each slot of the window is reused by the next
-	// window: emit does not retain a record's data after it returns
-	// (ctlplane.Participant.Export).
-	slots := newExportSlots(min(encodeWindow, len(out)))
-	for start := 0; start < len(out); start += encodeWindow {
-		window := out[start:min(start+encodeWindow, len(out))]
-		inParallel(len(window), func(i int) { slots[i].encode(&window[i]) })
-		for i, e := range window {
-			if slots[i].err != nil {
-				return ctlplane.Extras{}, slots[i].err
-			}
-			if err := emit(ctlplane.Record{EpisodeID: e.rec.EpisodeID, Data: slots[i].buf}); err != nil {
-				return ctlplane.Extras{}, err
-			}
-		}
+	if err := emitWindows(out, emit); err != nil {
+		return ctlplane.Extras{}, err
 	}
 	err := s.runs.Export(scope, func(r ctlplane.Record) error {
 		data, err := codec.Marshal(legacyRecord{Type: recordLegacy, EpisodeID: r.EpisodeID, Episode: r.Data})
@@ -446,6 +431,61 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 		return emit(ctlplane.Record{EpisodeID: r.EpisodeID, Data: data})
 	})
 	return ctlplane.Extras{}, err
+}
+
+// emitWindows encodes the records of out a window at a time on every core
+// (encoding is most of the export's work, and a loop state is kilobytes of
+// JSON) and emits them in order, each window while the next is encoded:
+// emitting runs on one core, and the store's checks, hash and writes are a
+// third of an export. Windows alternate between two sets of slots, reused
+// by every other window: emit does not retain a record's data after it
+// returns (ctlplane.Participant.Export).
+func emitWindows(out []exportedSession, emit func(ctlplane.Record) error) error {
+	n := min(encodeWindow, len(out))
+	slots := [2][]exportSlot{newExportSlots(n), newExportSlots(n)}
+	windowAt := func(k int) []exportedSession {
+		return out[k*encodeWindow : min((k+1)*encodeWindow, len(out))]
+	}
+	encode := func(k int) {
+		window, set := windowAt(k), slots[k%2]
+		inParallel(len(window), func(i int) { set[i].encode(&window[i]) })
+	}
+	windows := (len(out) + encodeWindow - 1) / encodeWindow
+	if windows > 0 {
+		encode(0)
+	}
+	for k := range windows {
+		next := make(chan struct{})
+		if k+1 < windows {
+			go func() {
+				defer close(next)
+				encode(k + 1)
+			}()
+		} else {
+			close(next)
+		}
+		err := emitWindow(windowAt(k), slots[k%2], emit)
+		// The next window's encoding writes into slots this function
+		// owns: wait for it even when returning early.
+		<-next
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// emitWindow emits a window's records from the slots they were encoded in.
+func emitWindow(window []exportedSession, set []exportSlot, emit func(ctlplane.Record) error) error {
+	for i, e := range window {
+		if set[i].err != nil {
+			return set[i].err
+		}
+		if err := emit(ctlplane.Record{EpisodeID: e.rec.EpisodeID, Data: set[i].buf}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // exportSlot is one slot of an export window, reused by every window: the

@@ -8,7 +8,7 @@ import (
 )
 
 const (
-	cutHead     = `{"type":"session","episode_id":{"rollout_id":"r1","attempt":1},"session_id":"s-1","session":{"request":{"x":[1,"}"]},"resources_session_id":"rs-1","activations":1,"completed_activation":0,"completed_reply":null,"observations":{"activations":0,"steps":0,"model_calls":0,"tool_calls":0,"usage":null,"resources_session_id":"rs-1"}},`
+	cutHead      = `{"type":"session","episode_id":{"rollout_id":"r1","attempt":1},"session_id":"s-1","session":{"request":{"x":[1,"}"]},"resources_session_id":"rs-1","activations":1,"completed_activation":0,"completed_reply":null,"observations":{"activations":0,"steps":0,"model_calls":0,"tool_calls":0,"usage":null,"resources_session_id":"rs-1"}},`
 	cutBoundaryV = `{"step":1,"pending_tools":false,"new_outputs":[{"type":"message","content":"a \"}\" b"}],"usage":null,"last_model_response":null,"turns":[],"tool_records":[],"model_calls":1}`
 )
 

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -494,5 +495,20 @@ func TestExport_ReusesBuffersAcrossWindows(t *testing.T) {
 	})
 	if err != nil || n != len(ids) {
 		t.Fatalf("Export emitted %d of %d records: %v", n, len(ids), err)
+	}
+
+	// An emit that fails stops the export there, while the next window is
+	// being encoded (the race detector sees the slots).
+	errFull := errors.New("disk full")
+	n = 0
+	_, err = participant{srv}.Export(context.Background(), ctlplane.NewScope(ids), func(ctlplane.Record) error {
+		n++
+		if n == encodeWindow+5 {
+			return errFull
+		}
+		return nil
+	})
+	if !errors.Is(err, errFull) || n != encodeWindow+5 {
+		t.Fatalf("Export with a failing emit: %d records emitted, %v", n, err)
 	}
 }
