@@ -66,17 +66,73 @@ type localRecords struct {
 	f    atomicfile.File
 	n    int64
 	done bool
+
+	// unsynced counts the bytes written since the last writeback started.
+	unsynced int64
+	// syncing is closed when the writeback running in the background ends;
+	// nil when none was started. syncErr is its error, read after that.
+	syncing chan struct{}
+	syncErr error
 }
+
+// writebackEvery is how many bytes of records are written between two
+// writebacks started in the background. The kernel starts writing dirty
+// pages back only past dirty_background_ratio (gigabytes here), so a commit
+// waited at its fsync for the whole file to reach the disk after writing
+// it: 179 MB at 180 MB/s for the agent at 50,000 rollouts. Started as the
+// records are written, the writes to disk overlap the encoding, and the
+// commit's own fsync finds little left.
+const writebackEvery = 8 << 20
 
 func (w *localRecords) Write(b []byte) (int, error) {
 	n, err := w.f.Write(b)
 	w.n += int64(n)
+	w.unsynced += int64(n)
+	if w.unsynced >= writebackEvery {
+		w.startWriteback()
+	}
 	return n, err
+}
+
+// startWriteback fsyncs the file in the background, unless the last one
+// is still running or failed (Commit reports that failure).
+func (w *localRecords) startWriteback() {
+	if w.syncing != nil {
+		select {
+		case <-w.syncing:
+		default:
+			return
+		}
+		if w.syncErr != nil {
+			return
+		}
+	}
+	w.unsynced = 0
+	done := make(chan struct{})
+	w.syncing = done
+	go func() {
+		defer close(done)
+		w.syncErr = w.f.Sync()
+	}()
+}
+
+// waitWriteback waits for the background writeback, if any, and returns
+// its error.
+func (w *localRecords) waitWriteback() error {
+	if w.syncing == nil {
+		return nil
+	}
+	<-w.syncing
+	return w.syncErr
 }
 
 func (w *localRecords) Commit(name string) (int64, error) {
 	w.done = true
-	if err := w.f.Sync(); err != nil {
+	err := w.waitWriteback()
+	if err == nil {
+		err = w.f.Sync()
+	}
+	if err != nil {
 		_ = w.f.Close()
 		_ = w.fs.Remove(w.f.Name())
 		return 0, fmt.Errorf("fsync records: %w", err)
@@ -100,6 +156,7 @@ func (w *localRecords) Abort() error {
 		return nil
 	}
 	w.done = true
+	_ = w.waitWriteback()
 	_ = w.f.Close()
 	return w.fs.Remove(w.f.Name())
 }

@@ -406,3 +406,39 @@ func TestStore_RecordsWithLineBreaksReadBack(t *testing.T) {
 		t.Fatalf("read back %q, want one record %s", recs, want)
 	}
 }
+
+// TestStore_WritebackDuringTheWrite: records past a few megabytes are
+// written back as they are written (a background fsync), and a failure of
+// that fsync fails the commit, as the final fsync's does.
+func TestStore_WritebackDuringTheWrite(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	t.Run("written back", func(t *testing.T) {
+		ctx := context.Background()
+		dir := t.TempDir()
+		fs := &crashFS{FS: atomicfile.OS}
+		s := ckptstore.New(&ckptstore.Local{FS: fs})
+		if _, err := s.Write(ctx, target(dir), nil, records(20, big)); err != nil {
+			t.Fatal(err)
+		}
+		fs.mu.Lock()
+		syncs := fs.syncs
+		fs.mu.Unlock()
+		if syncs < 3 { // one writeback at least, the records', the manifest's
+			t.Errorf("%d fsyncs for 20 MB of records and a manifest, want a writeback among them", syncs)
+		}
+		if _, recs, _, err := s.Read(ctx, target(dir), nil); err != nil || len(recs) != 20 {
+			t.Fatalf("read back %d records: %v", len(recs), err)
+		}
+	})
+	t.Run("writeback fails", func(t *testing.T) {
+		ctx := context.Background()
+		dir := t.TempDir()
+		s := ckptstore.New(&ckptstore.Local{FS: &crashFS{FS: atomicfile.OS, failSync: 1}})
+		if _, err := s.Write(ctx, target(dir), nil, records(20, big)); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("a failed writeback must fail the commit, got %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(target(dir).ParticipantDir(), "manifest.json")); !os.IsNotExist(err) {
+			t.Fatalf("no manifest may exist after a failed writeback: %v", err)
+		}
+	})
+}
