@@ -24,6 +24,8 @@ func TestCutBoundary(t *testing.T) {
 		{"boundary twice", `{"boundary":{},"boundary":null}`, ""},
 		{"another spelling first", `{"Boundary":{},"boundary":null}`, ""},
 		{"escaped key", `{"type":"session","bound\u0061ry":null}`, ""},
+		{"key with a control character", "{\"type\x01\":\"session\",\"boundary\":null}", ""},
+		{"key not UTF-8", "{\"type\xff\":\"session\",\"boundary\":null}", ""},
 		{"another spelling last", `{"type":"session","BOUNDARY":null}`, ""},
 		{"no boundary", `{"type":"session"}`, ""},
 		{"trailing data", cutHead + `"boundary":null} x`, ""},

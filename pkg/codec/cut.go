@@ -130,3 +130,104 @@ func cutNumberArray(b []byte) (raw, rest []byte, ok bool) {
 	}
 	return b[:end+1], b[end+1:], true
 }
+
+// SkipSpace returns b after its leading JSON whitespace. Unlike the Cut
+// functions, which read a value where it starts, it lets a caller walk
+// JSON laid out by others, spaces and newlines included.
+func SkipSpace(b []byte) []byte {
+	i := 0
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return b[i:]
+}
+
+// CutValue skips b's leading JSON whitespace and reads the one JSON value
+// there only as far as it takes to find where it ends: it returns the
+// value's bytes (in b) for a decoder or Valid to check, without validating
+// them itself, which would scan them twice. All it checks is:
+//
+//   - a string starts with '"' and ends at the next '"' that no backslash
+//     escapes (a backslash escapes the byte after it, whatever that is);
+//   - an array or object starts with '[' or '{' and ends at the first ']'
+//     or '}' that closes as many brackets as have opened, those in strings
+//     aside; the two kinds are counted as one, so "{]" is a value, and
+//     nothing else between the brackets is looked at;
+//   - anything else (a number, true, false, null, or none of these) is
+//     the bytes up to the next ',', '}', ']', JSON whitespace or the end
+//     of b, at least one.
+//
+// So ok is false, with rest b, only where b holds no more than whitespace,
+// starts (after it) with ',', '}' or ']', or ends inside a string, array
+// or object. A valid JSON value is read exactly when it is a string,
+// array or object, whatever follows it, and otherwise when what follows
+// it is whitespace, ',', '}', ']' or nothing (FuzzCutValue checks it
+// against encoding/json).
+func CutValue(b []byte) (value, rest []byte, ok bool) {
+	start := len(b) - len(SkipSpace(b))
+	end := valueEnd(b, start)
+	if end < 0 {
+		return nil, b, false
+	}
+	return b[start:end], b[end:], true
+}
+
+// valueEnd returns the index after the value at b[i] as CutValue reads it,
+// or -1.
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				end := stringEnd(b, i)
+				if end < 0 {
+					return -1
+				}
+				i = end
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return -1
+	}
+	end := i
+	for end < len(b) && !endsScalar(b[end]) {
+		end++
+	}
+	if end == i {
+		return -1
+	}
+	return end
+}
+
+// endsScalar reports that c cannot be part of a number or literal: what
+// may follow one in JSON but a ':' (which follows only a string).
+func endsScalar(c byte) bool { return c == ',' || c == '}' || c == ']' || isSpace(c) }
+
+// stringEnd returns the index after the string that starts at b[i], a
+// '"', or -1 if it does not end in b.
+func stringEnd(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			return i + 1
+		case '\\':
+			i++
+		}
+	}
+	return -1
+}
