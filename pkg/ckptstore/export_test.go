@@ -16,3 +16,7 @@ func ReadRecordsBytes(b []byte) ([]Record, int, error) {
 func ReadCanonical(line []byte) (Record, bool) { return readCanonical(line) }
 
 func AppendRecord(r Record) []byte { return appendRecord(nil, r) }
+
+// WritebackEvery is how many bytes of records are written between two
+// background writebacks.
+const WritebackEvery = writebackEvery

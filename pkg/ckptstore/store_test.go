@@ -9,8 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
@@ -407,28 +410,177 @@ func TestStore_RecordsWithLineBreaksReadBack(t *testing.T) {
 	}
 }
 
+// syncEvent is one File.Sync of a records file.
+type syncEvent struct {
+	at      int64 // bytes written to the file when the sync started
+	added   int64 // records added by then
+	started int   // order among starts and ends of every records sync
+	ended   int
+}
+
+// writebackFS watches the records file's writes and fsyncs: it notes, for
+// every sync, how far the writer had got when it started, and holds the
+// first sync until release is closed. Once the writer is WritebackEvery
+// bytes in, it writes nothing more until that sync has started (or a
+// minute of the bubble's fake time passed without it), so where the
+// writeback starts does not depend on when the goroutine running it is
+// scheduled.
+type writebackFS struct {
+	atomicfile.FS
+	added        *atomic.Int64
+	firstStarted chan struct{}
+	release      chan struct{}
+
+	mu      sync.Mutex
+	order   int
+	syncs   []*syncEvent
+	written int64
+	waited  bool
+}
+
+type writebackFile struct {
+	atomicfile.File
+	fs *writebackFS
+}
+
+func (w *writebackFS) CreateTemp(dir, pattern string) (atomicfile.File, error) {
+	f, err := w.FS.CreateTemp(dir, pattern)
+	if err != nil || !strings.HasPrefix(pattern, ".records") {
+		return f, err
+	}
+	return writebackFile{f, w}, nil
+}
+
+func (f writebackFile) Write(b []byte) (int, error) {
+	w := f.fs
+	w.mu.Lock()
+	wait := !w.waited && w.written >= ckptstore.WritebackEvery
+	w.waited = w.waited || wait
+	w.mu.Unlock()
+	if wait {
+		select {
+		case <-w.firstStarted:
+		case <-time.After(time.Minute):
+		}
+	}
+	n, err := f.File.Write(b)
+	w.mu.Lock()
+	w.written += int64(n)
+	w.mu.Unlock()
+	return n, err
+}
+
+func (f writebackFile) Sync() error {
+	w := f.fs
+	w.mu.Lock()
+	w.order++
+	ev := &syncEvent{at: w.written, added: w.added.Load(), started: w.order}
+	w.syncs = append(w.syncs, ev)
+	first := len(w.syncs) == 1
+	w.mu.Unlock()
+	if first {
+		close(w.firstStarted)
+		<-w.release
+	}
+	err := f.File.Sync()
+	w.mu.Lock()
+	w.order++
+	ev.ended = w.order
+	w.mu.Unlock()
+	return err
+}
+
+func (w *writebackFS) events() []syncEvent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]syncEvent, len(w.syncs))
+	for i, ev := range w.syncs {
+		out[i] = *ev
+	}
+	return out
+}
+
 // TestStore_WritebackDuringTheWrite: records past a few megabytes are
 // written back as they are written (a background fsync), and a failure of
 // that fsync fails the commit, as the final fsync's does.
 func TestStore_WritebackDuringTheWrite(t *testing.T) {
 	big := strings.Repeat("x", 1<<20)
-	t.Run("written back", func(t *testing.T) {
-		ctx := context.Background()
-		dir := t.TempDir()
-		fs := &crashFS{FS: atomicfile.OS}
-		s := ckptstore.New(&ckptstore.Local{FS: fs})
-		if _, err := s.Write(ctx, target(dir), nil, records(20, big)); err != nil {
-			t.Fatal(err)
-		}
-		fs.mu.Lock()
-		syncs := fs.syncs
-		fs.mu.Unlock()
-		if syncs < 3 { // one writeback at least, the records', the manifest's
-			t.Errorf("%d fsyncs for 20 MB of records and a manifest, want a writeback among them", syncs)
-		}
-		if _, recs, _, err := s.Read(ctx, target(dir), nil); err != nil || len(recs) != 20 {
-			t.Fatalf("read back %d records: %v", len(recs), err)
-		}
+	// The first writeback starts once WritebackEvery bytes are written,
+	// before the last record is, and the writer goes on writing while it
+	// runs. Commit waits for it: with it held, the write ends up blocked
+	// in Commit with no fsync of its own started, and returns only after
+	// the writeback is released and the final fsync has run.
+	t.Run("written back while writing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			const n = 12 // 1 MB each: one writeback, and 4 MB written during it
+			ctx := context.Background()
+			dir := t.TempDir()
+			var added atomic.Int64
+			fs := &writebackFS{FS: atomicfile.OS, added: &added, firstStarted: make(chan struct{}), release: make(chan struct{})}
+			var releaseOnce sync.Once
+			release := func() { releaseOnce.Do(func() { close(fs.release) }) }
+			s := ckptstore.New(&ckptstore.Local{FS: fs})
+			emit := records(n, big)
+			var w ckptstore.Written
+			var err error
+			writeDone := make(chan struct{})
+			// However the test ends, the write ends in the bubble.
+			defer func() {
+				release()
+				<-writeDone
+			}()
+			go func() {
+				defer close(writeDone)
+				w, err = s.Write(ctx, target(dir), nil, func(add func(ckptstore.Record) error) (map[string]any, error) {
+					return emit(func(r ckptstore.Record) error {
+						err := add(r)
+						added.Add(1)
+						return err
+					})
+				})
+			}()
+
+			// Everything in the bubble blocks: the held writeback, and the
+			// writer, which can only block on it.
+			synctest.Wait()
+			evs := fs.events()
+			if len(evs) == 0 {
+				t.Fatalf("no fsync of the records started once %d bytes were written (%d of %d records)", ckptstore.WritebackEvery, added.Load(), n)
+			}
+			if got := added.Load(); got != n {
+				t.Errorf("%d of %d records written while the writeback ran, want the writer to go on to the last", got, n)
+			}
+			select {
+			case <-writeDone:
+				t.Errorf("the write returned while its writeback was still running: %v", err)
+			default:
+			}
+			if len(evs) != 1 {
+				t.Errorf("%d fsyncs of the records started while the writeback ran, want the commit's to wait for it", len(evs))
+			}
+
+			release()
+			<-writeDone
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs = fs.events()
+			if len(evs) != 2 {
+				t.Fatalf("%d fsyncs of the records, want the writeback and the commit's: %+v", len(evs), evs)
+			}
+			wb, final := evs[0], evs[1]
+			if wb.at < ckptstore.WritebackEvery || wb.at >= w.Bytes || wb.added >= n {
+				t.Errorf("the writeback started at byte %d of %d, after %d of %d records; want it at byte %d or past, before the last record",
+					wb.at, w.Bytes, wb.added, n, ckptstore.WritebackEvery)
+			}
+			if final.at != w.Bytes || final.started < wb.ended {
+				t.Errorf("the commit's fsync started at byte %d of %d, at step %d (writeback %d-%d); want it after every byte and after the writeback ended",
+					final.at, w.Bytes, final.started, wb.started, wb.ended)
+			}
+			if _, recs, _, err := s.Read(ctx, target(dir), nil); err != nil || len(recs) != n {
+				t.Fatalf("read back %d records: %v", len(recs), err)
+			}
+		})
 	})
 	t.Run("writeback fails", func(t *testing.T) {
 		ctx := context.Background()
