@@ -29,8 +29,49 @@ func TestShippedConfigLoadsAndValidates(t *testing.T) {
 	if cfg.Agents[1].Name != "counter_agent" || cfg.Agents[1].ResourcesURL != "http://127.0.0.1:18021" {
 		t.Errorf("agents = %+v", cfg.Agents)
 	}
-	if cfg.EpisodeTimeout != 30*time.Minute || cfg.CleanupTimeout != 30*time.Second {
-		t.Errorf("timeouts = %v, %v", cfg.EpisodeTimeout, cfg.CleanupTimeout)
+	if cfg.EpisodeTimeout != 30*time.Minute || cfg.CleanupTimeout != 30*time.Second || cfg.CleanupRetryWindow != 10*time.Minute {
+		t.Errorf("timeouts = %v, %v, %v", cfg.EpisodeTimeout, cfg.CleanupTimeout, cfg.CleanupRetryWindow)
+	}
+}
+
+func TestCleanupRetryWindow(t *testing.T) {
+	const agents = "agents:\n  - name: a\n    url: http://x:1\n    resources_url: http://y:1\n"
+	for _, tc := range []struct {
+		name, yaml, env string
+		want            time.Duration
+		err             string
+	}{
+		{name: "default", yaml: agents, want: environment.DefaultCleanupRetryWindow},
+		{name: "from the file", yaml: agents + "cleanup_retry_window: 2m\n", want: 2 * time.Minute},
+		{name: "off", yaml: agents + "cleanup_retry_window: 0s\n", want: 0},
+		{name: "from the environment", yaml: agents + "cleanup_retry_window: 2m\n", env: "90s", want: 90 * time.Second},
+		{name: "negative", yaml: agents + "cleanup_retry_window: -1s\n", err: "cleanup_retry_window"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "env.yaml")
+			if err := os.WriteFile(path, []byte(tc.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			getenv := func(k string) string {
+				if k == "GYMFLEET_CLEANUP_RETRY_WINDOW" {
+					return tc.env
+				}
+				return ""
+			}
+			cfg, err := loadConfig(configload.Flags{Config: path}, getenv)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("loadConfig = %v, want an error naming %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("loadConfig: %v", err)
+			}
+			if cfg.CleanupRetryWindow != tc.want {
+				t.Errorf("cleanup_retry_window = %v, want %v", cfg.CleanupRetryWindow, tc.want)
+			}
+		})
 	}
 }
 

@@ -28,6 +28,9 @@ const (
 	DefaultName           = "env"
 	DefaultEpisodeTimeout = 30 * time.Minute
 	DefaultCleanupTimeout = 30 * time.Second
+	// DefaultCleanupRetryWindow is how long a cleanup step that got no
+	// answer is sent again in the background.
+	DefaultCleanupRetryWindow = 10 * time.Minute
 )
 
 // Config configures an environment server.
@@ -46,6 +49,11 @@ type Config struct {
 	EpisodeTimeout time.Duration `mapstructure:"episode_timeout"`
 	// CleanupTimeout bounds the final cleanup of one episode, in total.
 	CleanupTimeout time.Duration `mapstructure:"cleanup_timeout"`
+	// CleanupRetryWindow is how long, from its first failure, a final-cleanup
+	// step that got no answer (a close that timed out, a refused connection,
+	// a 5xx) is sent again in the background, each time under
+	// cleanup_timeout; 0 turns the retries off.
+	CleanupRetryWindow time.Duration `mapstructure:"cleanup_retry_window"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `mapstructure:"log_level"`
 	// Checkpoint is the shared checkpoint block. Carried and validated; the
@@ -72,13 +80,14 @@ type AgentConfig struct {
 // with no agents (a configuration must name at least one).
 func DefaultConfig() Config {
 	return Config{
-		Listen:         DefaultListen,
-		Name:           DefaultName,
-		Protocol:       ProtocolSingleAgentTurn,
-		EpisodeTimeout: DefaultEpisodeTimeout,
-		CleanupTimeout: DefaultCleanupTimeout,
-		LogLevel:       "info",
-		Checkpoint:     ctlplane.DefaultConfig(),
+		Listen:             DefaultListen,
+		Name:               DefaultName,
+		Protocol:           ProtocolSingleAgentTurn,
+		EpisodeTimeout:     DefaultEpisodeTimeout,
+		CleanupTimeout:     DefaultCleanupTimeout,
+		CleanupRetryWindow: DefaultCleanupRetryWindow,
+		LogLevel:           "info",
+		Checkpoint:         ctlplane.DefaultConfig(),
 	}
 }
 
@@ -131,6 +140,9 @@ func (c Config) Validate() error {
 	}
 	if c.CleanupTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("cleanup_timeout %v must be > 0", c.CleanupTimeout))
+	}
+	if c.CleanupRetryWindow < 0 {
+		errs = append(errs, fmt.Errorf("cleanup_retry_window %v must be >= 0 (0 turns the retries off)", c.CleanupRetryWindow))
 	}
 	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("log_level: %w", err))

@@ -34,6 +34,8 @@ func TestConfig_Validate(t *testing.T) {
 		{"unknown default", func(c *environment.Config) { c.DefaultAgent = "b" }, "default_agent"},
 		{"zero episode timeout", func(c *environment.Config) { c.EpisodeTimeout = 0 }, "episode_timeout"},
 		{"negative cleanup timeout", func(c *environment.Config) { c.CleanupTimeout = -time.Second }, "cleanup_timeout"},
+		{"negative cleanup retry window", func(c *environment.Config) { c.CleanupRetryWindow = -time.Second }, "cleanup_retry_window"},
+		{"cleanup retries off", func(c *environment.Config) { c.CleanupRetryWindow = 0 }, ""},
 		{"bad name", func(c *environment.Config) { c.Name = "has space" }, "name"},
 		{"empty listen", func(c *environment.Config) { c.Listen = "" }, "listen"},
 		{"bad log level", func(c *environment.Config) { c.LogLevel = "loud" }, "log_level"},
@@ -51,6 +53,12 @@ func TestConfig_Validate(t *testing.T) {
 				t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestDefaultConfig_CleanupRetryWindow(t *testing.T) {
+	if got := environment.DefaultConfig().CleanupRetryWindow; got != 10*time.Minute {
+		t.Errorf("default cleanup_retry_window = %v, want 10m", got)
 	}
 }
 

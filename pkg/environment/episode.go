@@ -176,8 +176,10 @@ func (c *cleanupStack) push(name string, fn func(context.Context) error) {
 	c.fns = append(c.fns, cleanupFunc{name: name, fn: fn})
 }
 
-// run runs every callback once, newest first.
-func (c *cleanupStack) run(ctx context.Context, log *slog.Logger) {
+// run runs every callback once, newest first. A step that got no answer is
+// handed to late, which sends it again in the background; only a step late
+// does not take is warned about here.
+func (c *cleanupStack) run(ctx context.Context, log *slog.Logger, key string, late *lateCleanup) {
 	c.mu.Lock()
 	if c.ran {
 		c.mu.Unlock()
@@ -193,9 +195,17 @@ func (c *cleanupStack) run(ctx context.Context, log *slog.Logger) {
 	start := time.Now()
 	for i := len(fns) - 1; i >= 0; i-- {
 		stepStart := time.Now()
-		if err := fns[i].fn(ctx); err != nil {
-			log.WarnContext(ctx, "final cleanup step failed", "step", fns[i].name, "err", err,
-				"started_after_s", stepStart.Sub(start).Seconds(), "took_s", time.Since(stepStart).Seconds())
+		err := fns[i].fn(ctx)
+		if err == nil {
+			continue
 		}
+		took := time.Since(stepStart)
+		if late.add(ctx, key, fns[i].name, fns[i].fn, err) {
+			log.DebugContext(ctx, "final cleanup step failed; sending it again in the background", "step", fns[i].name, "err", err,
+				"started_after_s", stepStart.Sub(start).Seconds(), "took_s", took.Seconds())
+			continue
+		}
+		log.WarnContext(ctx, "final cleanup step failed", "step", fns[i].name, "err", err,
+			"started_after_s", stepStart.Sub(start).Seconds(), "took_s", took.Seconds())
 	}
 }

@@ -119,8 +119,15 @@ func jsonReply(status int, body string) route {
 // startEnv starts an environment server on 127.0.0.1:0.
 func startEnv(t *testing.T, cfg environment.Config) (*environment.Server, string) {
 	t.Helper()
+	return startEnvWith(t, cfg, environment.Deps{})
+}
+
+// startEnvWith starts an environment server on 127.0.0.1:0 with deps; the
+// test's cleanup closes it (Close may be called before: it is idempotent).
+func startEnvWith(t *testing.T, cfg environment.Config, deps environment.Deps) (*environment.Server, string) {
+	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
-	s, err := environment.New(cfg, environment.Deps{})
+	s, err := environment.New(cfg, deps)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

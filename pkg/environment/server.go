@@ -47,6 +47,8 @@ type Server struct {
 	tracker *tracking.Tracker
 	ctl     *ctlplane.Controller
 	cpu     cpuGate
+	// late sends again the cleanup steps that got no answer in time.
+	late *lateCleanup
 
 	mu      sync.Mutex
 	live    map[string]*episode // by capture key
@@ -99,6 +101,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	r.Post("/run", httpserver.Handle(deps.Logger, s.handleRun))
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	// Last: nothing after it can fail and leave its goroutines running.
+	s.late = newLateCleanup(deps.Logger, cfg.CleanupTimeout, cfg.CleanupRetryWindow, newLateCleanupMetrics(deps.Registry))
 	return s, nil
 }
 
@@ -112,6 +116,7 @@ func (s *Server) Close(ctx context.Context) error {
 	// Every handler's request is cancelled by now, and its cleanup is bounded
 	// by cleanup_timeout, so this wait is bounded too.
 	s.running.Wait()
+	s.late.close()
 	if s.ctl != nil {
 		s.ctl.Close()
 	}
@@ -275,7 +280,7 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 	// cleanup, so its reply means the sessions are closed.
 	ep.tracked.Finishing()
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
-	ep.cleanup.run(cctx, s.log)
+	ep.cleanup.run(cctx, s.log, ep.id.CaptureKey(), s.late)
 	ccancel()
 
 	if err != nil {

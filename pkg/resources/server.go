@@ -190,7 +190,8 @@ const (
 //
 // opSeed creates the session with state when it does not exist (a re-seed
 // keeps the existing state) and binds it to the request's episode. opClose
-// removes the session. opTool and opVerify return a nil session for an
+// removes the session, unless an earlier attempt of the rollout sends it
+// after a later one took the session over; then it changes nothing. opTool and opVerify return a nil session for an
 // unknown id. A request of another attempt than the session's is refused
 // with stale_attempt, except a close, which is never refused.
 //
@@ -247,6 +248,12 @@ func (s *Server) enter(r *http.Request, op operation, id string, state any) (*se
 			}
 			sess.mu.Unlock()
 		}
+	case op == opClose && hasEp && sess.bound && earlierAttempt(ep, sess.episode):
+		// A close of an attempt that a later one has taken the session
+		// over from (a late cleanup, sent again after its first try got no
+		// answer) is answered, never refused, and leaves the later
+		// attempt's session alone.
+		sess = nil
 	case op == opClose:
 		s.removeLocked(sess)
 		s.updateSessionsGaugeLocked()
@@ -367,6 +374,12 @@ func (s *Server) seedEpisodeLocked(sess *session, ep rollout.EpisodeID, hasEp bo
 		return nil
 	}
 	return staleAttempt(sess, ep)
+}
+
+// earlierAttempt reports whether ep is an earlier attempt of the rollout
+// that holds the session.
+func earlierAttempt(ep, holder rollout.EpisodeID) bool {
+	return ep.RolloutID == holder.RolloutID && ep.Attempt < holder.Attempt
 }
 
 func staleAttempt(sess *session, ep rollout.EpisodeID) error {

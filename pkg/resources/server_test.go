@@ -342,8 +342,59 @@ func TestRolloutPrefix_BindsSession(t *testing.T) {
 	expect(t, "unbound session accepts any episode", ts.post("/ng-rollout/x/increment", "s2", `{"by":1}`), 200, `{"count":1}`)
 	ts.post("/ng-rollout/y/seed_session", "s2", `{}`)
 	expectCode(t, "bound by the later seed", ts.post("/ng-rollout/x/increment", "s2", `{"by":1}`), 409, "stale_attempt")
-	// Close is never refused.
-	expect(t, "close as another attempt", ts.post("/ng-rollout/r/close_session", "s1", ``), 200, `{"closed":true}`)
+	// Close is never refused. An earlier attempt's close leaves the session
+	// to the attempt that took it over (TestCloseSession_EarlierAttempt).
+	expect(t, "close as an earlier attempt", ts.post("/ng-rollout/r/close_session", "s1", ``), 200, `{"closed":false}`)
+	expect(t, "close as another rollout", ts.post("/ng-rollout/q/close_session", "s1", ``), 200, `{"closed":true}`)
+}
+
+// TestCloseSession_EarlierAttempt: once a later attempt of the rollout has
+// taken a session over (re-seeded the caller-assigned id), a close of an
+// earlier attempt (its final cleanup, sent again after its first try got no
+// answer) is answered, not refused, with closed false, and leaves the later
+// attempt's session and its state alone; the later attempt closes it.
+func TestCloseSession_EarlierAttempt(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start func(t *testing.T) *testServer
+	}{
+		{"plain", func(t *testing.T) *testServer { return start(t, resources.TypeCounter) }},
+		{"checkpointing", func(t *testing.T) *testServer { return checkpointed(t, resources.TypeCounter, "", "") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := tc.start(t)
+			sessions := func() string {
+				for line := range strings.Lines(ts.do(http.MethodGet, "/metrics", "", "").body) {
+					if strings.HasPrefix(line, "gymfleet_resources_sessions ") {
+						return strings.TrimSpace(line)
+					}
+				}
+				return "no gymfleet_resources_sessions"
+			}
+			expect(t, "seed as r-a1", ts.post("/ng-rollout/r-a1/seed_session", "s1", `{"initial_count":1}`), 200, `{}`)
+			expect(t, "tool as r-a1", ts.post("/ng-rollout/r-a1/increment", "s1", `{"by":1}`), 200, `{"count":2}`)
+			expect(t, "seed as r-a2 takes the session over", ts.post("/ng-rollout/r-a2/seed_session", "s1", `{"initial_count":0}`), 200, `{}`)
+
+			expect(t, "close as r-a1", ts.post("/ng-rollout/r-a1/close_session", "s1", `{}`), 200, `{"closed":false}`)
+			expect(t, "close as r-a1 again", ts.post("/ng-rollout/r-a1/close_session", "s1", `{}`), 200, `{"closed":false}`)
+			expect(t, "close as r, earlier still", ts.post("/ng-rollout/r/close_session", "s1", ``), 200, `{"closed":false}`)
+			if got := sessions(); got != "gymfleet_resources_sessions 1" {
+				t.Errorf("after the earlier attempts' closes: %s, want 1", got)
+			}
+			// The session is r-a2's still, with its state.
+			expect(t, "tool as r-a2", ts.post("/ng-rollout/r-a2/increment", "s1", `{"by":1}`), 200, `{"count":3}`)
+			expect(t, "verify as r-a2", ts.post("/ng-rollout/r-a2/verify", "s1", `{"responses_create_params":{},"response":{"output":[]},"expected_count":3}`),
+				200, `{"expected_count":3,"response":{"output":[]},"responses_create_params":{},"reward":1.0}`)
+			expectCode(t, "tool as r-a1 is still stale", ts.post("/ng-rollout/r-a1/increment", "s1", `{"by":1}`), 409, "stale_attempt")
+
+			expect(t, "close as r-a2", ts.post("/ng-rollout/r-a2/close_session", "s1", `{}`), 200, `{"closed":true}`)
+			expect(t, "close as r-a2 again", ts.post("/ng-rollout/r-a2/close_session", "s1", `{}`), 200, `{"closed":false}`)
+			expectCode(t, "tool after r-a2's close", ts.post("/ng-rollout/r-a2/increment", "s1", `{"by":1}`), 404, "unknown_session")
+			if got := sessions(); got != "gymfleet_resources_sessions 0" {
+				t.Errorf("after r-a2's close: %s, want 0", got)
+			}
+		})
+	}
 }
 
 func TestSlowVerify_HoldRelease(t *testing.T) {

@@ -53,6 +53,8 @@ type Result struct {
 	Replacements        int     `json:"replacements"`
 	ReplacementFailures int     `json:"replacement_failures"`
 	RewardsNotOne       int     `json:"rewards_not_one"`
+	// Sessions is what the fresh fleet held open after the replacements.
+	Sessions Sessions `json:"sessions"`
 	// OriginalsReplied counts original /run calls that got any HTTP reply
 	// (the contract wants 0); OriginalsCutOff those the crash cut off.
 	OriginalsReplied int `json:"originals_replied"`
@@ -212,6 +214,8 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	row("resume", r.ResumeSeconds, "")
 	row("replacements: every one finished", r.ReplacementsSeconds, fmt.Sprintf("%d sent, %d failed, %d reward != 1.0", r.Replacements, r.ReplacementFailures, r.RewardsNotOne))
+	row("sessions: every one closed", r.Sessions.Seconds, fmt.Sprintf("%d resources and %d agent sessions open; cleanup steps sent again: %d answered, %d abandoned, %d pending",
+		r.Sessions.ResourcesOpen, r.Sessions.AgentOpen, r.Sessions.RetriesDone, r.Sessions.RetriesAbandoned, r.Sessions.RetriesPending))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -243,7 +247,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 		}
 	}
 	if len(r.Violations) == 0 && r.Error == "" {
-		fmt.Fprintln(w, "contract: every rollout was exported, none replied while prepared, every replacement finished with reward 1.0")
+		fmt.Fprintln(w, "contract: every rollout was exported, none replied while prepared, every replacement finished with reward 1.0, every session closed")
 	}
 	for _, v := range r.Violations {
 		fmt.Fprintln(w, "CONTRACT VIOLATED:", v)

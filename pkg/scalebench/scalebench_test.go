@@ -368,3 +368,33 @@ func TestParseMemTotal(t *testing.T) {
 		t.Error("DefaultMaxRSSBytes is 0")
 	}
 }
+
+func TestSampleValue(t *testing.T) {
+	const exposition = `# HELP gymfleet_env_cleanup_retries_pending Final-cleanup steps that got no answer in time.
+# TYPE gymfleet_env_cleanup_retries_pending gauge
+gymfleet_env_cleanup_retries_pending 12
+gymfleet_env_cleanup_retries_pending_other 99
+gymfleet_env_cleanup_retries_total{outcome="abandoned"} 0
+gymfleet_env_cleanup_retries_total{outcome="done"} 3.5e+03
+gymfleet_resources_sessions 0
+`
+	for _, tc := range []struct {
+		sample string
+		want   float64
+	}{
+		{"gymfleet_env_cleanup_retries_pending", 12},
+		{`gymfleet_env_cleanup_retries_total{outcome="done"}`, 3500},
+		{`gymfleet_env_cleanup_retries_total{outcome="abandoned"}`, 0},
+		{"gymfleet_resources_sessions", 0},
+		// A counter never incremented for a label is not exposed: 0.
+		{"gymfleet_agent_sessions", 0},
+	} {
+		got, err := sampleValue(strings.NewReader(exposition), tc.sample)
+		if err != nil || got != tc.want {
+			t.Errorf("sampleValue(%s) = %v, %v; want %v", tc.sample, got, err, tc.want)
+		}
+	}
+	if _, err := sampleValue(strings.NewReader("gymfleet_agent_sessions many\n"), "gymfleet_agent_sessions"); err == nil {
+		t.Error("a sample that is not a number was read")
+	}
+}
