@@ -62,6 +62,9 @@ type Controller struct {
 	install    *task
 	committed  *CommitReply
 	restored   *RestoreReply
+	// gcHeld is set while this controller holds the process's collections
+	// off (gcHolds): from prepare closing admission until the reopen.
+	gcHeld bool
 }
 
 type task struct {
@@ -115,13 +118,15 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	return c, nil
 }
 
-// Close stops the lease timer and waits for background writes and installs.
+// Close stops the lease timer, ends a hold on collections and waits for
+// background writes and installs.
 func (c *Controller) Close() {
 	c.mu.Lock()
 	if c.leaseTimer != nil {
 		c.leaseTimer.Stop()
 		c.leaseTimer = nil
 	}
+	c.releaseGCLocked()
 	c.mu.Unlock()
 	c.cancel()
 	c.wg.Wait()
@@ -242,12 +247,31 @@ func (c *Controller) reopenLocked() {
 	c.install = nil
 	c.gate.open()
 	c.p.OpenAdmission()
+	c.releaseGCLocked()
 	if c.leaseTimer != nil {
 		c.leaseTimer.Stop()
 		c.leaseTimer = nil
 	}
 	c.leaseUntil = time.Time{}
 	c.prepared, c.committed, c.restored = nil, nil, nil
+}
+
+// holdGCLocked defers the process's collections until the checkpoint
+// reopens (see gcHolds). Called with c.mu held.
+func (c *Controller) holdGCLocked() {
+	if !c.gcHeld {
+		c.gcHeld = true
+		processGC.hold()
+	}
+}
+
+// releaseGCLocked ends this controller's hold, if it has one. Called with
+// c.mu held.
+func (c *Controller) releaseGCLocked() {
+	if c.gcHeld {
+		c.gcHeld = false
+		processGC.release()
+	}
 }
 
 // CheckpointRequest is the body of prepare, renew and resume.
@@ -289,6 +313,7 @@ func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*Prepa
 		return r, nil
 	case ActCloseAndWait:
 		c.gate.close()
+		c.holdGCLocked()
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		err := c.p.CloseAdmission(cctx)
 		cancel()
@@ -296,6 +321,7 @@ func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*Prepa
 			// Phase and admission never disagree: reopen and refuse.
 			c.gate.open()
 			c.p.OpenAdmission()
+			c.releaseGCLocked()
 			c.st = prev
 			c.mu.Unlock()
 			return nil, fmt.Errorf("close admission: %w", err)

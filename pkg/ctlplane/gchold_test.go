@@ -1,0 +1,96 @@
+package ctlplane_test
+
+import (
+	"context"
+	"math"
+	"runtime/debug"
+	"runtime/metrics"
+	"testing"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+)
+
+// gcSettings reads GOGC and the memory limit without changing them.
+func gcSettings() (gogc int64, limit int64) {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64()), int64(s[1].Value.Uint64())
+}
+
+// Ensure a checkpoint defers collections from prepare until the reopen,
+// under a memory limit, and restores GOGC and the limit afterwards; with
+// two controllers in one process, the settings come back only when the last
+// one reopens. (Not parallel: GC settings belong to the process.)
+func TestController_HoldsCollectionsWhilePrepared(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	clock := ctlplane.NewManualClock(epoch)
+	a := newController(t, ctlplanetest.NewFake("agent", "a"), clock, nil)
+	b := newController(t, ctlplanetest.NewFake("resources", "r"), clock, nil)
+	ctx := context.Background()
+	req := ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 10*time.Second)}
+
+	if _, err := a.Prepare(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	gogc, limit := gcSettings()
+	// GOGC=off reads as a negative percent, stored as a uint64.
+	if gogc >= 0 {
+		t.Fatalf("GOGC = %d while prepared, want off", gogc)
+	}
+	if limit == math.MaxInt64 || limit <= 0 {
+		t.Fatalf("memory limit = %d while collections are held, want a bound", limit)
+	}
+	if _, err := b.Prepare(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Resume(req); err != nil {
+		t.Fatal(err)
+	}
+	if gogc, _ := gcSettings(); gogc >= 0 {
+		t.Fatalf("GOGC = %d while another controller is still prepared, want off", gogc)
+	}
+	if _, err := b.Resume(req); err != nil {
+		t.Fatal(err)
+	}
+	if gogc, limit := gcSettings(); gogc != 100 || limit != math.MaxInt64 {
+		t.Fatalf("after the last reopen GOGC = %d, limit = %d; want 100 and no limit", gogc, limit)
+	}
+}
+
+// Ensure the hold never raises a memory limit the operator set, and that a
+// lease expiry and Close both end it.
+func TestController_HoldKeepsALowerLimitAndEndsOnExpiryAndClose(t *testing.T) {
+	const operatorLimit = 64 << 20
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(operatorLimit))
+	clock := ctlplane.NewManualClock(epoch)
+	c := newController(t, ctlplanetest.NewFake("agent", "a"), clock, nil)
+	ctx := context.Background()
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 10*time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, limit := gcSettings(); limit != operatorLimit {
+		t.Fatalf("memory limit = %d while held, want the operator's %d", limit, operatorLimit)
+	}
+	clock.Advance(71 * time.Second) // the lease (10 s + 60 s grace) expires
+	if p, _ := c.Phase(); p != ctlplane.PhaseIdle {
+		t.Fatalf("phase after expiry = %s, want idle", p)
+	}
+	if gogc, limit := gcSettings(); gogc != 100 || limit != operatorLimit {
+		t.Fatalf("after the lease expired GOGC = %d, limit = %d; want 100 and %d", gogc, limit, operatorLimit)
+	}
+
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c2", DeadlineTS: deadlineIn(clock, 10*time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if gogc, _ := gcSettings(); gogc >= 0 {
+		t.Fatalf("GOGC = %d while prepared, want off", gogc)
+	}
+	c.Close()
+	if gogc, _ := gcSettings(); gogc != 100 {
+		t.Fatalf("after Close GOGC = %d, want 100", gogc)
+	}
+}
