@@ -827,11 +827,14 @@ func (p *presence) UnmarshalJSON(b []byte) error {
 
 // checkLoopShape checks a loop boundary (valid JSON, not null) as
 // decodeLoopState does, without decoding its items: what it cannot see
-// (an item's fields) fails the activation that continues the state.
+// (an item's fields) fails the activation that continues the state. raw
+// must have been validated: the walk of cutLoopShape trusts its syntax.
 func checkLoopShape(raw codec.RawMessage) error {
-	var st loopShape
-	if err := decodeLoopObject(raw, &st); err != nil {
-		return err
+	st, ok := cutLoopShape(raw)
+	if !ok {
+		if err := decodeLoopObject(raw, &st); err != nil {
+			return err
+		}
 	}
 	return loopInvariants(st.Step, st.ModelCalls, st.PendingTools, bool(st.LastModelResponse))
 }

@@ -62,3 +62,152 @@ func cutBoundary(data []byte) (head, boundary []byte, ok bool) {
 		rest = rest[1:]
 	}
 }
+
+// loopShapeFields are the loop boundary's fields that checkLoopShape reads.
+var loopShapeFields = [...]string{"step", "pending_tools", "new_outputs", "last_model_response", "model_calls"}
+
+// cutLoopShape reads what checkLoopShape needs of a loop boundary, which
+// must be valid JSON (decodeSessionFields has validated it), in one walk
+// over its members without copying them. That was a fifth of a 100,000-
+// session restore's CPU in the agent, mostly the generic decoder copying
+// every new_outputs item for its UnmarshalJSON. ok is false for anything
+// it does not read exactly as the decoder does: a field name matching one
+// of ours only without regard to case, or not ASCII; a count that is not a
+// plain integer; a pending_tools that is not a boolean; a new_outputs that
+// is not null or an array of objects. The caller then decodes the boundary
+// the general way, which also words its errors.
+func cutLoopShape(raw []byte) (st loopShape, ok bool) {
+	rest := codec.SkipSpace(raw)
+	if len(rest) == 0 || rest[0] != '{' {
+		return loopShape{}, false
+	}
+	rest = codec.SkipSpace(rest[1:])
+	if len(rest) > 0 && rest[0] == '}' {
+		return st, true
+	}
+	for {
+		var key []byte
+		if key, rest, ok = codec.CutString(rest); !ok {
+			return loopShape{}, false
+		}
+		field := loopShapeField(key)
+		if field < -1 {
+			return loopShape{}, false
+		}
+		rest = codec.SkipSpace(rest)
+		if len(rest) == 0 || rest[0] != ':' {
+			return loopShape{}, false
+		}
+		rest = codec.SkipSpace(rest[1:])
+		if rest, ok = cutLoopShapeValue(&st, field, rest); !ok {
+			return loopShape{}, false
+		}
+		rest = codec.SkipSpace(rest)
+		switch {
+		case len(rest) == 0:
+			return loopShape{}, false
+		case rest[0] == '}':
+			return st, len(codec.SkipSpace(rest[1:])) == 0
+		case rest[0] != ',':
+			return loopShape{}, false
+		}
+		rest = codec.SkipSpace(rest[1:])
+	}
+}
+
+// loopShapeField is the index in loopShapeFields of the field key names,
+// -1 for a key naming none of them, -2 for one the decoder might match to
+// one of them though it is not spelled the same (case, or bytes beyond
+// ASCII, which its case folding also reads).
+func loopShapeField(key []byte) int {
+	for _, c := range key {
+		if c >= 0x80 {
+			return -2
+		}
+	}
+	for i, f := range loopShapeFields {
+		if string(key) == f {
+			return i
+		}
+		if bytes.EqualFold(key, []byte(f)) {
+			return -2
+		}
+	}
+	return -1
+}
+
+// cutLoopShapeValue reads the value of field (an index of loopShapeFields,
+// or -1 for one checkLoopShape does not read) into st.
+func cutLoopShapeValue(st *loopShape, field int, b []byte) (rest []byte, ok bool) {
+	if field >= 0 && isNullPrefix(b) {
+		// null leaves a field as it is, in the decoder too; for
+		// last_model_response it is the absence presence records.
+		if field == 3 {
+			st.LastModelResponse = false
+		}
+		return b[len("null"):], true
+	}
+	switch field {
+	case 0, 4: // step, model_calls
+		n, rest, ok := codec.CutInt64(b)
+		if !ok || int64(int(n)) != n {
+			return b, false
+		}
+		if field == 0 {
+			st.Step = int(n)
+		} else {
+			st.ModelCalls = int(n)
+		}
+		return rest, true
+	case 1: // pending_tools
+		switch {
+		case bytes.HasPrefix(b, []byte("true")):
+			st.PendingTools = true
+			return b[len("true"):], true
+		case bytes.HasPrefix(b, []byte("false")):
+			st.PendingTools = false
+			return b[len("false"):], true
+		}
+		return b, false
+	case 2: // new_outputs: an array of objects
+		return cutObjectArray(b)
+	case 3: // last_model_response: present unless null
+		_, rest, ok := codec.CutValue(b)
+		st.LastModelResponse = presence(ok)
+		return rest, ok
+	}
+	_, rest, ok = codec.CutValue(b)
+	return rest, ok
+}
+
+// cutObjectArray reads an array whose every element is an object.
+func cutObjectArray(b []byte) (rest []byte, ok bool) {
+	if len(b) == 0 || b[0] != '[' {
+		return b, false
+	}
+	rest = codec.SkipSpace(b[1:])
+	if len(rest) > 0 && rest[0] == ']' {
+		return rest[1:], true
+	}
+	for {
+		if len(rest) == 0 || rest[0] != '{' {
+			return b, false
+		}
+		if _, rest, ok = codec.CutValue(rest); !ok {
+			return b, false
+		}
+		rest = codec.SkipSpace(rest)
+		switch {
+		case len(rest) == 0:
+			return b, false
+		case rest[0] == ']':
+			return rest[1:], true
+		case rest[0] != ',':
+			return b, false
+		}
+		rest = codec.SkipSpace(rest[1:])
+	}
+}
+
+// isNullPrefix reports whether b starts with the literal null.
+func isNullPrefix(b []byte) bool { return bytes.HasPrefix(b, []byte("null")) }

@@ -74,3 +74,75 @@ func FuzzDecodeSessionFields(f *testing.F) {
 		}
 	})
 }
+
+// shapeRead is what checkLoopShape reads of a loopShape: new_outputs is
+// only checked to be objects.
+func shapeRead(st loopShape) [4]int {
+	b := func(v bool) int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	return [4]int{st.Step, b(st.PendingTools), b(bool(st.LastModelResponse)), st.ModelCalls}
+}
+
+func TestCutLoopShape(t *testing.T) {
+	for _, tc := range []struct {
+		raw  string
+		want loopShape
+		ok   bool
+	}{
+		{cutBoundaryV, loopShape{Step: 1, NewOutputs: nil, ModelCalls: 1}, true},
+		{`{}`, loopShape{}, true},
+		{` { "step" : 3 , "pending_tools" : true , "last_model_response" : {"id":"r"} , "model_calls" : 2 } `, loopShape{Step: 3, PendingTools: true, LastModelResponse: true, ModelCalls: 2}, true},
+		{`{"step":1,"step":null,"model_calls":-4}`, loopShape{Step: 1, ModelCalls: -4}, true},
+		{`{"last_model_response":{},"last_model_response":null}`, loopShape{}, true},
+		{`{"new_outputs":[{},{"a":[1,{"b":"]"}]}],"other":[1,"x",{}]}`, loopShape{}, true},
+		{`{"new_outputs":null,"pending_tools":null}`, loopShape{}, true},
+		// What the decoder reads differently or refuses: the general way.
+		{`{"Step":1}`, loopShape{}, false},
+		{`{"st\u0065p":1}`, loopShape{}, false},
+		{`{"ſtep":1}`, loopShape{}, false},
+		{`{"step":1.0}`, loopShape{}, false},
+		{`{"step":1e2}`, loopShape{}, false},
+		{`{"step":"1"}`, loopShape{}, false},
+		{`{"step":12345678901234567890}`, loopShape{}, false},
+		{`{"pending_tools":1}`, loopShape{}, false},
+		{`{"new_outputs":[{},1]}`, loopShape{}, false},
+		{`{"new_outputs":[null]}`, loopShape{}, false},
+		{`{"new_outputs":{}}`, loopShape{}, false},
+		{`[]`, loopShape{}, false},
+	} {
+		got, ok := cutLoopShape([]byte(tc.raw))
+		if ok != tc.ok || (ok && shapeRead(got) != shapeRead(tc.want)) {
+			t.Errorf("cutLoopShape(%s) = %+v, %v; want %+v, %v", tc.raw, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// FuzzCutLoopShape: on valid JSON, whatever cutLoopShape reads, the
+// decoder reads as the same values, without error.
+func FuzzCutLoopShape(f *testing.F) {
+	f.Add([]byte(cutBoundaryV))
+	f.Add([]byte(`{"step":-0,"pending_tools":true,"last_model_response":[],"model_calls":0}`))
+	f.Add([]byte(`{"new_outputs":[{"type":"function_call","arguments":"{\"a\":1}"}],"usage":{"input_tokens":3}}`))
+	f.Add([]byte(`{"STEP":1,"Model_Calls":2}`))
+	f.Add([]byte(`{"step":9223372036854775807}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if !codec.Valid(raw) {
+			return
+		}
+		got, ok := cutLoopShape(raw)
+		if !ok {
+			return
+		}
+		var want loopShape
+		if err := decodeLoopObject(raw, &want); err != nil {
+			t.Fatalf("cutLoopShape reads %s, the decoder refuses it: %v", raw, err)
+		}
+		if shapeRead(got) != shapeRead(want) {
+			t.Fatalf("cutLoopShape reads %s as %+v, the decoder as %+v", raw, got, want)
+		}
+	})
+}
