@@ -80,35 +80,6 @@ func newRetryFixture(t *testing.T, closeSession route) *retryFixture {
 	return f
 }
 
-// metric is the value of the gauge or counter name (with outcome as its
-// outcome label, when not empty); 0 when it has no such series.
-func (f *retryFixture) metric(t *testing.T, name, outcome string) float64 {
-	t.Helper()
-	mfs, err := f.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := outcome == ""
-			for _, lp := range m.GetLabel() {
-				match = match || (lp.GetName() == "outcome" && lp.GetValue() == outcome)
-			}
-			if !match {
-				continue
-			}
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
-}
-
 func (f *retryFixture) closeEnv(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -165,13 +136,13 @@ func TestRun_UnansweredCloseIsSentAgain(t *testing.T) {
 	waitUntilWithin(t, 30*time.Second, "the close is sent again and answered", func() bool {
 		return closes.Load() >= 2 && environment.LateCleanupPending(f.env) == 0
 	})
-	if got := f.metric(t, "gymfleet_env_cleanup_retries_total", "done"); got != 1 {
+	if got := environment.GatheredValue(t, f.reg, "gymfleet_env_cleanup_retries_total", "done"); got != 1 {
 		t.Errorf("retries done = %v, want 1", got)
 	}
-	if got := f.metric(t, "gymfleet_env_cleanup_retries_total", "abandoned"); got != 0 {
+	if got := environment.GatheredValue(t, f.reg, "gymfleet_env_cleanup_retries_total", "abandoned"); got != 0 {
 		t.Errorf("retries abandoned = %v, want 0", got)
 	}
-	if got := f.metric(t, "gymfleet_env_cleanup_retries_pending", ""); got != 0 {
+	if got := environment.GatheredValue(t, f.reg, "gymfleet_env_cleanup_retries_pending", ""); got != 0 {
 		t.Errorf("retries pending = %v, want 0", got)
 	}
 	// Every close is the same one: the episode's path and session.
@@ -229,7 +200,7 @@ func TestRun_RefusedCloseIsNotSentAgain(t *testing.T) {
 	if n := closes.Load(); n != 1 {
 		t.Errorf("%d closes, want the refused one only", n)
 	}
-	if got := f.metric(t, "gymfleet_env_cleanup_retries_total", "abandoned"); got != 0 {
+	if got := environment.GatheredValue(t, f.reg, "gymfleet_env_cleanup_retries_total", "abandoned"); got != 0 {
 		t.Errorf("retries abandoned = %v, want 0: the step was never kept", got)
 	}
 }
@@ -257,10 +228,10 @@ func TestClose_AbandonsPendingCleanup(t *testing.T) {
 	if n := environment.LateCleanupPending(f.env); n != 0 {
 		t.Errorf("%d cleanup steps pending after Close", n)
 	}
-	if got := f.metric(t, "gymfleet_env_cleanup_retries_total", "abandoned"); got != 1 {
+	if got := environment.GatheredValue(t, f.reg, "gymfleet_env_cleanup_retries_total", "abandoned"); got != 1 {
 		t.Errorf("retries abandoned = %v, want 1", got)
 	}
-	if got := f.metric(t, "gymfleet_env_cleanup_retries_pending", ""); got != 0 {
+	if got := environment.GatheredValue(t, f.reg, "gymfleet_env_cleanup_retries_pending", ""); got != 0 {
 		t.Errorf("retries pending = %v, want 0", got)
 	}
 	if w := f.logs.lines("level=WARN", "abandoned", "the server is closing"); len(w) != 1 {

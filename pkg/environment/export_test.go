@@ -1,6 +1,11 @@
 package environment
 
-import "context"
+import (
+	"context"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // CPUGateSlots is how many /run handlers the server's CPU gate admits at once.
 func CPUGateSlots(s *Server) int { return cap(s.cpu) }
@@ -20,3 +25,33 @@ func TakeCPUGateSlot(s *Server) (leave func()) {
 // LateCleanupPending is how many final-cleanup steps the server's late
 // cleanup has waiting to be sent again or being sent.
 func LateCleanupPending(s *Server) int { return s.late.Pending() }
+
+// GatheredValue is the value of the gauge or counter name in reg, of the
+// series whose outcome label is outcome (any series when outcome is empty);
+// 0 when there is no such series.
+func GatheredValue(t testing.TB, reg prometheus.Gatherer, name, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := outcome == ""
+			for _, lp := range m.GetLabel() {
+				match = match || (lp.GetName() == "outcome" && lp.GetValue() == outcome)
+			}
+			if !match {
+				continue
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}

@@ -70,37 +70,6 @@ func newLate(perTry, window time.Duration) *lateHarness {
 	return &lateHarness{lateCleanup: newLateCleanup(log, perTry, window, newLateCleanupMetrics(reg)), reg: reg, logs: logs}
 }
 
-// metric is the value of the gauge or counter name with the given label
-// value (outcome), 0 when it has not been set.
-func (h *lateHarness) metric(t *testing.T, name, outcome string) float64 {
-	t.Helper()
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := outcome == ""
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "outcome" && lp.GetValue() == outcome {
-					match = true
-				}
-			}
-			if !match {
-				continue
-			}
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
-}
-
 // expect checks the pending count (both Pending and the gauge) and the
 // outcome counters.
 func (h *lateHarness) expect(t *testing.T, what string, pending int, done, abandoned float64) {
@@ -108,13 +77,13 @@ func (h *lateHarness) expect(t *testing.T, what string, pending int, done, aband
 	if got := h.Pending(); got != pending {
 		t.Errorf("%s: Pending() = %d, want %d", what, got, pending)
 	}
-	if got := h.metric(t, "gymfleet_env_cleanup_retries_pending", ""); got != float64(pending) {
+	if got := GatheredValue(t, h.reg, "gymfleet_env_cleanup_retries_pending", ""); got != float64(pending) {
 		t.Errorf("%s: gymfleet_env_cleanup_retries_pending = %v, want %d", what, got, pending)
 	}
-	if got := h.metric(t, "gymfleet_env_cleanup_retries_total", "done"); got != done {
+	if got := GatheredValue(t, h.reg, "gymfleet_env_cleanup_retries_total", "done"); got != done {
 		t.Errorf("%s: retries done = %v, want %v", what, got, done)
 	}
-	if got := h.metric(t, "gymfleet_env_cleanup_retries_total", "abandoned"); got != abandoned {
+	if got := GatheredValue(t, h.reg, "gymfleet_env_cleanup_retries_total", "abandoned"); got != abandoned {
 		t.Errorf("%s: retries abandoned = %v, want %v", what, got, abandoned)
 	}
 }
