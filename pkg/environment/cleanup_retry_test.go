@@ -1,12 +1,10 @@
 package environment_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,42 +14,6 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/environment"
 )
 
-// logBuffer collects a server's log lines while its goroutines write them.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines returns the lines that contain every one of subs.
-func (l *logBuffer) lines(subs ...string) []string {
-	l.mu.Lock()
-	text := l.b.String()
-	l.mu.Unlock()
-	var out []string
-	for line := range strings.Lines(text) {
-		ok := true
-		for _, s := range subs {
-			ok = ok && strings.Contains(line, s)
-		}
-		if ok {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // retryFixture is an environment server with a short cleanup_timeout, the
 // late cleanup on, its logs and metrics at hand, in front of the default
 // stand-ins with /close_session answered by closeSession.
@@ -59,13 +21,13 @@ type retryFixture struct {
 	rec  *recorder
 	env  *environment.Server
 	url  string
-	logs *logBuffer
+	logs *environment.LogBuffer
 	reg  *prometheus.Registry
 }
 
 func newRetryFixture(t *testing.T, closeSession route) *retryFixture {
 	t.Helper()
-	f := &retryFixture{rec: newRecorder(), logs: &logBuffer{}, reg: prometheus.NewRegistry()}
+	f := &retryFixture{rec: newRecorder(), logs: &environment.LogBuffer{}, reg: prometheus.NewRegistry()}
 	resRoutes := defaultResourcesRoutes()
 	resRoutes["/close_session"] = closeSession
 	agent := newStandIn(t, "agent", f.rec, defaultAgentRoutes())
@@ -93,7 +55,7 @@ func (f *retryFixture) closeEnv(t *testing.T) {
 // once (the debug line of a step handed to the late cleanup starts alike,
 // hence the closing quote).
 func (f *retryFixture) failedStepWarnings() []string {
-	return f.logs.lines("level=WARN", `msg="final cleanup step failed"`)
+	return f.logs.Lines("level=WARN", `msg="final cleanup step failed"`)
 }
 
 // hangUntilCancelled holds a request until its caller gives up on it, or
@@ -166,12 +128,12 @@ func TestRun_UnansweredCloseIsSentAgain(t *testing.T) {
 	if w := f.failedStepWarnings(); len(w) != 0 {
 		t.Errorf("the close sent again was warned about as failed: %q", w)
 	}
-	if l := f.logs.lines("level=DEBUG", "sending it again in the background", `step="close resources session"`); len(l) != 1 {
+	if l := f.logs.Lines("level=DEBUG", "sending it again in the background", `step="close resources session"`); len(l) != 1 {
 		t.Errorf("want one debug line handing the close to the late cleanup; logs:\n%s", f.logs.String())
 	}
 
 	f.closeEnv(t)
-	if w := f.logs.lines("level=WARN"); len(w) != 0 {
+	if w := f.logs.Lines("level=WARN"); len(w) != 0 {
 		t.Errorf("warnings: %q", w)
 	}
 }
@@ -234,7 +196,7 @@ func TestClose_AbandonsPendingCleanup(t *testing.T) {
 	if got := environment.GatheredValue(t, f.reg, "gymfleet_env_cleanup_retries_pending", ""); got != 0 {
 		t.Errorf("retries pending = %v, want 0", got)
 	}
-	if w := f.logs.lines("level=WARN", "abandoned", "the server is closing"); len(w) != 1 {
+	if w := f.logs.Lines("level=WARN", "abandoned", "the server is closing"); len(w) != 1 {
 		t.Errorf("want one warning abandoning the close; logs:\n%s", f.logs.String())
 	}
 }

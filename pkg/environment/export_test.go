@@ -1,7 +1,10 @@
 package environment
 
 import (
+	"bytes"
 	"context"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,4 +57,37 @@ func GatheredValue(t testing.TB, reg prometheus.Gatherer, name, outcome string) 
 		}
 	}
 	return 0
+}
+
+// LogBuffer collects a server's log lines while its goroutines write them.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Lines returns the logged lines that contain every one of subs.
+func (l *LogBuffer) Lines(subs ...string) []string {
+	var out []string
+	for line := range strings.Lines(l.String()) {
+		ok := true
+		for _, s := range subs {
+			ok = ok && strings.Contains(line, s)
+		}
+		if ok {
+			out = append(out, line)
+		}
+	}
+	return out
 }

@@ -1,7 +1,6 @@
 package environment
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,51 +20,17 @@ import (
 // time and do not depend on the machine's load. The late cleanup is created
 // inside the bubble, so its timers and contexts belong to it.
 
-// syncBuffer is a bytes.Buffer the late cleanup's workers can log into while
-// the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// lines returns the logged lines that contain every one of subs.
-func (b *syncBuffer) lines(subs ...string) []string {
-	var out []string
-	for line := range strings.Lines(b.String()) {
-		ok := true
-		for _, s := range subs {
-			ok = ok && strings.Contains(line, s)
-		}
-		if ok {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
 type lateHarness struct {
 	*lateCleanup
 	reg  *prometheus.Registry
-	logs *syncBuffer
+	logs *LogBuffer
 }
 
 // newLate builds a late cleanup that logs into a buffer, with its own
 // registry. Call it inside the bubble, and close it before the bubble ends.
 func newLate(perTry, window time.Duration) *lateHarness {
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	return &lateHarness{lateCleanup: newLateCleanup(log, perTry, window, newLateCleanupMetrics(reg)), reg: reg, logs: logs}
 }
@@ -173,7 +138,7 @@ func TestLateCleanup_RetriedUntilAnswered(t *testing.T) {
 				t.Errorf("attempt %d: its context was not released after the attempt", i+1)
 			}
 		}
-		if l := h.logs.lines("level=WARN"); len(l) != 0 {
+		if l := h.logs.Lines("level=WARN"); len(l) != 0 {
 			t.Errorf("warnings for a step that was answered: %q", l)
 		}
 	})
@@ -305,7 +270,7 @@ func TestLateCleanup_AbandonedPastTheWindow(t *testing.T) {
 			t.Errorf("the step was sent again at +%v, after it was abandoned", c.at.Sub(start))
 		default:
 		}
-		warns := h.logs.lines("level=WARN", `msg="final cleanup step abandoned"`)
+		warns := h.logs.Lines("level=WARN", `msg="final cleanup step abandoned"`)
 		if len(warns) != 1 {
 			t.Fatalf("abandon warnings = %q, want one; logs:\n%s", warns, h.logs.String())
 		}
@@ -330,7 +295,7 @@ func TestLateCleanup_RefusalEndsRetries(t *testing.T) {
 		<-calls
 		synctest.Wait()
 		h.expect(t, "refused", 0, 0, 1)
-		if w := h.logs.lines("level=WARN", `msg="final cleanup step abandoned"`, "409"); len(w) != 1 {
+		if w := h.logs.Lines("level=WARN", `msg="final cleanup step abandoned"`, "409"); len(w) != 1 {
 			t.Errorf("warnings = %q, want one naming the refusal", w)
 		}
 	})
@@ -371,10 +336,10 @@ func TestLateCleanup_CloseCancelsAndAbandons(t *testing.T) {
 			t.Errorf("the attempt in flight ended with %v, want it cancelled", err)
 		}
 		h.expect(t, "after close", 0, 0, 3)
-		if w := h.logs.lines("level=WARN", `msg="final cleanup steps abandoned: the server is closing"`, "steps=2"); len(w) != 1 {
+		if w := h.logs.Lines("level=WARN", `msg="final cleanup steps abandoned: the server is closing"`, "steps=2"); len(w) != 1 {
 			t.Errorf("want one warning for the two waiting steps; logs:\n%s", h.logs.String())
 		}
-		if w := h.logs.lines("level=WARN", "capture_key=7-0"); len(w) != 1 {
+		if w := h.logs.Lines("level=WARN", "capture_key=7-0"); len(w) != 1 {
 			t.Errorf("want one warning for the step in flight; logs:\n%s", h.logs.String())
 		}
 		select {
