@@ -63,8 +63,23 @@ func cutBoundary(data []byte) (head, boundary []byte, ok bool) {
 	}
 }
 
-// loopShapeFields are the loop boundary's fields that checkLoopShape reads.
-var loopShapeFields = [...]string{"step", "pending_tools", "new_outputs", "last_model_response", "model_calls"}
+// The loop boundary's fields that checkLoopShape reads, as indexes of
+// loopShapeFields.
+const (
+	shapeStep = iota
+	shapePendingTools
+	shapeNewOutputs
+	shapeLastModelResponse
+	shapeModelCalls
+)
+
+var loopShapeFields = [...]string{
+	shapeStep:              "step",
+	shapePendingTools:      "pending_tools",
+	shapeNewOutputs:        "new_outputs",
+	shapeLastModelResponse: "last_model_response",
+	shapeModelCalls:        "model_calls",
+}
 
 // cutLoopShape reads what checkLoopShape needs of a loop boundary, which
 // must be valid JSON (decodeSessionFields has validated it), in one walk
@@ -142,24 +157,24 @@ func cutLoopShapeValue(st *loopShape, field int, b []byte) (rest []byte, ok bool
 	if field >= 0 && isNullPrefix(b) {
 		// null leaves a field as it is, in the decoder too; for
 		// last_model_response it is the absence presence records.
-		if field == 3 {
+		if field == shapeLastModelResponse {
 			st.LastModelResponse = false
 		}
 		return b[len("null"):], true
 	}
 	switch field {
-	case 0, 4: // step, model_calls
+	case shapeStep, shapeModelCalls:
 		n, rest, ok := codec.CutInt64(b)
 		if !ok || int64(int(n)) != n {
 			return b, false
 		}
-		if field == 0 {
+		if field == shapeStep {
 			st.Step = int(n)
 		} else {
 			st.ModelCalls = int(n)
 		}
 		return rest, true
-	case 1: // pending_tools
+	case shapePendingTools:
 		switch {
 		case bytes.HasPrefix(b, []byte("true")):
 			st.PendingTools = true
@@ -169,9 +184,9 @@ func cutLoopShapeValue(st *loopShape, field int, b []byte) (rest []byte, ok bool
 			return b[len("false"):], true
 		}
 		return b, false
-	case 2: // new_outputs: an array of objects
+	case shapeNewOutputs: // an array of objects
 		return cutObjectArray(b)
-	case 3: // last_model_response: present unless null
+	case shapeLastModelResponse: // present unless null
 		_, rest, ok := codec.CutValue(b)
 		st.LastModelResponse = presence(ok)
 		return rest, ok

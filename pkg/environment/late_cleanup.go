@@ -41,8 +41,7 @@ type lateCleanup struct {
 	backoff func(n int) time.Duration
 	now     func() time.Time
 
-	pending prometheus.Gauge
-	retried *prometheus.CounterVec // by outcome: done, abandoned
+	metrics lateCleanupMetrics
 
 	// stopped ends with close: it cancels the attempts in flight.
 	stopped context.Context
@@ -104,8 +103,7 @@ func newLateCleanup(log *slog.Logger, perTry, window time.Duration, m lateCleanu
 		maxPending: lateCleanupMaxPending,
 		backoff:    lateBackoff,
 		now:        time.Now,
-		pending:    m.pending,
-		retried:    m.outcomes,
+		metrics:    m,
 		wake:       make(chan struct{}, 1),
 		work:       make(chan *lateStep),
 	}
@@ -152,7 +150,7 @@ func (l *lateCleanup) add(ctx context.Context, key, name string, fn func(context
 		return false
 	}
 	heap.Push(&l.steps, st)
-	l.pending.Set(float64(len(l.steps) + l.busy))
+	l.metrics.pending.Set(float64(len(l.steps) + l.busy))
 	l.mu.Unlock()
 	l.poke()
 	return true
@@ -217,7 +215,7 @@ func (l *lateCleanup) serve() {
 		cancel()
 		st.attempts++
 		if err == nil {
-			l.retried.WithLabelValues("done").Inc()
+			l.metrics.outcomes.WithLabelValues("done").Inc()
 			l.finish(st, false)
 			continue
 		}
@@ -244,7 +242,7 @@ func (l *lateCleanup) finish(st *lateStep, again bool) {
 		l.abandon(st, "final cleanup step abandoned: the server is closing")
 		l.mu.Lock()
 	}
-	l.pending.Set(float64(len(l.steps) + l.busy))
+	l.metrics.pending.Set(float64(len(l.steps) + l.busy))
 	l.mu.Unlock()
 	if again {
 		l.poke()
@@ -252,7 +250,7 @@ func (l *lateCleanup) finish(st *lateStep, again bool) {
 }
 
 func (l *lateCleanup) abandon(st *lateStep, msg string) {
-	l.retried.WithLabelValues("abandoned").Inc()
+	l.metrics.outcomes.WithLabelValues("abandoned").Inc()
 	l.log.Warn(msg, "capture_key", st.key, "step", st.name, "attempts", st.attempts, "err", st.lastErr)
 }
 
@@ -279,10 +277,10 @@ func (l *lateCleanup) close() {
 	l.stop()
 	l.wg.Wait()
 	if left > 0 {
-		l.retried.WithLabelValues("abandoned").Add(float64(left))
+		l.metrics.outcomes.WithLabelValues("abandoned").Add(float64(left))
 		l.log.Warn("final cleanup steps abandoned: the server is closing", "steps", left)
 	}
-	l.pending.Set(0)
+	l.metrics.pending.Set(0)
 }
 
 // jitter spreads retries of steps that failed together over ±20%.

@@ -2,6 +2,7 @@ package scalebench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -72,9 +73,10 @@ func (b *bench) awaitSessionsClosed(ctx context.Context) error {
 }
 
 // sessions reads the gauges of the fresh fleet's resources, agent and
-// environment servers.
+// environment servers, each server's /metrics once.
 func (b *bench) sessions(ctx context.Context) (Sessions, error) {
 	var s Sessions
+	pages := map[string][]byte{}
 	for _, q := range []struct {
 		endpoint, metric string
 		into             *int
@@ -85,7 +87,15 @@ func (b *bench) sessions(ctx context.Context) (Sessions, error) {
 		{envName, `gymfleet_env_cleanup_retries_total{outcome="done"}`, &s.RetriesDone},
 		{envName, `gymfleet_env_cleanup_retries_total{outcome="abandoned"}`, &s.RetriesAbandoned},
 	} {
-		v, err := b.metric(ctx, b.url(q.endpoint), q.metric)
+		page, ok := pages[q.endpoint]
+		if !ok {
+			var err error
+			if page, err = b.metricsPage(ctx, b.url(q.endpoint)); err != nil {
+				return s, err
+			}
+			pages[q.endpoint] = page
+		}
+		v, err := sampleValue(bytes.NewReader(page), q.metric)
 		if err != nil {
 			return s, err
 		}
@@ -94,28 +104,32 @@ func (b *bench) sessions(ctx context.Context) (Sessions, error) {
 	return s, nil
 }
 
-// metric reads one sample of a server's /metrics; a counter that has never
-// been incremented for a label is absent and reads 0.
-func (b *bench) metric(ctx context.Context, base, sample string) (float64, error) {
+// metricsPage reads a server's /metrics.
+func (b *bench) metricsPage(ctx context.Context, base string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := b.ctl.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("reading %s: %w", sample, err)
+		return nil, fmt.Errorf("reading %s/metrics: %w", base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("reading %s: %s/metrics answered %s", sample, base, resp.Status)
+		return nil, fmt.Errorf("%s/metrics answered %s", base, resp.Status)
 	}
-	return sampleValue(resp.Body, sample)
+	page, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s/metrics: %w", base, err)
+	}
+	return page, nil
 }
 
 // sampleValue finds one sample, named as the text exposition format writes
-// it (name, then labels in braces), and returns its value.
+// it (name, then labels in braces), and returns its value; a counter never
+// incremented for a label is absent and reads 0.
 func sampleValue(r io.Reader, sample string) (float64, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)

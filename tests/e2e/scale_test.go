@@ -72,6 +72,10 @@ func TestScaleBench_1000RolloutsCheckpointedCrashedAndRestored(t *testing.T) {
 	if len(res.Violations) != 0 {
 		t.Errorf("contract violations: %v", res.Violations)
 	}
+	// The fresh fleet was read after the replacements and held no session.
+	if ss := res.Sessions; ss.Seconds <= 0 || ss.ResourcesOpen != 0 || ss.AgentOpen != 0 || ss.RetriesPending != 0 || ss.RetriesAbandoned != 0 {
+		t.Errorf("sessions after the replacements: %+v; want them read, none open, no cleanup step pending or abandoned", ss)
+	}
 	// A CPU profile of every server (and the bench) per profiled phase, and
 	// a heap profile of every server of each fleet.
 	var missing []string
