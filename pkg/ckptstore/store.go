@@ -396,8 +396,13 @@ func (s *Store) Read(ctx context.Context, t Target, keep func(rollout.EpisodeID)
 	if err != nil {
 		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
 	}
-	sum := sha256.Sum256(buf)
+	// The digest and the parse are independent passes over the buffer: on
+	// a restore's critical path (the agent's 358 MB at 100,000 rollouts)
+	// they run side by side.
+	sums := make(chan [sha256.Size]byte, 1)
+	go func() { sums <- sha256.Sum256(buf) }()
 	recs, n, size, err := readRecords(ctx, buf, keep)
+	sum := <-sums
 	if err != nil {
 		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
 	}
@@ -461,7 +466,7 @@ func readAll(r io.Reader) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	buf := make([]byte, fi.Size())
+	buf := makeLarge(int(fi.Size()))
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return nil, err
 	}
