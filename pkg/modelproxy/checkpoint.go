@@ -459,6 +459,10 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 	// batches, and hands them over in scope order, encoded: a record is
 	// assembled from them as they are rather than decoded and encoded again.
 	var stopped error
+	// One record's buffer serves every record (emit copies it), so the
+	// export does not grow the heap by the size of the checkpoint while
+	// collections are held.
+	var data []byte
 	err := p.s.ledger.ReadRawRows(captureKeys, func(i int, rows []codec.RawMessage, err error) error {
 		if err := ctx.Err(); err != nil {
 			stopped = err
@@ -473,7 +477,8 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 		if len(rows) == 0 && cut == nil {
 			return nil
 		}
-		data, staging, err := encodeModelRecord(rows, cut)
+		var staging []string
+		data, staging, err = appendModelRecord(data[:0], rows, cut)
 		if err != nil {
 			stopped = fmt.Errorf("the record of %s: %w", key, err)
 			return stopped

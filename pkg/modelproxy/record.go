@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
@@ -36,12 +37,12 @@ type Continuation struct {
 	PrefixDigest      string   `json:"prefix_digest"`
 }
 
-// encodeModelRecord encodes the ModelRecord of rows (each a Row as
+// appendModelRecord appends to dst the ModelRecord of rows (each a Row as
 // codec.Marshal encodes it, which is what the ledger's ReadRawRows gives)
 // and at most one cut, with the same bytes as codec.Marshal of the record,
 // without decoding the rows. It returns every token-store key the record
 // refers to: the cut's and those of prefixes its rows continued.
-func encodeModelRecord(rows []codec.RawMessage, cut *GenerationCut) (data []byte, stagingKeys []string, err error) {
+func appendModelRecord(dst []byte, rows []codec.RawMessage, cut *GenerationCut) (data []byte, stagingKeys []string, err error) {
 	cuts := []byte("[]")
 	if cut != nil {
 		if cuts, err = codec.Marshal([]GenerationCut{*cut}); err != nil {
@@ -53,7 +54,7 @@ func encodeModelRecord(rows []codec.RawMessage, cut *GenerationCut) (data []byte
 	for _, r := range rows {
 		size += len(r) + 1
 	}
-	data = make([]byte, 0, size)
+	data = slices.Grow(dst, size)
 	data = append(data, `{"rows":[`...)
 	for i, r := range rows {
 		if i > 0 {
@@ -123,7 +124,7 @@ func decodeImportRecord(data []byte) (*importRecord, error) {
 	return m, nil
 }
 
-// cutImportRecord reads a record laid out as encodeModelRecord writes it,
+// cutImportRecord reads a record laid out as appendModelRecord writes it,
 // with rows as the ledger writes them (tokencapture.CutImportRow), which is
 // what Export writes: a restore then needs no generic decoder. ok false
 // means only that the record is laid out otherwise.

@@ -50,7 +50,7 @@ func TestEncodeModelRecordIsMarshal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, staging, err := encodeModelRecord(raw, tt.cut)
+			got, staging, err := appendModelRecord(nil, raw, tt.cut)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -163,7 +163,7 @@ func TestCutImportRecord_ReadsExportedRecords(t *testing.T) {
 		{"rows and a cut", []codec.RawMessage{row("c1", 1, "")}, cut},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			data, _, err := encodeModelRecord(tc.rows, tc.cut)
+			data, _, err := appendModelRecord(nil, tc.rows, tc.cut)
 			if err != nil {
 				t.Fatal(err)
 			}

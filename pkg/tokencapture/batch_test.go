@@ -283,3 +283,25 @@ func logBytes(t *testing.T, dir string) []byte {
 	}
 	return all
 }
+
+// TestLedger_ReadRawRowsAcrossBatches: the rows' buffer is reused batch
+// after batch (rowsBatch keys each) and filled in chunks; every key's rows
+// still read back as their encoding, past a batch boundary and across
+// chunks, with rows of several records per key and rows larger than a
+// chunk.
+func TestLedger_ReadRawRowsAcrossBatches(t *testing.T) {
+	l := openLedger(t, t.TempDir(), tokencapture.Options{})
+	var keys []string
+	for i := range 5000 {
+		k := fmt.Sprintf("k%04d", i)
+		keys = append(keys, k)
+		tokens := 40 + i%60
+		if i == 4500 {
+			tokens = 120_000 // one row past the 1 MiB chunk
+		}
+		for j := range 1 + i%3 {
+			mustAppend(t, l, k, testRow(fmt.Sprintf("%s-%d", k, j), tokens+j))
+		}
+	}
+	checkRawRows(t, l, keys)
+}

@@ -419,18 +419,22 @@ const maxReadRun = 256 << 10
 // lock, and each batch's records are read in file order, adjacent ones in
 // one read. ReadRows stops at the first error fn returns, and returns it.
 func (l *Ledger) ReadRows(keys []string, fn func(i int, rows []Row, err error) error) error {
-	return readRows(l, keys, decodeRows, fn)
+	return readRows(l, keys, decodeRows, fn, nil)
 }
 
 // ReadRawRows is ReadRows with every row as its JSON encoding, the bytes
 // codec.Marshal writes for the Row, rather than decoded: a caller that
 // copies rows into JSON of its own (a checkpoint export) saves decoding
-// and encoding them again.
+// and encoding them again. The rows' bytes are valid only until fn
+// returns: they live in a buffer the next batch of keys reuses.
 func (l *Ledger) ReadRawRows(keys []string, fn func(i int, rows []codec.RawMessage, err error) error) error {
-	return readRows(l, keys, rawRows, fn)
+	var r rawRowReader
+	return readRows(l, keys, r.rows, fn, r.reset)
 }
 
-func readRows[T any](l *Ledger, keys []string, decode func(line []byte, e extent) ([]T, error), fn func(i int, rows []T, err error) error) error {
+// readRows reads keys batch by batch; endBatch (if set) is called once fn
+// has been called for every key of a batch.
+func readRows[T any](l *Ledger, keys []string, decode func(line []byte, e extent) ([]T, error), fn func(i int, rows []T, err error) error, endBatch func()) error {
 	var buf []byte
 	for start := 0; start < len(keys); start += rowsBatch {
 		batch := keys[start:min(start+rowsBatch, len(keys))]
@@ -442,6 +446,9 @@ func readRows[T any](l *Ledger, keys []string, decode func(line []byte, e extent
 			if err := fn(start+i, rows[i], errs[i]); err != nil {
 				return err
 			}
+		}
+		if endBatch != nil {
+			endBatch()
 		}
 	}
 	return nil
