@@ -64,6 +64,8 @@ type Result struct {
 	// before the kill, the fresh fleet's (and fakeinference's) at the end.
 	Processes []ProcessStat `json:"processes"`
 	Bench     ProcessStat   `json:"bench"`
+	// PhaseCPU is the CPU time spent in prepare, commit and restore.
+	PhaseCPU []PhaseCPU `json:"phase_cpu"`
 
 	// Logs counts the warnings and errors each process logged (the fleet
 	// runs at log level warn), across both fleets.
@@ -216,6 +218,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("replacements: every one finished", r.ReplacementsSeconds, fmt.Sprintf("%d sent, %d failed, %d reward != 1.0", r.Replacements, r.ReplacementFailures, r.RewardsNotOne))
 	row("sessions: every one closed", r.Sessions.Seconds, fmt.Sprintf("%d resources and %d agent sessions open; cleanup steps sent again: %d answered, %d abandoned, %d pending",
 		r.Sessions.ResourcesOpen, r.Sessions.AgentOpen, r.Sessions.RetriesDone, r.Sessions.RetriesAbandoned, r.Sessions.RetriesPending))
+	for _, pc := range r.PhaseCPU {
+		row("CPU in "+pc.Phase, pc.Seconds, pc.detail())
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

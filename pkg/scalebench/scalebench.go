@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -186,14 +187,21 @@ type bench struct {
 	violations []string
 }
 
-// collectBenchGarbage runs a collection in the bench's own process before a
-// timed phase, as testing.B does before each benchmark. The bench holds a
-// goroutine per rollout it dispatched, so a collection that its own
-// allocations start inside a phase marks every one of those stacks on the
-// two cores the fleet is being timed on: in a 16,000-rollout commit profile
-// that was 0.3 CPU-s of the ~1.2 the whole machine spent, none of it the
-// fleet's work.
-func collectBenchGarbage() { runtime.GC() }
+// pauseBenchGC quiets the bench's own process for a timed phase, as
+// testing.B collects before it times: a collection now, then none until the
+// returned function is called after the phase. The bench holds a goroutine
+// per rollout it dispatched, so a collection its own allocations started
+// inside a phase marked every one of those stacks on the two cores the
+// fleet is timed on (0.3 of the ~1.2 CPU-s a 16,000-rollout commit cost
+// the machine), and after a collection the runtime's scavenger returned
+// the freed memory to the kernel during the phase (0.13 CPU-s of madvise
+// in a 16,000 restore). A phase is one control call whose replies are
+// a few megabytes, so the heap it grows by meanwhile is small.
+func pauseBenchGC() (resume func()) {
+	runtime.GC()
+	percent := debug.SetGCPercent(-1)
+	return func() { debug.SetGCPercent(percent) }
+}
 
 func (b *bench) logf(format string, args ...any) {
 	fmt.Fprintf(b.log, "bench-scale: "+format+"\n", args...)
@@ -271,14 +279,18 @@ func (b *bench) run(parent context.Context) (runErr error) {
 
 	// Prepare, stage by stage; every stage must be prepared.
 	b.logf("preparing")
-	collectBenchGarbage()
 	var prep *coordination.PrepareResult
-	if err := b.profiled(ctx, "prepare", func() error {
+	resumeGC := pauseBenchGC()
+	cpuBefore := b.snapshotCPU()
+	err = b.profiled(ctx, "prepare", func() error {
 		start := time.Now()
 		prep, err = coord.Prepare(ctx, checkpointID, time.Now().Add(controlDeadline))
 		b.res.Prepare.Seconds = seconds(time.Since(start))
 		return err
-	}); err != nil {
+	})
+	b.res.PhaseCPU = append(b.res.PhaseCPU, cpuBefore.since("prepare", b.snapshotCPU()))
+	resumeGC()
+	if err != nil {
 		b.recordPrepare(prep)
 		return fmt.Errorf("prepare: %w", err)
 	}
@@ -292,14 +304,18 @@ func (b *bench) run(parent context.Context) (runErr error) {
 
 	// Commit the whole scope.
 	b.logf("committing %d episodes", n)
-	collectBenchGarbage()
 	var cm *coordination.CommitResult
-	if err := b.profiled(ctx, "commit", func() error {
+	resumeGC = pauseBenchGC()
+	cpuBefore = b.snapshotCPU()
+	err = b.profiled(ctx, "commit", func() error {
 		start := time.Now()
 		cm, err = coord.Commit(ctx, checkpointID, b.ckptDir, scope, time.Now().Add(controlDeadline), false)
 		b.res.Commit.Seconds = seconds(time.Since(start))
 		return err
-	}); err != nil {
+	})
+	b.res.PhaseCPU = append(b.res.PhaseCPU, cpuBefore.since("commit", b.snapshotCPU()))
+	resumeGC()
+	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	if err := b.recordCommit(coord, cm); err != nil {
@@ -336,14 +352,18 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		return err
 	}
 	b.logf("restoring %d episodes", len(continued))
-	collectBenchGarbage()
 	var rr *coordination.RestoreResult
-	if err := b.profiled(ctx, "restore", func() error {
+	resumeGC = pauseBenchGC()
+	cpuBefore = b.snapshotCPU()
+	err = b.profiled(ctx, "restore", func() error {
 		start := time.Now()
 		rr, err = coord.Restore(ctx, checkpointID, b.ckptDir, continued, time.Now().Add(controlDeadline))
 		b.res.RestoreSeconds = seconds(time.Since(start))
 		return err
-	}); err != nil {
+	})
+	b.res.PhaseCPU = append(b.res.PhaseCPU, cpuBefore.since("restore", b.snapshotCPU()))
+	resumeGC()
+	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	b.recordRestore(coord, rr, len(continued))

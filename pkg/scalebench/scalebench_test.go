@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -222,8 +223,21 @@ func sampleResult() *Result {
 			{Name: "fakeinference", Fleet: "kept", PID: 9, PeakRSSBytes: 600 << 20, FDsAtBoundary: 13, PeakFDs: 13},
 			{Name: "env", Fleet: "fresh", PID: 20, PeakRSSBytes: 500 << 20, PeakFDs: 30},
 		},
-		Bench:      ProcessStat{Name: "bench", Fleet: "-", PeakRSSBytes: 400 << 20, FDsAtBoundary: 31, PeakFDs: 40},
+		Bench: ProcessStat{Name: "bench", Fleet: "-", PeakRSSBytes: 400 << 20, FDsAtBoundary: 31, PeakFDs: 40},
+		PhaseCPU: []PhaseCPU{{Phase: "commit", Seconds: 0.75, ByProcess: map[string]float64{
+			"policy_model": 0.25, "agents": 0.375, "bench": 0.125,
+		}}},
 		Violations: []string{},
+	}
+}
+
+func TestPhaseCPU_Since(t *testing.T) {
+	before := cpuSnapshot{"env": 2 * time.Second, "agents": 5 * time.Second, "gone": time.Second}
+	now := cpuSnapshot{"env": 2500 * time.Millisecond, "agents": 5 * time.Second, "new": time.Second}
+	pc := before.since("commit", now)
+	want := map[string]float64{"env": 0.5, "agents": 0}
+	if pc.Phase != "commit" || pc.Seconds != 0.5 || !maps.Equal(pc.ByProcess, want) {
+		t.Fatalf("since = %+v, want 0.5 s in all, by process %v (a process read at one end only is left out)", pc, want)
 	}
 }
 
@@ -246,6 +260,7 @@ func TestWriteTable(t *testing.T) {
 		"replacements: every one finished             20.000  16000 sent, 0 failed, 0 reward != 1.0",
 		"originals: 0 replied (want 0), 16000 cut off by the crash",
 		"first fleet, sum of peaks",
+		"CPU in commit                                 0.750  agents 0.38, bench 0.12, policy_model 0.25",
 		"contract: every rollout was exported",
 	} {
 		if !strings.Contains(out, squeeze(want)) {
@@ -295,7 +310,7 @@ func TestWriteJSONRoundTrips(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Prepare.Stages[1].Seconds != 0.2 || got.Commit.Kinds[1].Bytes != 23<<20 || got.Processes[0].CPUSeconds != 12.5 || got.RestoreSeconds != 0.48 || got.RestoreKinds[0].InstallSeconds != 0.25 {
+	if got.Prepare.Stages[1].Seconds != 0.2 || got.Commit.Kinds[1].Bytes != 23<<20 || got.Processes[0].CPUSeconds != 12.5 || got.RestoreSeconds != 0.48 || got.RestoreKinds[0].InstallSeconds != 0.25 || got.PhaseCPU[0].ByProcess["agents"] != 0.375 {
 		t.Fatalf("round trip lost figures: %+v", got)
 	}
 	for _, key := range []string{`"prepare"`, `"kill_to_ready_seconds"`, `"peak_rss_bytes"`, `"replacement_failures"`, `"violations": []`} {
