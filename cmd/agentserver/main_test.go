@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
+	"github.com/gymfleet/gymfleet/pkg/agent"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -41,11 +42,11 @@ func TestShippedConfigLoads(t *testing.T) {
 	}
 	var got []string
 	for _, a := range cfg.AgentConfigs() {
-		got = append(got, fmt.Sprintf("%s@%s model=%s resources=%s max_steps=%d stream=%v", a.Name, a.Listen, a.ModelServerURL, a.ResourcesServerURL, a.MaxSteps, a.Stream))
+		got = append(got, fmt.Sprintf("%s@%s model=%s resources=%s max_steps=%d stream=%v closed_ttl=%v", a.Name, a.Listen, a.ModelServerURL, a.ResourcesServerURL, a.MaxSteps, a.Stream, a.ClosedSessionTTL))
 	}
 	want := []string{
-		"weather_agent@127.0.0.1:18030 model=http://127.0.0.1:18010 resources=http://127.0.0.1:18020 max_steps=10 stream=false",
-		"counter_agent@127.0.0.1:18031 model=http://127.0.0.1:18010 resources=http://127.0.0.1:18021 max_steps=10 stream=false",
+		"weather_agent@127.0.0.1:18030 model=http://127.0.0.1:18010 resources=http://127.0.0.1:18020 max_steps=10 stream=false closed_ttl=1h0m0s",
+		"counter_agent@127.0.0.1:18031 model=http://127.0.0.1:18010 resources=http://127.0.0.1:18021 max_steps=10 stream=false closed_ttl=1h0m0s",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("agents:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -72,12 +73,24 @@ func TestInvalidConfigFails(t *testing.T) {
 		"no agents":        "log_level: info\n",
 		"bad model url":    "agents:\n  - {name: a, listen: 127.0.0.1:0, model_server_url: nope, resources_server_url: http://h:2}\n",
 		"checkpoint token": "checkpoint: {enabled: true}\n" + oneAgent,
+		"negative ttl":     "closed_session_ttl: -1s\n" + oneAgent,
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := loadConfig(configload.Flags{Config: writeConfig(t, text)}, noEnv); err == nil {
 				t.Error("loadConfig accepted an invalid configuration")
 			}
 		})
+	}
+}
+
+func TestClosedSessionTTL(t *testing.T) {
+	cfg, err := loadConfig(configload.Flags{Config: writeConfig(t, "closed_session_ttl: 90s\n"+oneAgent)}, noEnv)
+	if err != nil || cfg.AgentConfigs()[0].ClosedSessionTTL != 90*time.Second {
+		t.Errorf("closed_session_ttl 90s: %v, agent gets %v", err, cfg.AgentConfigs()[0].ClosedSessionTTL)
+	}
+	cfg, err = loadConfig(configload.Flags{Config: writeConfig(t, oneAgent)}, noEnv)
+	if err != nil || cfg.AgentConfigs()[0].ClosedSessionTTL != agent.DefaultClosedSessionTTL {
+		t.Errorf("closed_session_ttl unset: %v, agent gets %v, want the default %v", err, cfg.AgentConfigs()[0].ClosedSessionTTL, agent.DefaultClosedSessionTTL)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -32,6 +33,11 @@ type Config struct {
 	// Checkpoint: every listener of the process then serves /debug/pprof/
 	// (the profiles are the whole process's).
 	Pprof bool `mapstructure:"-"`
+	// ClosedSessionTTL is the process's closed_session_ttl, copied into
+	// each agent like Checkpoint: how long a closed session is remembered
+	// (to answer a close sent again and refuse late activations); 0 keeps
+	// every closed session for the life of the process.
+	ClosedSessionTTL time.Duration `mapstructure:"-"`
 }
 
 // DefaultConfig is an agent on a free loopback port against the default
@@ -43,8 +49,14 @@ func DefaultConfig() Config {
 		ModelServerURL:     "http://127.0.0.1:18010",
 		ResourcesServerURL: "http://127.0.0.1:18020",
 		Checkpoint:         ctlplane.DefaultConfig(),
+		ClosedSessionTTL:   DefaultClosedSessionTTL,
 	}
 }
+
+// DefaultClosedSessionTTL is how long a closed session is remembered: well
+// past the environment's default cleanup_retry_window (10 minutes), within
+// which a close whose reply was lost is sent again.
+const DefaultClosedSessionTTL = time.Hour
 
 // Validate checks the name, address, URLs and step bound.
 func (c Config) Validate() error {
@@ -62,6 +74,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxSteps < 0 {
 		return fmt.Errorf("agent %s: max_steps %d is negative (0 means unlimited)", c.Name, c.MaxSteps)
+	}
+	if c.ClosedSessionTTL < 0 {
+		return fmt.Errorf("agent %s: closed_session_ttl %v is negative (0 keeps closed sessions for the life of the process)", c.Name, c.ClosedSessionTTL)
 	}
 	if err := c.Checkpoint.Validate(); err != nil {
 		return fmt.Errorf("agent %s: %w", c.Name, err)
@@ -94,22 +109,26 @@ type ProcessConfig struct {
 	// Pprof serves net/http/pprof under /debug/pprof/ on every agent of
 	// the process (off by default).
 	Pprof bool `mapstructure:"pprof"`
+	// ClosedSessionTTL is how long every agent of the process remembers a
+	// closed session (see Config.ClosedSessionTTL).
+	ClosedSessionTTL time.Duration `mapstructure:"closed_session_ttl"`
 	// Agents is a list, not a map: viper lower-cases map keys.
 	Agents []Config `mapstructure:"agents"`
 }
 
 // DefaultProcessConfig is info logging, checkpointing off and no agents.
 func DefaultProcessConfig() ProcessConfig {
-	return ProcessConfig{LogLevel: "info", Checkpoint: ctlplane.DefaultConfig()}
+	return ProcessConfig{LogLevel: "info", Checkpoint: ctlplane.DefaultConfig(), ClosedSessionTTL: DefaultClosedSessionTTL}
 }
 
-// AgentConfigs returns the agents with the process's checkpoint block and
-// pprof key copied into each.
+// AgentConfigs returns the agents with the process's checkpoint block,
+// pprof and closed_session_ttl keys copied into each.
 func (p ProcessConfig) AgentConfigs() []Config {
 	out := slices.Clone(p.Agents)
 	for i := range out {
 		out[i].Checkpoint = p.Checkpoint
 		out[i].Pprof = p.Pprof
+		out[i].ClosedSessionTTL = p.ClosedSessionTTL
 	}
 	return out
 }

@@ -69,6 +69,8 @@ type Server struct {
 	// byRollout indexes sessions by rollout, so retiring one rollout never
 	// scans every session.
 	byRollout map[string]map[string]*session
+	// closed orders closed sessions by close time, for forgetClosedLocked.
+	closed closedSessions
 
 	// Checkpointing (nil when it is off): the participant's state (guarded
 	// by mu), the control plane, and the tracker of legacy /run episodes.
@@ -289,6 +291,7 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 	if s.ckpt != nil {
 		s.ckpt.served++
 	}
+	s.forgetClosedLocked(time.Now())
 	return OpenReply{SessionID: sess.id, EpisodeID: ep}, nil
 }
 
@@ -376,6 +379,9 @@ func (s *Server) handleClose(r *http.Request) (any, error) {
 		// drop what it no longer needs.
 		sess.request, sess.completedReply, sess.loop = nil, nil, nil
 		s.metrics.sessions.Dec()
+		now := time.Now()
+		s.closed.push(sess, now)
+		s.forgetClosedLocked(now)
 		s.mu.Unlock()
 		return CloseReply{SessionID: sess.id, Closed: true, Observations: &obs}, nil
 	}
@@ -655,6 +661,7 @@ func episodeOfRow(row map[string]codec.RawMessage) (rollout.EpisodeID, error) {
 
 type metrics struct {
 	sessions    prometheus.Gauge
+	closedHeld  prometheus.Gauge
 	activations *prometheus.CounterVec
 	modelCalls  prometheus.Counter
 	toolCalls   prometheus.Counter
@@ -666,6 +673,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gymfleet_agent_sessions",
 			Help: "Agent sessions open (opened and not closed).",
+		}),
+		closedHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gymfleet_agent_closed_sessions_remembered",
+			Help: "Closed agent sessions remembered (to answer a close sent again) until closed_session_ttl after their close.",
 		}),
 		activations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gymfleet_agent_activations_total",
@@ -684,6 +695,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Rollouts being worked on: legacy /run (seed to close), session activations and stateless /v1/responses.",
 		}),
 	}
-	reg.MustRegister(m.sessions, m.activations, m.modelCalls, m.toolCalls, m.inFlight)
+	reg.MustRegister(m.sessions, m.closedHeld, m.activations, m.modelCalls, m.toolCalls, m.inFlight)
 	return m
 }
