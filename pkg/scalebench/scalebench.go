@@ -280,16 +280,10 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	// Prepare, stage by stage; every stage must be prepared.
 	b.logf("preparing")
 	var prep *coordination.PrepareResult
-	resumeGC := pauseBenchGC()
-	cpuBefore := b.snapshotCPU()
-	err = b.profiled(ctx, "prepare", func() error {
-		start := time.Now()
+	err = b.timedPhase(ctx, "prepare", &b.res.Prepare.Seconds, func() (err error) {
 		prep, err = coord.Prepare(ctx, checkpointID, time.Now().Add(controlDeadline))
-		b.res.Prepare.Seconds = seconds(time.Since(start))
 		return err
 	})
-	b.res.PhaseCPU = append(b.res.PhaseCPU, cpuBefore.since("prepare", b.snapshotCPU()))
-	resumeGC()
 	if err != nil {
 		b.recordPrepare(prep)
 		return fmt.Errorf("prepare: %w", err)
@@ -305,16 +299,10 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	// Commit the whole scope.
 	b.logf("committing %d episodes", n)
 	var cm *coordination.CommitResult
-	resumeGC = pauseBenchGC()
-	cpuBefore = b.snapshotCPU()
-	err = b.profiled(ctx, "commit", func() error {
-		start := time.Now()
+	err = b.timedPhase(ctx, "commit", &b.res.Commit.Seconds, func() (err error) {
 		cm, err = coord.Commit(ctx, checkpointID, b.ckptDir, scope, time.Now().Add(controlDeadline), false)
-		b.res.Commit.Seconds = seconds(time.Since(start))
 		return err
 	})
-	b.res.PhaseCPU = append(b.res.PhaseCPU, cpuBefore.since("commit", b.snapshotCPU()))
-	resumeGC()
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
@@ -353,16 +341,10 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	}
 	b.logf("restoring %d episodes", len(continued))
 	var rr *coordination.RestoreResult
-	resumeGC = pauseBenchGC()
-	cpuBefore = b.snapshotCPU()
-	err = b.profiled(ctx, "restore", func() error {
-		start := time.Now()
+	err = b.timedPhase(ctx, "restore", &b.res.RestoreSeconds, func() (err error) {
 		rr, err = coord.Restore(ctx, checkpointID, b.ckptDir, continued, time.Now().Add(controlDeadline))
-		b.res.RestoreSeconds = seconds(time.Since(start))
 		return err
 	})
-	b.res.PhaseCPU = append(b.res.PhaseCPU, cpuBefore.since("restore", b.snapshotCPU()))
-	resumeGC()
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
@@ -628,6 +610,23 @@ func (b *bench) discover(ctx context.Context) (*coordination.Coordinator, error)
 
 // profiled runs a phase, with CPU profiles of every server around it when
 // profiling is on.
+// timedPhase runs one timed phase: the bench's collector paused, the
+// phase's wall time written to *secs (the control call alone, not the
+// profiler's wait) and each process's CPU time recorded.
+func (b *bench) timedPhase(ctx context.Context, phase string, secs *float64, call func() error) error {
+	resumeGC := pauseBenchGC()
+	defer resumeGC()
+	before := b.snapshotCPU()
+	err := b.profiled(ctx, phase, func() error {
+		start := time.Now()
+		err := call()
+		*secs = seconds(time.Since(start))
+		return err
+	})
+	b.res.PhaseCPU = append(b.res.PhaseCPU, before.since(phase, b.snapshotCPU()))
+	return err
+}
+
 func (b *bench) profiled(ctx context.Context, phase string, fn func() error) error {
 	if !b.opts.Profile {
 		return fn()
