@@ -781,13 +781,13 @@ func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 func decodeSessionFields(data []byte) (sessionRecord, error) {
 	if head, boundary, ok := cutBoundary(data); ok && codec.Valid(boundary) {
 		var r sessionRecord
-		if codec.UnmarshalRecord(head, &r) == nil {
+		if codec.UnmarshalStrictFast(head, &r) == nil {
 			r.Boundary = boundary
 			return r, nil
 		}
 	}
 	var r sessionRecord
-	if err := codec.UnmarshalRecord(data, &r); err != nil {
+	if err := codec.UnmarshalStrictFast(data, &r); err != nil {
 		return sessionRecord{}, errors.New(codec.DescribeError(err))
 	}
 	return r, nil
@@ -882,7 +882,7 @@ func loopInvariants(step, modelCalls int, pendingTools, hasResponse bool) error 
 // and returns the inner episode record for the tracker.
 func decodeLegacyRecord(rec ctlplane.Record) (ctlplane.Record, error) {
 	var r legacyRecord
-	if err := codec.UnmarshalRecord(rec.Data, &r); err != nil {
+	if err := codec.UnmarshalStrictFast(rec.Data, &r); err != nil {
 		return rec, errors.New(codec.DescribeError(err))
 	}
 	if r.Type != recordLegacy {

@@ -62,7 +62,7 @@ func FuzzDecodeSessionFields(f *testing.F) {
 	f.Add([]byte(`{"type":"session","session":{"request":{"a":"\u00e9"}},"boundary":"\ud800"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var want sessionRecord
-		wantErr := codec.UnmarshalRecord(data, &want)
+		wantErr := codec.UnmarshalStrictFast(data, &want)
 		got, err := decodeSessionFields(data)
 		switch {
 		case wantErr != nil && err == nil:

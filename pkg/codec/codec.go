@@ -56,21 +56,23 @@ func UnmarshalStrict(data []byte, v any) error {
 	return nil
 }
 
-// recordOptions make goccy's v2 decoder decode as encoding/json does, with
+// strictOptions make goccy's v2 decoder decode as encoding/json does, with
 // unknown fields refused: UnmarshalStrict's semantics.
-var recordOptions = gojsonv2.JoinOptions(gojson.DefaultOptionsV1(), gojsonv2.RejectUnknownMembers(true))
+var strictOptions = gojsonv2.JoinOptions(gojson.DefaultOptionsV1(), gojsonv2.RejectUnknownMembers(true))
 
-// UnmarshalRecord decodes a checkpoint record strictly, as UnmarshalStrict
-// does (unknown fields and trailing data refused), several times faster: a
-// restore decodes 100,000 records and more. v must point to a zero value.
+// UnmarshalStrictFast decodes strictly, as UnmarshalStrict does (unknown
+// fields and trailing data refused), several times faster: a restore decodes
+// 100,000 records and more, and each participant decodes a commit or restore
+// body naming every episode in scope (at 16,000 episodes 3.3 ms instead of
+// 16 ms). v must point to a zero value.
 // The decode goes through goccy's v2 decoder with the options of
 // encoding/json; if that refuses the data, v is zeroed and UnmarshalStrict
 // decodes it again, so what is refused is refused exactly as UnmarshalStrict
-// refuses it, error included. The FuzzUnmarshalRecord* targets check that
+// refuses it, error included. The FuzzUnmarshalStrictFast* targets check that
 // what the fast decoder accepts UnmarshalStrict accepts too, as the same
 // value.
-func UnmarshalRecord(data []byte, v any) error {
-	if gojsonv2.Unmarshal(data, v, recordOptions) == nil {
+func UnmarshalStrictFast(data []byte, v any) error {
+	if gojsonv2.Unmarshal(data, v, strictOptions) == nil {
 		return nil
 	}
 	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && !rv.IsNil() {

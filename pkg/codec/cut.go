@@ -11,9 +11,9 @@ import (
 // 100,000 of them, and a generic decoder first validates each whole record,
 // then walks it by reflection). They return the value and the rest of b.
 // ok false means only that the value is not in that form, valid JSON or
-// not: the caller then decodes the record with UnmarshalRecord, which knows
+// not: the caller then decodes the record with UnmarshalStrictFast, which knows
 // every form, and words every error. Where ok is true, the value is the one
-// UnmarshalRecord decodes.
+// UnmarshalStrictFast decodes.
 
 // CutString reads a string without escape sequences or control characters
 // whose bytes are valid UTF-8, and returns its bytes (in b), which are the

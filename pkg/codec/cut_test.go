@@ -29,7 +29,7 @@ func FuzzCut(f *testing.F) {
 				return
 			}
 			value := b[:len(b)-len(rest)]
-			if err := codec.UnmarshalRecord(value, decoded); err != nil {
+			if err := codec.UnmarshalStrictFast(value, decoded); err != nil {
 				t.Fatalf("%s read %q, which the decoder refuses: %v", what, value, err)
 			}
 			if want := reflect.ValueOf(decoded).Elem().Interface(); !reflect.DeepEqual(got, want) {
@@ -65,7 +65,7 @@ func checkKeptCut(t *testing.T, what string, b, rest []byte, ok bool, got, decod
 		return
 	}
 	value := b[:len(b)-len(rest)]
-	if err := codec.UnmarshalRecord(value, decoded); err != nil {
+	if err := codec.UnmarshalStrictFast(value, decoded); err != nil {
 		t.Fatalf("%s read %q, which the decoder refuses: %v", what, value, err)
 	}
 	g, _ := got.MarshalJSON()

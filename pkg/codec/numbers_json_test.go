@@ -168,7 +168,7 @@ func fixed(mant string, e int) string {
 }
 
 // TestIntsJSON_InARecordThroughBothDecoders: in a record, the kept arrays
-// decode the same through UnmarshalRecord (goccy) and UnmarshalStrict
+// decode the same through UnmarshalStrictFast (goccy) and UnmarshalStrict
 // (encoding/json), null included, and encode as the decoded slices do.
 func TestIntsJSON_InARecordThroughBothDecoders(t *testing.T) {
 	type kept struct {
@@ -183,17 +183,17 @@ func TestIntsJSON_InARecordThroughBothDecoders(t *testing.T) {
 	}
 	in := []byte(`{"ids":[3, 1,-0,null],"lp":[-0.5,-1.250,1E-7,-0.0],"none":null}`)
 	var fast, strict kept
-	if err := codec.UnmarshalRecord(in, &fast); err != nil {
+	if err := codec.UnmarshalStrictFast(in, &fast); err != nil {
 		t.Fatal(err)
 	}
 	if err := codec.UnmarshalStrict(in, &strict); err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(fast, strict) {
-		t.Fatalf("UnmarshalRecord %+v, UnmarshalStrict %+v", fast, strict)
+		t.Fatalf("UnmarshalStrictFast %+v, UnmarshalStrict %+v", fast, strict)
 	}
 	var ref decoded
-	if err := codec.UnmarshalRecord(in, &ref); err != nil {
+	if err := codec.UnmarshalStrictFast(in, &ref); err != nil {
 		t.Fatal(err)
 	}
 	got, err := codec.Marshal(fast)
@@ -210,7 +210,7 @@ func TestIntsJSON_InARecordThroughBothDecoders(t *testing.T) {
 	for _, bad := range []string{`{"ids":[1.5]}`, `{"ids":[99999999999999999999]}`, `{"lp":[1e400]}`, `{"lp":["x"]}`, `{"ids":{}}`} {
 		var k kept
 		var d decoded
-		errKept, errDecoded := codec.UnmarshalRecord([]byte(bad), &k), codec.UnmarshalRecord([]byte(bad), &d)
+		errKept, errDecoded := codec.UnmarshalStrictFast([]byte(bad), &k), codec.UnmarshalStrictFast([]byte(bad), &d)
 		if errKept == nil || fmt.Sprint(errKept) != fmt.Sprint(errDecoded) {
 			t.Errorf("%s: kept arrays refused with %v, decoded ones with %v", bad, errKept, errDecoded)
 		}
@@ -269,10 +269,10 @@ func BenchmarkUnmarshalNumbers(b *testing.B) {
 	run("floats-17-digits/kept", longJSON, new(codec.FloatsJSON))
 }
 
-// FuzzUnmarshalRecordImportRow: a ledger row with its arrays kept decodes
-// the same through UnmarshalRecord (goccy) and UnmarshalStrict
+// FuzzUnmarshalStrictFastImportRow: a ledger row with its arrays kept decodes
+// the same through UnmarshalStrictFast (goccy) and UnmarshalStrict
 // (encoding/json), as the other record types do (record_fuzz_test.go).
-func FuzzUnmarshalRecordImportRow(f *testing.F) {
+func FuzzUnmarshalStrictFastImportRow(f *testing.F) {
 	addSeeds(f, append([]string{
 		`{"call_id":"c1","parent_call_id":"","capture_key":"r","seq":1,"created_at":1796018333.510503,"model":"m","request_digest":"d","prompt_token_ids":[1,3,9],"generation_token_ids":[11,3182],"generation_log_probs":[-0.7936,-2.0686],"finish_reason":"length"}`,
 		`{"call_id":"c2","prompt_token_ids":[ -0 , null ],"generation_token_ids":null,"generation_log_probs":[1E-7,-0.0,1.50]}`,

@@ -8,14 +8,15 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/episode"
 	"github.com/gymfleet/gymfleet/pkg/modelproxy"
 	"github.com/gymfleet/gymfleet/pkg/resources"
 )
 
-// codec.Valid and codec.UnmarshalRecord are goccy's fast paths for
-// checkpoint records; these targets are the guard that they mean exactly
-// what encoding/json means.
+// codec.Valid and codec.UnmarshalStrictFast are goccy's fast paths for
+// checkpoint records and control bodies; these targets are the guard that
+// they mean exactly what encoding/json means.
 
 // FuzzValid: codec.Valid (goccy) and encoding/json.Valid agree on any input.
 func FuzzValid(f *testing.F) {
@@ -34,25 +35,25 @@ func FuzzValid(f *testing.F) {
 	})
 }
 
-// strictDifferential decodes data into a fresh T with UnmarshalRecord and
+// strictDifferential decodes data into a fresh T with UnmarshalStrictFast and
 // with UnmarshalStrict: both must accept or refuse it, refuse it with the
 // same error, and accept it as the same value.
 func strictDifferential[T any](t *testing.T, data []byte) {
 	t.Helper()
 	var fast, ref T
-	errFast := codec.UnmarshalRecord(data, &fast)
+	errFast := codec.UnmarshalStrictFast(data, &fast)
 	errRef := codec.UnmarshalStrict(data, &ref)
 	if (errFast == nil) != (errRef == nil) {
-		t.Fatalf("decoders disagree on %q:\n UnmarshalRecord: %v\n UnmarshalStrict: %v", data, errFast, errRef)
+		t.Fatalf("decoders disagree on %q:\n UnmarshalStrictFast: %v\n UnmarshalStrict: %v", data, errFast, errRef)
 	}
 	if errRef != nil {
 		if errFast.Error() != errRef.Error() {
-			t.Fatalf("errors differ on %q:\n UnmarshalRecord: %v\n UnmarshalStrict: %v", data, errFast, errRef)
+			t.Fatalf("errors differ on %q:\n UnmarshalStrictFast: %v\n UnmarshalStrict: %v", data, errFast, errRef)
 		}
 		return
 	}
 	if !reflect.DeepEqual(fast, ref) {
-		t.Fatalf("decoded values differ for %q:\n UnmarshalRecord: %#v\n UnmarshalStrict: %#v", data, fast, ref)
+		t.Fatalf("decoded values differ for %q:\n UnmarshalStrictFast: %#v\n UnmarshalStrict: %#v", data, fast, ref)
 	}
 }
 
@@ -66,7 +67,7 @@ var strictSeeds = []string{
 	`{"generation_cuts":[{"continuation":{"staging_keys":[],"extra":1}}]}`, `{"task_digest":"a\u0000b"}`,
 }
 
-func FuzzUnmarshalRecordCkptstoreLine(f *testing.F) {
+func FuzzUnmarshalStrictFastCkptstoreLine(f *testing.F) {
 	addSeeds(f, append([]string{
 		`{"episode_id":{"rollout_id":"w","attempt":1},"record":{"kind":"episode","steps":[{"n":1}]}}`,
 		`{"episode_id":{"rollout_id":"3-0","attempt":0},"record":null}`,
@@ -75,7 +76,7 @@ func FuzzUnmarshalRecordCkptstoreLine(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[ckptstore.Record](t, data) })
 }
 
-func FuzzUnmarshalRecordEpisode(f *testing.F) {
+func FuzzUnmarshalStrictFastEpisode(f *testing.F) {
 	addSeeds(f, append([]string{
 		`{"episode_id":{"rollout_id":"rollout-000001","attempt":0},"task_digest":"3f0a","boundary":{"next":"invoke_agent","handles":{"resources_session_id":"resources-session-1","agent_session_id":"agent-session-1","resources_verify":"replay"}}}`,
 		`{"episode_id":{"rollout_id":"r","attempt":2},"task_digest":"d","boundary":null}`,
@@ -83,7 +84,7 @@ func FuzzUnmarshalRecordEpisode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[episode.Record](t, data) })
 }
 
-func FuzzUnmarshalRecordResources(f *testing.F) {
+func FuzzUnmarshalStrictFastResources(f *testing.F) {
 	addSeeds(f, append([]string{
 		`{"session_id":"resources-session-1","episode_id":{"rollout_id":"r","attempt":0},"state":null}`,
 		`{"session_id":"s2","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":1},"owner":"x"}`,
@@ -91,11 +92,44 @@ func FuzzUnmarshalRecordResources(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[resources.SessionRecord](t, data) })
 }
 
-func FuzzUnmarshalRecordModel(f *testing.F) {
+func FuzzUnmarshalStrictFastModel(f *testing.F) {
 	addSeeds(f, append([]string{
 		`{"rows":[{"call_id":"c1","parent_call_id":"","capture_key":"r","seq":1,"created_at":1796018333.510503,"model":"fake-model","request_digest":"cb0e","prompt_token_ids":[1,3,9],"generation_token_ids":[11,3182],"generation_log_probs":[-0.7936,-2.0686],"finish_reason":"length"}],"generation_cuts":[]}`,
 		`{"rows":[],"generation_cuts":[{"model_call_id":"m","request_digest":"d","continuation":{"source_capture_key":"r","source_model_call_id":"m","staging_keys":["k"],"prefix_token_count":3,"prefix_digest":"p"}}]}`,
 		`{"rows":[],"generation_cuts":[],"extra":1}`,
 	}, append(strictSeeds, edgeSeeds...)...), "")
 	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[modelproxy.ModelRecord](t, data) })
+}
+
+// controlSeeds are control bodies as coordination sends them and as a
+// careless client might.
+var controlSeeds = []string{
+	`{"checkpoint_id":"ck-1","deadline_ts":1700000000.25,"checkpoint_dir":"/tmp/ck","episode_ids":[{"rollout_id":"w","attempt":0},{"rollout_id":"c","attempt":2}],"stop":true}`,
+	`{"checkpoint_id":"ck-1","deadline_ts":0,"checkpoint_dir":"","episode_ids":[]}`,
+	`{"checkpoint_id":"ck-1","deadline_ts":1e9,"episode_ids":null}`, `{"episode_ids":[null,{"attempt":-1}]}`,
+	`{"checkpoint_id":"ck-1","stop":"yes"}`, `{"checkpoint_id":"ck-1","Stop":true}`, `{"deadline_ts":"1"}`,
+	`{"checkpoint_id":"ck-1","rollout_ids":["a","b"],"deadline_ts":1}`, `{"rollout_ids":[1]}`,
+	`{"checkpoint_id":"ck-1","episode_ids":[{"rollout_id":"w","attempt":0}],"extra":{}}`,
+}
+
+// The control routes decode every body through httpserver.DecodeJSONStrict,
+// hence UnmarshalStrictFast: commit and restore name every episode in scope.
+func FuzzUnmarshalStrictFastCommitRequest(f *testing.F) {
+	addSeeds(f, append(controlSeeds, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[ctlplane.CommitRequest](t, data) })
+}
+
+func FuzzUnmarshalStrictFastRestoreRequest(f *testing.F) {
+	addSeeds(f, append(controlSeeds, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[ctlplane.RestoreRequest](t, data) })
+}
+
+func FuzzUnmarshalStrictFastRetireRequest(f *testing.F) {
+	addSeeds(f, append(controlSeeds, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[ctlplane.RetireRequest](t, data) })
+}
+
+func FuzzUnmarshalStrictFastForgetRequest(f *testing.F) {
+	addSeeds(f, append(controlSeeds, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[ctlplane.ForgetRequest](t, data) })
 }

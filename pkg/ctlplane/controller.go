@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -198,12 +201,13 @@ func validEpisodes(ids []rollout.EpisodeID) error {
 
 // scopeDigest names a scope canonically, to tell retries from conflicts.
 func scopeDigest(s Scope) string {
-	h := sha256.New()
-	for _, id := range s.IDs() {
-		h.Write([]byte(id.CaptureKey()))
-		h.Write([]byte{'\n'})
+	var lines []byte
+	for _, id := range s.sorted {
+		lines = append(lines, id.CaptureKey()...)
+		lines = append(lines, '\n')
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(lines)
+	return hex.EncodeToString(sum[:])
 }
 
 // extendLease moves the lease to deadline + grace if that is later, and
@@ -427,21 +431,61 @@ type CommitReply struct {
 	WriteSeconds float64
 }
 
-// MarshalJSON flattens the extras next to the fixed fields.
+// MarshalJSON flattens the extras next to the fixed fields (a fixed field
+// wins over an extra of the same name), keys sorted as encoding/json sorts a
+// map's. The episode ids, one per episode in scope, are appended by hand;
+// through encoding/json they cost every participant ~20 ms of a 16,000
+// episode commit. The other values are few and small and keep
+// encoding/json's encoding.
 func (r CommitReply) MarshalJSON() ([]byte, error) {
-	m := make(map[string]any, len(r.Extras)+3)
+	values := make(map[string]any, len(r.Extras)+4)
 	for k, v := range r.Extras {
-		m[k] = v
+		values[k] = v
 	}
-	m["phase"] = r.Phase
-	m["manifest"] = r.Manifest
-	keys := r.EpisodeIDs
-	if keys == nil {
-		keys = []string{}
+	values["phase"] = r.Phase
+	values["manifest"] = r.Manifest
+	values["write_seconds"] = r.WriteSeconds
+	values[commitReplyEpisodeIDs] = nil
+	names := slices.Sorted(maps.Keys(values))
+
+	size := 256
+	for _, k := range r.EpisodeIDs {
+		size += len(k) + 3
 	}
-	m["episode_ids"] = keys
-	m["write_seconds"] = r.WriteSeconds
-	return marshalMap(m)
+	out := make([]byte, 0, size)
+	out = append(out, '{')
+	for i, name := range names {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = codec.AppendString(out, name)
+		out = append(out, ':')
+		if name == commitReplyEpisodeIDs {
+			out = appendStrings(out, r.EpisodeIDs)
+			continue
+		}
+		v, err := codec.MarshalStable(values[name])
+		if err != nil {
+			return nil, fmt.Errorf("commit reply field %q: %w", name, err)
+		}
+		out = append(out, v...)
+	}
+	return append(out, '}'), nil
+}
+
+// commitReplyEpisodeIDs is the reply key of the capture keys exported.
+const commitReplyEpisodeIDs = "episode_ids"
+
+// appendStrings appends ss as a JSON array of strings ([] for nil).
+func appendStrings(dst []byte, ss []string) []byte {
+	dst = append(dst, '[')
+	for i, s := range ss {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = codec.AppendString(dst, s)
+	}
+	return append(dst, ']')
 }
 
 // Commit exports the scope once and writes it once; a retry awaits or

@@ -8,7 +8,6 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
-	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -208,6 +207,3 @@ func (c *Controller) Middleware(classify Classifier) func(http.Handler) http.Han
 		})
 	}
 }
-
-// marshalMap encodes a reply map with stable key order.
-func marshalMap(m map[string]any) ([]byte, error) { return codec.MarshalStable(m) }

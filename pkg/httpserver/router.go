@@ -259,7 +259,7 @@ func DecodeJSON(r *http.Request, v any) error {
 }
 
 // DecodeJSONStrict decodes a JSON request body into v and refuses unknown
-// fields and trailing data (control bodies).
+// fields and trailing data (control bodies). v must point to a zero value.
 func DecodeJSONStrict(r *http.Request, v any) error {
 	b, err := ReadBody(r)
 	if err != nil {
@@ -268,7 +268,7 @@ func DecodeJSONStrict(r *http.Request, v any) error {
 	if len(b) == 0 {
 		return apierror.New(apierror.InvalidRequest, "request body is empty; expected a JSON object")
 	}
-	if err := codec.UnmarshalStrict(b, v); err != nil {
+	if err := codec.UnmarshalStrictFast(b, v); err != nil {
 		return apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
 	}
 	return nil

@@ -155,7 +155,7 @@ func cutImportRecord(data []byte) (m *importRecord, ok bool) {
 		return nil, false
 	case string(cuts) == "[]":
 		m.GenerationCuts = []GenerationCut{}
-	case codec.UnmarshalRecord(cuts, &m.GenerationCuts) != nil:
+	case codec.UnmarshalStrictFast(cuts, &m.GenerationCuts) != nil:
 		return nil, false
 	}
 	return m, true
@@ -164,12 +164,12 @@ func cutImportRecord(data []byte) (m *importRecord, ok bool) {
 // unmarshalImportRecord decodes a record of any layout into m, which is
 // zero, with the generic decoder.
 func unmarshalImportRecord(data []byte, m *importRecord) error {
-	if err := codec.UnmarshalRecord(data, m); err != nil {
+	if err := codec.UnmarshalStrictFast(data, m); err != nil {
 		// A refusal names the type it expected (importRecord, ImportRow):
 		// decoding a ModelRecord again, on this rare path, refuses the
 		// data with the words it always used.
 		var named ModelRecord
-		if namedErr := codec.UnmarshalRecord(data, &named); namedErr != nil {
+		if namedErr := codec.UnmarshalStrictFast(data, &named); namedErr != nil {
 			err = namedErr
 		}
 		return fmt.Errorf("not a model record: %s", codec.DescribeError(err))

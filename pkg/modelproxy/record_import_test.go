@@ -16,7 +16,7 @@ import (
 // the same errors, and DecodeModelRecord must still return the same value.
 func referenceDecodeModelRecord(data []byte) (*ModelRecord, error) {
 	var m ModelRecord
-	if err := codec.UnmarshalRecord(data, &m); err != nil {
+	if err := codec.UnmarshalStrictFast(data, &m); err != nil {
 		return nil, fmt.Errorf("not a model record: %s", codec.DescribeError(err))
 	}
 	seen := make(map[string]bool, len(m.Rows))

@@ -243,7 +243,7 @@ func appendImportRow(dst []byte, key string, r *ImportRow) ([]byte, error) {
 // row and the rest of b. The row's token arrays refer to b's bytes (see
 // codec.CutIntsJSON): it is good only as long as they are. ok false means
 // only that the row is laid out otherwise, valid or not: decode it with
-// codec.UnmarshalRecord then, which reads every form and words every error.
+// codec.UnmarshalStrictFast then, which reads every form and words every error.
 // A restore reads every row of a checkpoint this way, several times faster,
 // and copies the arrays once, into the ledger's write batch.
 func CutImportRow(b []byte) (row ImportRow, rest []byte, ok bool) {

@@ -59,7 +59,7 @@ func decodeBoth(t *testing.T, data []byte) (Row, ImportRow, bool) {
 	t.Helper()
 	var row Row
 	var imp ImportRow
-	errRow, errImp := codec.UnmarshalRecord(data, &row), codec.UnmarshalRecord(data, &imp)
+	errRow, errImp := codec.UnmarshalStrictFast(data, &row), codec.UnmarshalStrictFast(data, &imp)
 	if fmt.Sprint(errRow) != fmt.Sprint(errImp) {
 		t.Fatalf("%s: a Row decodes with %v, an ImportRow with %v", data, errRow, errImp)
 	}
@@ -270,7 +270,7 @@ func FuzzCutImportRow(f *testing.F) {
 			return
 		}
 		var decoded ImportRow
-		if err := codec.UnmarshalRecord(data[:len(data)-len(rest)], &decoded); err != nil {
+		if err := codec.UnmarshalStrictFast(data[:len(data)-len(rest)], &decoded); err != nil {
 			t.Fatalf("%s: CutImportRow reads a row the decoder refuses: %v", data, err)
 		}
 		if !reflect.DeepEqual(row, decoded) {

@@ -1,0 +1,79 @@
+package ctlplane
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+func TestNewScope_SortsAndDropsDuplicatesWhateverTheOrder(t *testing.T) {
+	ep := func(r string, a int) rollout.EpisodeID { return rollout.EpisodeID{RolloutID: r, Attempt: a} }
+	want := []rollout.EpisodeID{ep("a", 0), ep("a", 2), ep("b", 1), ep("c", 0)}
+	orders := [][]rollout.EpisodeID{
+		{ep("a", 0), ep("a", 2), ep("b", 1), ep("c", 0)},
+		{ep("c", 0), ep("b", 1), ep("a", 2), ep("a", 0)},
+		{ep("b", 1), ep("a", 0), ep("c", 0), ep("a", 0), ep("a", 2), ep("b", 1)},
+	}
+	digest := scopeDigest(NewScope(want))
+	for _, ids := range orders {
+		s := NewScope(ids)
+		if got := s.IDs(); !slices.Equal(got, want) {
+			t.Errorf("NewScope(%v).IDs() = %v, want %v", ids, got, want)
+		}
+		if s.Len() != len(want) {
+			t.Errorf("NewScope(%v).Len() = %d, want %d", ids, s.Len(), len(want))
+		}
+		for _, id := range want {
+			if !s.Has(id) {
+				t.Errorf("NewScope(%v) lacks %v", ids, id)
+			}
+		}
+		if s.Has(ep("a", 1)) || s.Has(ep("d", 0)) {
+			t.Errorf("NewScope(%v) has an episode it was not given", ids)
+		}
+		if got := scopeDigest(s); got != digest {
+			t.Errorf("the digest of %v is %s, of the same set sorted %s", ids, got, digest)
+		}
+	}
+	if scopeDigest(NewScope(want[:3])) == digest {
+		t.Error("a smaller scope has the same digest")
+	}
+	if empty := NewScope(nil); empty.Len() != 0 || len(empty.IDs()) != 0 {
+		t.Errorf("an empty scope lists %v", empty.IDs())
+	}
+}
+
+// BenchmarkCommitBody is what every participant does with a commit's body
+// besides exporting: decode it, build the scope and its digest, and encode
+// the reply's capture keys.
+func BenchmarkCommitBody(b *testing.B) {
+	for _, n := range []int{16_000, 100_000} {
+		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
+			ids := make([]rollout.EpisodeID, n)
+			keys := make([]string, n)
+			for i := range ids {
+				ids[i] = rollout.EpisodeID{RolloutID: fmt.Sprintf("w%06d", i)}
+				keys[i] = ids[i].CaptureKey()
+			}
+			body, err := codec.Marshal(CommitRequest{CheckpointID: "bench", DeadlineTS: 1e9, CheckpointDir: "/ckpt", EpisodeIDs: ids})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				var req CommitRequest
+				if err := codec.UnmarshalStrictFast(body, &req); err != nil {
+					b.Fatal(err)
+				}
+				scope := NewScope(req.EpisodeIDs)
+				_ = scopeDigest(scope)
+				if _, err := codec.Marshal(CommitReply{Phase: PhaseCommitted, EpisodeIDs: keys}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
