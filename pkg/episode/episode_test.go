@@ -19,6 +19,16 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func id(r string, a int) rollout.EpisodeID { return rollout.EpisodeID{RolloutID: r, Attempt: a} }
 
+// collect is an Export emit that keeps copies of the records: Export may
+// reuse a record's buffer once emit returns.
+func collect(into *[]ctlplane.Record) func(ctlplane.Record) error {
+	return func(r ctlplane.Record) error {
+		r.Data = slices.Clone(r.Data)
+		*into = append(*into, r)
+		return nil
+	}
+}
+
 type boundary struct {
 	Next string `json:"next"`
 	N    int    `json:"n,omitempty"`
@@ -154,7 +164,7 @@ func TestExportAndInstall(t *testing.T) {
 	}
 	scope := ctlplane.NewScope([]rollout.EpisodeID{id("a", 0), id("b", 2)})
 	var recs []ctlplane.Record
-	if err := tr.Export(scope, func(r ctlplane.Record) error { recs = append(recs, r); return nil }); err != nil {
+	if err := tr.Export(scope, collect(&recs)); err != nil {
 		t.Fatal(err)
 	}
 	if len(recs) != 2 {
@@ -201,7 +211,7 @@ func TestExportAndInstall(t *testing.T) {
 	// A checkpoint before the replacement starts exports the pending record
 	// under the replacement attempt; a scope without it deletes it.
 	var again []ctlplane.Record
-	fresh.Export(ctlplane.NewScope([]rollout.EpisodeID{id("a", 1)}), func(r ctlplane.Record) error { again = append(again, r); return nil })
+	fresh.Export(ctlplane.NewScope([]rollout.EpisodeID{id("a", 1)}), collect(&again))
 	if len(again) != 1 || again[0].EpisodeID != id("a", 1) {
 		t.Fatalf("re-export of the pending record = %v", again)
 	}
@@ -285,5 +295,79 @@ func waitUntil(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 10s")
 		}
 		<-time.After(time.Millisecond)
+	}
+}
+
+// appendingBoundary encodes itself by hand, as environment.Boundary does.
+type appendingBoundary struct {
+	Next string `json:"next"`
+}
+
+func (b appendingBoundary) AppendJSON(dst []byte) ([]byte, error) {
+	dst = append(dst, `{"next":`...)
+	return append(codec.AppendString(dst, b.Next), '}'), nil
+}
+
+func TestExport_RecordsOfAppendingBoundariesAsMarshalWritesThem(t *testing.T) {
+	tr := episode.NewTracker()
+	ctx := context.Background()
+	boundaries := []any{appendingBoundary{Next: "verify"}, appendingBoundary{Next: "<&>\u2028\xff"}, nil, map[string]int{"n": 1}}
+	var eps []*episode.Episode
+	var ids []rollout.EpisodeID
+	want := map[rollout.EpisodeID]string{}
+	for i, b := range boundaries {
+		e, _, err := tr.Begin(id(string(rune('a'+i)), i), "digest-\"quoted\"", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := struct {
+			EpisodeID  rollout.EpisodeID `json:"episode_id"`
+			TaskDigest string            `json:"task_digest"`
+			Boundary   any               `json:"boundary"`
+		}{e.ID(), "digest-\"quoted\"", b}
+		data, err := codec.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps, ids, want[e.ID()] = append(eps, e), append(ids, e.ID()), string(data)
+	}
+	tr.CloseAdmission()
+	// Each episode parks at its boundary; the one without a boundary sits
+	// in a replay step, which exports too.
+	done := make(chan error, len(eps))
+	stepIn, stepOut := make(chan struct{}), make(chan struct{})
+	for i, e := range eps {
+		if boundaries[i] == nil {
+			go func() {
+				done <- e.Step(ctx, episode.Replay, func(context.Context) error { close(stepIn); <-stepOut; return nil })
+			}()
+			<-stepIn
+			continue
+		}
+		go func() { done <- e.Boundary(ctx, boundaries[i]) }()
+	}
+	waitUntil(t, func() bool { return tr.Ready() && tr.Report(10).Counts["parked"] == len(eps) })
+	var recs []ctlplane.Record
+	err := tr.Export(ctlplane.NewScope(ids), collect(&recs))
+	tr.OpenAdmission()
+	close(stepOut)
+	for range eps {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range eps {
+		e.End()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != len(want) {
+		t.Fatalf("exported %d records, want %d", len(recs), len(want))
+	}
+	for _, r := range recs {
+		if string(r.Data) != want[r.EpisodeID] {
+			t.Errorf("record of %v =\n%s\ncodec.Marshal writes\n%s", r.EpisodeID, r.Data, want[r.EpisodeID])
+		}
 	}
 }

@@ -366,8 +366,19 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, _ 
 			return nil, apierror.New(apierror.InvalidCheckpointState, "session %s already exists in this process", in.id)
 		}
 	}
-	var next []rollout.EpisodeID
-	seen := map[rollout.EpisodeID]bool{}
+	// A restore runs in a fresh process: sized once, the maps do not grow
+	// (and rehash) their way to 100,000 sessions.
+	if len(s.sessions) == 0 {
+		s.sessions = make(map[string]*session, len(sessions))
+	}
+	if len(s.byRollout) == 0 {
+		s.byRollout = make(map[string]map[string]*session, len(sessions))
+	}
+	if len(ck.restored) == 0 {
+		ck.restored = make(map[string]*session, len(sessions))
+	}
+	next := make([]rollout.EpisodeID, 0, len(sessions))
+	seen := make(map[rollout.EpisodeID]bool, len(sessions))
 	for _, in := range sessions {
 		sess := &session{id: in.id, state: in.state, restored: true}
 		s.sessions[in.id] = sess
@@ -420,7 +431,7 @@ func (p *participant) validate(records []ctlplane.Record) ([]installed, error) {
 // state that is present (null in stateless mode).
 func DecodeSessionRecord(data []byte) (SessionRecord, error) {
 	var rec SessionRecord
-	if err := codec.UnmarshalRecord(data, &rec); err != nil {
+	if err := codec.UnmarshalStrictFast(data, &rec); err != nil {
 		return SessionRecord{}, fmt.Errorf("not a resources session record: %s", codec.DescribeError(err))
 	}
 	if !rollout.ValidID(rec.SessionID) {
