@@ -608,14 +608,13 @@ func (b *bench) discover(ctx context.Context) (*coordination.Coordinator, error)
 	return c, nil
 }
 
-// profiled runs a phase, with CPU profiles of every server around it when
-// profiling is on.
 // timedPhase runs one timed phase: the bench's collector paused, the
 // phase's wall time written to *secs (the control call alone, not the
-// profiler's wait) and each process's CPU time recorded.
+// profiler's wait) and each process's CPU time and collections recorded.
 func (b *bench) timedPhase(ctx context.Context, phase string, secs *float64, call func() error) error {
 	resumeGC := pauseBenchGC()
 	defer resumeGC()
+	gcBefore := b.snapshotGC(ctx)
 	before := b.snapshotCPU()
 	err := b.profiled(ctx, phase, func() error {
 		start := time.Now()
@@ -623,9 +622,14 @@ func (b *bench) timedPhase(ctx context.Context, phase string, secs *float64, cal
 		*secs = seconds(time.Since(start))
 		return err
 	})
-	b.res.PhaseCPU = append(b.res.PhaseCPU, before.since(phase, b.snapshotCPU()))
+	pc := before.since(phase, b.snapshotCPU())
+	pc.GCCycles = gcBefore.since(b.snapshotGC(ctx))
+	b.res.PhaseCPU = append(b.res.PhaseCPU, pc)
 	return err
 }
+
+// profiled runs a phase, with CPU profiles of every server around it when
+// profiling is on.
 
 func (b *bench) profiled(ctx context.Context, phase string, fn func() error) error {
 	if !b.opts.Profile {

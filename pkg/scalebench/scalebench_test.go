@@ -226,7 +226,7 @@ func sampleResult() *Result {
 		Bench: ProcessStat{Name: "bench", Fleet: "-", PeakRSSBytes: 400 << 20, FDsAtBoundary: 31, PeakFDs: 40},
 		PhaseCPU: []PhaseCPU{{Phase: "commit", Seconds: 0.75, ByProcess: map[string]float64{
 			"policy_model": 0.25, "agents": 0.375, "bench": 0.125,
-		}}},
+		}, GCCycles: map[string]int64{"policy_model": 0, "agents": 2}}},
 		Violations: []string{},
 	}
 }
@@ -238,6 +238,38 @@ func TestPhaseCPU_Since(t *testing.T) {
 	want := map[string]float64{"env": 0.5, "agents": 0}
 	if pc.Phase != "commit" || pc.Seconds != 0.5 || !maps.Equal(pc.ByProcess, want) {
 		t.Fatalf("since = %+v, want 0.5 s in all, by process %v (a process read at one end only is left out)", pc, want)
+	}
+}
+
+func TestGCCount(t *testing.T) {
+	exposition := `# HELP go_gc_duration_seconds A summary of the wall-time pause (stop-the-world) duration in garbage collection cycles.
+# TYPE go_gc_duration_seconds summary
+go_gc_duration_seconds{quantile="0"} 2.1e-05
+go_gc_duration_seconds_sum 0.0123
+go_gc_duration_seconds_count 117
+go_goroutines 42
+`
+	if n, err := gcCount([]byte(exposition)); err != nil || n != 117 {
+		t.Fatalf("gcCount = %d, %v; want 117", n, err)
+	}
+	for _, bad := range []string{
+		"go_goroutines 42\n",
+		"go_gc_duration_seconds_count x\n",
+		"go_gc_duration_seconds_count -1\n",
+		"go_gc_duration_seconds_count_total 3\n",
+	} {
+		if n, err := gcCount([]byte(bad)); err == nil {
+			t.Errorf("gcCount(%q) = %d, want an error", bad, n)
+		}
+	}
+}
+
+func TestGCSnapshot_Since(t *testing.T) {
+	before := gcSnapshot{"env": 10, "agents": 7, "gone": 3}
+	now := gcSnapshot{"env": 12, "agents": 7, "new": 1}
+	want := map[string]int64{"env": 2, "agents": 0}
+	if got := before.since(now); !maps.Equal(got, want) {
+		t.Fatalf("since = %v, want %v (a server read at one end only is left out)", got, want)
 	}
 }
 
@@ -260,7 +292,7 @@ func TestWriteTable(t *testing.T) {
 		"replacements: every one finished             20.000  16000 sent, 0 failed, 0 reward != 1.0",
 		"originals: 0 replied (want 0), 16000 cut off by the crash",
 		"first fleet, sum of peaks",
-		"CPU in commit                                 0.750  agents 0.38, bench 0.12, policy_model 0.25",
+		"CPU in commit                                 0.750  agents 0.38 (2 GC), bench 0.12, policy_model 0.25",
 		"contract: every rollout was exported",
 	} {
 		if !strings.Contains(out, squeeze(want)) {

@@ -93,6 +93,18 @@ func TestScaleBench_1000RolloutsCheckpointedCrashedAndRestored(t *testing.T) {
 	if len(missing) > 0 {
 		t.Errorf("profiles missing or empty in %q: %v\n--- progress ---\n%s", res.ProfilesDir, missing, progress.String())
 	}
+	// Every timed phase counts each server's collections, read from its
+	// /metrics at both edges.
+	for _, pc := range res.PhaseCPU {
+		for _, proc := range []string{"fakeinference", "policy_model", "resources", "agents", "env"} {
+			if n, ok := pc.GCCycles[proc]; !ok || n < 0 {
+				t.Errorf("%s: collections of %s %d (read: %v), want a count", pc.Phase, proc, n, ok)
+			}
+		}
+	}
+	if len(res.PhaseCPU) != 3 {
+		t.Errorf("CPU figures for %d phases, want prepare, commit and restore", len(res.PhaseCPU))
+	}
 	seen := map[string]int{}
 	for _, p := range res.Processes {
 		seen[p.Fleet]++
