@@ -5,12 +5,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
 )
 
 // PhaseCPU is the CPU time the machine's processes of the bench spent in
@@ -95,13 +96,9 @@ const gcScrapeTimeout = 5 * time.Second
 // /metrics; a server that does not answer is left out.
 func (b *bench) snapshotGC(ctx context.Context) gcSnapshot {
 	snap := gcSnapshot{}
-	for _, proc := range b.cfg.Processes {
-		if len(proc.Endpoints) == 0 || !b.launcher.Running(proc.Name) {
-			continue
-		}
-		url := strings.TrimRight(proc.Endpoints[0].URL, "/") + "/metrics"
-		if n, err := b.scrapeGCCount(ctx, url); err == nil {
-			snap[proc.Name] = n
+	for _, r := range b.runtimeURLs() {
+		if n, err := b.scrapeGCCount(ctx, r.url+"/metrics"); err == nil {
+			snap[r.name] = n
 		}
 	}
 	return snap
@@ -110,23 +107,14 @@ func (b *bench) snapshotGC(ctx context.Context) gcSnapshot {
 func (b *bench) scrapeGCCount(ctx context.Context, url string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, gcScrapeTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	reply, err := httpclient.Do(ctx, b.ctl, http.MethodGet, url, nil, nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := b.ctl.Do(req)
-	if err != nil {
+	if err := reply.Err("GET " + url); err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return 0, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
-	}
-	return gcCount(body)
+	return gcCount(reply.Body)
 }
 
 // gcCountMetric is the Go collector's count of completed collections.

@@ -28,17 +28,19 @@ const profileLeadIn = 100 * time.Millisecond
 
 func newProfiler(b *bench, dir string) *profiler { return &profiler{b: b, dir: dir} }
 
-// profileTarget is one process to profile, through its first endpoint: a
-// process serving several endpoints has one runtime, so one profile.
-type profileTarget struct {
+// runtimeURL is one running process's runtime, reached through its first
+// endpoint: a process serving several endpoints has one runtime, so one
+// profile and one set of runtime metrics.
+type runtimeURL struct {
 	name, url string
 }
 
-func (p *profiler) targets() []profileTarget {
-	var out []profileTarget
-	for _, proc := range p.b.cfg.Processes {
-		if len(proc.Endpoints) > 0 && p.b.launcher.Running(proc.Name) {
-			out = append(out, profileTarget{name: proc.Name, url: strings.TrimRight(proc.Endpoints[0].URL, "/")})
+// runtimeURLs lists every running process that serves an endpoint.
+func (b *bench) runtimeURLs() []runtimeURL {
+	var out []runtimeURL
+	for _, proc := range b.cfg.Processes {
+		if len(proc.Endpoints) > 0 && b.launcher.Running(proc.Name) {
+			out = append(out, runtimeURL{name: proc.Name, url: strings.TrimRight(proc.Endpoints[0].URL, "/")})
 		}
 	}
 	return out
@@ -54,7 +56,7 @@ func (p *profiler) startCPU(ctx context.Context, phase string) (wait func(), err
 	}
 	p.b.res.ProfilesDir = p.dir
 	secs := p.b.opts.ProfileSeconds
-	targets := p.targets()
+	targets := p.b.runtimeURLs()
 	var wg sync.WaitGroup
 	written := make(chan struct{}, len(targets))
 	for _, t := range targets {
@@ -139,7 +141,7 @@ func (p *profiler) heap(ctx context.Context, fleetLabel string) {
 	}
 	p.b.res.ProfilesDir = p.dir
 	var wg sync.WaitGroup
-	for _, t := range p.targets() {
+	for _, t := range p.b.runtimeURLs() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
