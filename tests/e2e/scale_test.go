@@ -102,6 +102,21 @@ func TestScaleBench_1000RolloutsCheckpointedCrashedAndRestored(t *testing.T) {
 			}
 		}
 	}
+	// A fresh process starts with a heap goal of a few MiB, so installing
+	// 1,000 rollouts makes some server collect: a count read at the wrong
+	// edge (or not subtracted) would show none.
+	for _, pc := range res.PhaseCPU {
+		if pc.Phase != "restore" {
+			continue
+		}
+		var collected int64
+		for _, n := range pc.GCCycles {
+			collected += n
+		}
+		if collected == 0 {
+			t.Errorf("restore: no server completed a collection by the counts %v; fresh processes growing to hold 1,000 rollouts do", pc.GCCycles)
+		}
+	}
 	if len(res.PhaseCPU) != 3 {
 		t.Errorf("CPU figures for %d phases, want prepare, commit and restore", len(res.PhaseCPU))
 	}
