@@ -1,7 +1,6 @@
 package scalebench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -122,21 +121,16 @@ const gcCountMetric = "go_gc_duration_seconds_count"
 
 // gcCount finds the collection count in a Prometheus text exposition.
 func gcCount(exposition []byte) (int64, error) {
-	sc := bufio.NewScanner(bytes.NewReader(exposition))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
+	for line := range bytes.Lines(exposition) {
+		name, value, ok := strings.Cut(strings.TrimSpace(string(line)), " ")
 		if !ok || name != gcCountMetric {
 			continue
 		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		f, err := strconv.ParseFloat(value, 64)
 		if err != nil || f < 0 {
 			return 0, fmt.Errorf("%s %q: not a count", gcCountMetric, value)
 		}
 		return int64(f), nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
 	}
 	return 0, fmt.Errorf("no %s in the exposition", gcCountMetric)
 }
