@@ -66,7 +66,8 @@ type Controller struct {
 	committed  *CommitReply
 	restored   *RestoreReply
 	// gcHeld is set while this controller holds the process's collections
-	// off (gcHolds): from prepare closing admission until the reopen.
+	// off (gcHolds): from prepare closing admission, or from a restore's
+	// records being read, until the reopen.
 	gcHeld bool
 }
 
@@ -261,11 +262,12 @@ func (c *Controller) reopenLocked() {
 }
 
 // holdGCLocked defers the process's collections until the checkpoint
-// reopens (see gcHolds). Called with c.mu held.
-func (c *Controller) holdGCLocked() {
+// reopens, allowing at least minHeadroom of growth meanwhile (see
+// gcHolds). Called with c.mu held.
+func (c *Controller) holdGCLocked(minHeadroom int64) {
 	if !c.gcHeld {
 		c.gcHeld = true
-		processGC.hold()
+		processGC.hold(minHeadroom)
 	}
 }
 
@@ -317,7 +319,7 @@ func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*Prepa
 		return r, nil
 	case ActCloseAndWait:
 		c.gate.close()
-		c.holdGCLocked()
+		c.holdGCLocked(gcHoldHeadroom)
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		err := c.p.CloseAdmission(cctx)
 		cancel()
@@ -724,6 +726,11 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	read := time.Since(start)
 	var installed []rollout.EpisodeID
 	if err == nil {
+		c.mu.Lock()
+		if c.install == t { // not reopened while the records were read
+			c.holdGCLocked(installHeadroom(size))
+		}
+		c.mu.Unlock()
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
 		if err != nil && !apierror.HasCode(err, apierror.Internal) {
 			var ae *apierror.Error
@@ -743,6 +750,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 			// Nothing is recorded: admission reopens and the phase is idle.
 			c.gate.open()
 			c.p.OpenAdmission()
+			c.releaseGCLocked()
 			if c.leaseTimer != nil {
 				c.leaseTimer.Stop()
 				c.leaseTimer = nil

@@ -2,6 +2,7 @@ package ctlplane_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"runtime/debug"
 	"runtime/metrics"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
 // gcSettings reads GOGC and the memory limit without changing them.
@@ -92,5 +94,67 @@ func TestController_HoldKeepsALowerLimitAndEndsOnExpiryAndClose(t *testing.T) {
 	c.Close()
 	if gogc, _ := gcSettings(); gogc != 100 {
 		t.Fatalf("after Close GOGC = %d, want 100", gogc)
+	}
+}
+
+// Ensure a restore defers collections while it installs and until its
+// resume, under a memory limit, and that a failed install ends the hold
+// with the rest of the restore. (Not parallel: GC settings belong to the
+// process.)
+func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	ctx := context.Background()
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+	dir := t.TempDir()
+	ids := []rollout.EpisodeID{{RolloutID: "r1"}}
+	src := ctlplanetest.NewFake("agent", "a")
+	src.SetEpisode(ids[0], true)
+	c := newController(t, src, ctlplane.RealClock{}, nil)
+	req := ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}
+	if _, err := c.Prepare(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: ids}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(req); err != nil {
+		t.Fatal(err)
+	}
+	restore := ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: ids}
+
+	failing := ctlplanetest.NewFake("agent", "a")
+	failing.InstallErr = errors.New("invalid session state")
+	var gogcDuring int64
+	failing.OnInstall = func() { gogcDuring, _ = gcSettings() }
+	if _, err := newController(t, failing, ctlplane.RealClock{}, nil).Restore(ctx, restore); err == nil {
+		t.Fatal("restore with a failing install succeeded")
+	}
+	if gogcDuring >= 0 {
+		t.Fatalf("GOGC = %d during a failing install, want off", gogcDuring)
+	}
+	if gogc, limit := gcSettings(); gogc != 100 || limit != math.MaxInt64 {
+		t.Fatalf("after a failed install GOGC = %d, limit = %d; want 100 and no limit", gogc, limit)
+	}
+
+	ok := ctlplanetest.NewFake("agent", "a")
+	var limitDuring int64
+	ok.OnInstall = func() { gogcDuring, limitDuring = gcSettings() }
+	fresh := newController(t, ok, ctlplane.RealClock{}, nil)
+	if _, err := fresh.Restore(ctx, restore); err != nil {
+		t.Fatal(err)
+	}
+	// The records are a few bytes: the limit allows the least headroom.
+	if gogcDuring >= 0 || limitDuring == math.MaxInt64 || limitDuring < 256<<20 {
+		t.Fatalf("during install GOGC = %d, limit = %d; want off under a limit of 256 MiB or more", gogcDuring, limitDuring)
+	}
+	if gogc, _ := gcSettings(); gogc >= 0 {
+		t.Fatalf("GOGC = %d between restore and resume, want off", gogc)
+	}
+	if _, err := fresh.Resume(req); err != nil {
+		t.Fatal(err)
+	}
+	if gogc, limit := gcSettings(); gogc != 100 || limit != math.MaxInt64 {
+		t.Fatalf("after the resume GOGC = %d, limit = %d; want 100 and no limit", gogc, limit)
 	}
 }

@@ -102,9 +102,11 @@ func TestScaleBench_1000RolloutsCheckpointedCrashedAndRestored(t *testing.T) {
 			}
 		}
 	}
-	// A fresh process starts with a heap goal of a few MiB, so installing
-	// 1,000 rollouts makes some server collect: a count read at the wrong
-	// edge (or not subtracted) would show none.
+	// A fresh process starts with a heap goal of a few MiB, so taking in
+	// the restore's body and reading 1,000 rollouts' records makes some
+	// server collect (the hold on collections starts once the records are
+	// read): a count read at the wrong edge (or not subtracted) would show
+	// none.
 	for _, pc := range res.PhaseCPU {
 		if pc.Phase != "restore" {
 			continue

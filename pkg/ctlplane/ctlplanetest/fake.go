@@ -40,6 +40,9 @@ type Fake struct {
 	ExportGate chan struct{}
 	// OnRetire runs at the start of Retire (e.g. to observe the fence).
 	OnRetire func(ids []rollout.EpisodeID)
+	// OnInstall runs at the start of Install (e.g. to observe the
+	// process's GC settings while a restore installs).
+	OnInstall func()
 }
 
 // NewFake returns an idle, ready fake of a kind.
@@ -236,6 +239,9 @@ func (f *Fake) Install(_ context.Context, records []ctlplane.Record, _ ctlplane.
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.log("install %d", len(records))
+	if f.OnInstall != nil {
+		f.OnInstall()
+	}
 	if f.InstallErr != nil {
 		return nil, f.InstallErr
 	}

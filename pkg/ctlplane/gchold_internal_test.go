@@ -1,0 +1,60 @@
+package ctlplane
+
+import (
+	"math"
+	"runtime/debug"
+	"testing"
+)
+
+// Ensure a hold that needs more room than the holds before it raises the
+// limit, one that needs less leaves it, the limit never rises above one set
+// before the holds, and the last release restores both settings. (Not
+// parallel: GC settings belong to the process.)
+func TestGCHolds_ALaterHoldRaisesTheLimitWithinTheOperators(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	var g gcHolds
+	limit := func() int64 { return debug.SetMemoryLimit(-1) }
+
+	g.hold(gcHoldHeadroom)
+	first := limit()
+	if first == math.MaxInt64 || first < gcHoldHeadroom {
+		t.Fatalf("limit after a prepare's hold = %d, want a bound of at least %d", first, gcHoldHeadroom)
+	}
+	g.hold(installHeadroom(1 << 30)) // a restore installing 1 GiB of records
+	raised := limit()
+	if raised < first+(2<<30) {
+		t.Fatalf("limit after a restore's hold of 1 GiB of records = %d, want %d raised by about %d", raised, first, installGrowth<<30)
+	}
+	g.hold(0)
+	if l := limit(); l != raised {
+		t.Fatalf("limit after a hold needing less room = %d, want it left at %d", l, raised)
+	}
+	for range 3 {
+		g.release()
+	}
+	if l := limit(); l != math.MaxInt64 || debug.SetGCPercent(100) != 100 {
+		t.Fatalf("after the last release limit = %d, want none and GOGC 100", l)
+	}
+
+	const operatorLimit = 512 << 20
+	debug.SetMemoryLimit(operatorLimit)
+	g.hold(installHeadroom(1 << 30))
+	if l := limit(); l != operatorLimit {
+		t.Fatalf("limit during a hold under an operator's %d = %d, want the operator's", operatorLimit, l)
+	}
+	g.release()
+	if l := limit(); l != operatorLimit {
+		t.Fatalf("after the release limit = %d, want the operator's %d", l, operatorLimit)
+	}
+}
+
+// Ensure a restore's headroom grows with its records, never below a prepare's.
+func TestInstallHeadroom(t *testing.T) {
+	if h := installHeadroom(0); h != gcHoldHeadroom {
+		t.Errorf("installHeadroom(0) = %d, want %d", h, gcHoldHeadroom)
+	}
+	if h := installHeadroom(1 << 30); h != installGrowth<<30 {
+		t.Errorf("installHeadroom(1 GiB) = %d, want %d", h, installGrowth<<30)
+	}
+}
