@@ -21,6 +21,23 @@ func gcSettings() (gogc int64, limit int64) {
 	return int64(s[0].Value.Uint64()), int64(s[1].Value.Uint64())
 }
 
+// wantHeld fails t unless collections are off (GOGC=off reads as a negative
+// percent, stored as a uint64).
+func wantHeld(t *testing.T, when string) {
+	t.Helper()
+	if gogc, _ := gcSettings(); gogc >= 0 {
+		t.Fatalf("GOGC = %d %s, want off", gogc, when)
+	}
+}
+
+// wantReleased fails t unless GOGC is back at 100 with no memory limit.
+func wantReleased(t *testing.T, after string) {
+	t.Helper()
+	if gogc, limit := gcSettings(); gogc != 100 || limit != math.MaxInt64 {
+		t.Fatalf("after %s GOGC = %d, limit = %d; want 100 and no limit", after, gogc, limit)
+	}
+}
+
 // Ensure a checkpoint defers collections from prepare until the reopen,
 // under a memory limit, and restores GOGC and the limit afterwards; with
 // two controllers in one process, the settings come back only when the last
@@ -51,15 +68,11 @@ func TestController_HoldsCollectionsWhilePrepared(t *testing.T) {
 	if _, err := a.Resume(req); err != nil {
 		t.Fatal(err)
 	}
-	if gogc, _ := gcSettings(); gogc >= 0 {
-		t.Fatalf("GOGC = %d while another controller is still prepared, want off", gogc)
-	}
+	wantHeld(t, "while another controller is still prepared")
 	if _, err := b.Resume(req); err != nil {
 		t.Fatal(err)
 	}
-	if gogc, limit := gcSettings(); gogc != 100 || limit != math.MaxInt64 {
-		t.Fatalf("after the last reopen GOGC = %d, limit = %d; want 100 and no limit", gogc, limit)
-	}
+	wantReleased(t, "the last reopen")
 }
 
 // Ensure the hold never raises a memory limit the operator set, and that a
@@ -88,9 +101,7 @@ func TestController_HoldKeepsALowerLimitAndEndsOnExpiryAndClose(t *testing.T) {
 	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c2", DeadlineTS: deadlineIn(clock, 10*time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	if gogc, _ := gcSettings(); gogc >= 0 {
-		t.Fatalf("GOGC = %d while prepared, want off", gogc)
-	}
+	wantHeld(t, "while prepared")
 	c.Close()
 	if gogc, _ := gcSettings(); gogc != 100 {
 		t.Fatalf("after Close GOGC = %d, want 100", gogc)
@@ -133,9 +144,7 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	if gogcDuring >= 0 {
 		t.Fatalf("GOGC = %d during a failing install, want off", gogcDuring)
 	}
-	if gogc, limit := gcSettings(); gogc != 100 || limit != math.MaxInt64 {
-		t.Fatalf("after a failed install GOGC = %d, limit = %d; want 100 and no limit", gogc, limit)
-	}
+	wantReleased(t, "a failed install")
 
 	ok := ctlplanetest.NewFake("agent", "a")
 	var limitDuring int64
@@ -148,13 +157,9 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	if gogcDuring >= 0 || limitDuring == math.MaxInt64 || limitDuring < 256<<20 {
 		t.Fatalf("during install GOGC = %d, limit = %d; want off under a limit of 256 MiB or more", gogcDuring, limitDuring)
 	}
-	if gogc, _ := gcSettings(); gogc >= 0 {
-		t.Fatalf("GOGC = %d between restore and resume, want off", gogc)
-	}
+	wantHeld(t, "between restore and resume")
 	if _, err := fresh.Resume(req); err != nil {
 		t.Fatal(err)
 	}
-	if gogc, limit := gcSettings(); gogc != 100 || limit != math.MaxInt64 {
-		t.Fatalf("after the resume GOGC = %d, limit = %d; want 100 and no limit", gogc, limit)
-	}
+	wantReleased(t, "the resume")
 }
