@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -174,6 +175,32 @@ func TestH2CPool_ClosedConnectionsAreReplaced(t *testing.T) {
 	}
 }
 
+// Ensure a request whose connection could not be opened (its dial timed
+// out, as a starved process's can) goes out once on a connection opened
+// again, through New's stack.
+func TestH2CPool_RequestIsSentAfterAFailedDial(t *testing.T) {
+	h := answering()
+	url, conns := h2cServer(t, nil, 100, h)
+	c := poolClient(t, Options{H2C: true})
+	pool := c.Transport.(resendUnsent).next.(*h2cPool)
+	dial := pool.t.DialContext
+	var dials atomic.Int64
+	pool.t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if dials.Add(1) == 1 {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: os.ErrDeadlineExceeded}
+		}
+		return dial(ctx, network, addr)
+	}
+	rep, err := Do(context.Background(), c, http.MethodPost, url+"/run", nil, map[string]int{"row": 1})
+	if err != nil || rep.Status != http.StatusOK || string(rep.Body) != `{"row":1}` {
+		t.Fatalf("Do = %+v, %v; want the body echoed", rep, err)
+	}
+	if dials.Load() != 2 || h.arrived.Load() != 1 || conns.Load() != 1 {
+		t.Errorf("%d dials, %d requests arrived, %d connections; want 2, 1 and 1", dials.Load(), h.arrived.Load(), conns.Load())
+	}
+}
+
+// Ensure a dial error reaches the caller once the resends are spent.
 func TestH2CPool_DialErrorIsReturned(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -3,8 +3,11 @@ package httpclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +53,20 @@ func TestResendUnsent(t *testing.T) {
 		}
 		if len(next.bodies) != 3 || next.bodies[0] != `{"row":1}` || next.bodies[2] != `{"row":1}` {
 			t.Errorf("bodies sent %q", next.bodies)
+		}
+	})
+	t.Run("a request whose connection could not be opened is sent again", func(t *testing.T) {
+		dialTimedOut := fmt.Errorf("h2c: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded})
+		next := &scriptedTransport{errs: []error{dialTimedOut}}
+		resp, err := post(t, context.Background(), resendUnsent{next: next, pause: noPause})
+		if err != nil || resp.StatusCode != 200 || len(next.bodies) != 2 || next.bodies[1] != `{"row":1}` {
+			t.Fatalf("RoundTrip = %v, %v after bodies %q; want 200 on the second send", resp, err, next.bodies)
+		}
+	})
+	t.Run("a failed read on an open connection is not retried", func(t *testing.T) {
+		next := &scriptedTransport{errs: []error{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}}}
+		if _, err := post(t, context.Background(), resendUnsent{next: next, pause: noPause}); err == nil || len(next.bodies) != 1 {
+			t.Fatalf("err %v after %d sends, want the error after 1", err, len(next.bodies))
 		}
 	})
 	t.Run("any other error is not retried", func(t *testing.T) {
