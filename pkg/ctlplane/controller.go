@@ -131,8 +131,11 @@ func (c *Controller) Close() {
 		c.leaseTimer = nil
 	}
 	c.releaseGCLocked()
-	c.mu.Unlock()
+	// Cancelled under c.mu: an install that has read its records takes
+	// its hold on collections under c.mu only while c.ctx is live, so none
+	// is taken after this release.
 	c.cancel()
+	c.mu.Unlock()
 	c.wg.Wait()
 }
 
@@ -727,7 +730,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	var installed []rollout.EpisodeID
 	if err == nil {
 		c.mu.Lock()
-		if c.install == t { // not reopened while the records were read
+		if c.install == t && c.ctx.Err() == nil { // neither reopened nor closed while the records were read
 			c.holdGCLocked(installHeadroom(size))
 		}
 		c.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
@@ -108,13 +109,10 @@ func TestController_HoldKeepsALowerLimitAndEndsOnExpiryAndClose(t *testing.T) {
 	}
 }
 
-// Ensure a restore defers collections while it installs and until its
-// resume, under a memory limit, and that a failed install ends the hold
-// with the rest of the restore. (Not parallel: GC settings belong to the
-// process.)
-func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+// committedCheckpoint commits checkpoint c1 of one agent episode and
+// reopens; it returns the reopen's request and a restore of c1.
+func committedCheckpoint(t *testing.T) (ctlplane.CheckpointRequest, ctlplane.RestoreRequest) {
+	t.Helper()
 	ctx := context.Background()
 	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
 	dir := t.TempDir()
@@ -132,7 +130,18 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	if _, err := c.Resume(req); err != nil {
 		t.Fatal(err)
 	}
-	restore := ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: ids}
+	return req, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: ids}
+}
+
+// Ensure a restore defers collections while it installs and until its
+// resume, under a memory limit, and that a failed install ends the hold
+// with the rest of the restore. (Not parallel: GC settings belong to the
+// process.)
+func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	ctx := context.Background()
+	req, restore := committedCheckpoint(t)
 
 	failing := ctlplanetest.NewFake("agent", "a")
 	failing.InstallErr = errors.New("invalid session state")
@@ -162,4 +171,43 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantReleased(t, "the resume")
+}
+
+// Ensure Close ends the hold of a restore whose install is still running,
+// and the install finishing afterwards leaves the settings restored.
+func TestController_CloseEndsARestoresHold(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	_, restore := committedCheckpoint(t)
+	installing, finish := make(chan struct{}), make(chan struct{})
+	f := ctlplanetest.NewFake("agent", "a")
+	f.OnInstall = func() {
+		close(installing)
+		<-finish
+	}
+	c := newController(t, f, ctlplane.RealClock{}, nil)
+	restored := make(chan error, 1)
+	go func() {
+		_, err := c.Restore(context.Background(), restore)
+		restored <- err
+	}()
+	<-installing
+	wantHeld(t, "while the install runs")
+	closed := make(chan struct{})
+	go func() {
+		c.Close()
+		close(closed)
+	}()
+	// Close releases the hold before it waits for the install to end.
+	deadline := time.Now().Add(10 * time.Second)
+	for gogc, _ := gcSettings(); gogc < 0; gogc, _ = gcSettings() {
+		if time.Now().After(deadline) {
+			t.Fatal("Close did not end the restore's hold while its install ran")
+		}
+		runtime.Gosched()
+	}
+	close(finish)
+	<-closed
+	<-restored
+	wantReleased(t, "Close and the install's end")
 }
