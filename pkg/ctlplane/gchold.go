@@ -38,7 +38,7 @@ type gcHolds struct {
 	holders int
 	percent int   // GOGC before the first hold
 	limit   int64 // the memory limit before the first hold
-	held    int64 // the limit the holds asked for, the largest so far
+	asked   int64 // the largest limit a hold has asked for since the first
 }
 
 var processGC gcHolds
@@ -53,7 +53,9 @@ const gcHoldHeadroom = 256 << 20
 // decodes parts of every record: in a 100,000-rollout restore the agent
 // allocated 1.8 bytes per byte of records (646 MB for 358), the model 2.3
 // (334 for 144), the environment 3.2 (126 for 39), the resources server
-// 6.5 (117 for 18, within the least headroom). Past the limit the runtime
+// 6.5 (117 for 18, within the least headroom). Those figures count the
+// records buffer, which the hold, taken once the records are read, finds
+// already in use: the headroom is generous. Past the limit the runtime
 // only collects, as it would have without the hold.
 const installGrowth = 4
 
@@ -70,16 +72,16 @@ func installHeadroom(recordBytes int64) int64 {
 func (g *gcHolds) hold(minHeadroom int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	held := processMemory()
-	limit := held + max(minHeadroom, held/4)
+	inUse := processMemory()
+	limit := inUse + max(minHeadroom, inUse/4)
 	g.holders++
 	if g.holders == 1 {
 		g.limit = debug.SetMemoryLimit(-1) // a negative limit reads it
 		g.percent = debug.SetGCPercent(-1)
-		g.held = 0
+		g.asked = 0
 	}
-	if limit > g.held {
-		g.held = limit
+	if limit > g.asked {
+		g.asked = limit
 		debug.SetMemoryLimit(min(g.limit, limit))
 	}
 }

@@ -18,11 +18,6 @@ import (
 // fixed 2 s, which a CPU-starved pair of processes can miss). The server did
 // nothing with the request, so sending it again is safe, even a /run or a
 // control POST; RFC 9113 §8.7 says so of the last two.
-//
-// A connection that could not be opened carried nothing either (a dial
-// error, neverProcessed). At 50,000 rollouts in flight the model server's
-// dial to the inference worker on loopback timed out after its 10 s, with
-// both processes starved of CPU, and the rollout it was for failed.
 var notProcessed = []string{
 	notEstablished,
 	"http2: client conn not usable",
@@ -79,6 +74,12 @@ func (r resendUnsent) CloseIdleConnections() { r.next.CloseIdleConnections() }
 // unsentPause waits 50 ms, then twice as long each time (50 ms to 800 ms).
 func unsentPause(n int) time.Duration { return 50 * time.Millisecond << (n - 1) }
 
+// neverProcessed reports whether err says the server never processed the
+// request: one of notProcessed, or a dial error, since a connection that
+// could not be opened carried nothing. (At 50,000 rollouts in flight the
+// model server's dial to the inference worker on loopback timed out after
+// its 10 s, both processes starved of CPU, and the rollout it was for
+// failed.)
 func neverProcessed(err error) bool {
 	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
 		return true
