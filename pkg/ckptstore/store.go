@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path"
 	"regexp"
 	"sort"
@@ -465,6 +466,20 @@ func readAll(r io.Reader) ([]byte, error) {
 	fi, err := st.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if f, ok := r.(*os.File); ok {
+		buf, ok, err := readDirect(f, int(fi.Size()))
+		if ok {
+			if err != nil {
+				return nil, err
+			}
+			// Direct reads stop at the size: a file that grew after the
+			// stat shows in a second one.
+			if after, err := f.Stat(); err != nil || after.Size() != fi.Size() {
+				return nil, errors.New("the records file changed while it was read")
+			}
+			return buf, nil
+		}
 	}
 	buf := makeLarge(int(fi.Size()))
 	if _, err := io.ReadFull(r, buf); err != nil {

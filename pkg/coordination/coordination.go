@@ -241,6 +241,19 @@ func (c *Coordinator) call(ctx context.Context, m Member, op string, deadline ti
 	return nil
 }
 
+// encodeOnce encodes a request sent to every member, so that a body naming
+// 100,000 episodes is encoded once rather than once per member: the bench
+// (the controller) spent 0.29 of its 0.89 CPU-s in a 100,000 commit
+// encoding the same body four times, on the cores the participants were
+// committing on.
+func encodeOnce(body any) ([]byte, error) {
+	b, err := codec.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the request: %w", err)
+	}
+	return b, nil
+}
+
 // fanOut runs fn for every member at once and collects failures by name.
 func fanOut(members []Member, fn func(m Member) error) map[string]error {
 	var mu sync.Mutex
@@ -431,7 +444,10 @@ func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollou
 	}
 	res := &CommitResult{Replies: map[string]map[string]any{}}
 	var mu sync.Mutex
-	body := ctlplane.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop}
+	body, err := encodeOnce(ctlplane.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop})
+	if err != nil {
+		return nil, err
+	}
 	failures := fanOut(c.members, func(m Member) error {
 		var rep map[string]any
 		if err := c.call(ctx, m, "commit", deadline, body, &rep); err != nil {
@@ -483,7 +499,10 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	}
 	res := &RestoreResult{Replies: map[string]ctlplane.RestoreReply{}}
 	var mu sync.Mutex
-	body := ctlplane.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope}
+	body, err := encodeOnce(ctlplane.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope})
+	if err != nil {
+		return nil, err
+	}
 	failures := fanOut(c.members, func(m Member) error {
 		var rep ctlplane.RestoreReply
 		if err := c.call(ctx, m, "restore", deadline, body, &rep); err != nil {
@@ -526,7 +545,10 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 // checkpointID may be empty; it names the restored checkpoint when retiring
 // inside a restore.
 func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rollout.EpisodeID, deadline time.Time) error {
-	body := ctlplane.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids}
+	body, err := encodeOnce(ctlplane.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
+	if err != nil {
+		return err
+	}
 	for _, kinds := range RetireOrder {
 		failures := fanOut(c.ofKinds(kinds...), func(m Member) error {
 			return c.call(ctx, m, "retire", deadline, body, nil)
@@ -540,7 +562,10 @@ func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rol
 
 // Forget drops the retired marks of rollouts done for good, in retire order.
 func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline time.Time) error {
-	body := ctlplane.ForgetRequest{DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs}
+	body, err := encodeOnce(ctlplane.ForgetRequest{DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
+	if err != nil {
+		return err
+	}
 	for _, kinds := range RetireOrder {
 		failures := fanOut(c.ofKinds(kinds...), func(m Member) error {
 			return c.call(ctx, m, "forget", deadline, body, nil)
