@@ -3,8 +3,9 @@
 //	<checkpoint_dir>/gym/<kind>/<instance>/records-<sha256>.jsonl  one JSON line per record
 //	<checkpoint_dir>/gym/<kind>/<instance>/manifest.json            written last, create-only
 //
-// Records are written to a temp name, hashed while written, fsynced and
-// renamed to their digest; then the manifest is written to a temp file,
+// Records are written to a temp name (with direct I/O where the filesystem
+// takes it, see direct.go), hashed while written, fsynced and renamed to
+// their digest; then the manifest is written to a temp file,
 // fsynced, published with a hard link (never replaces: of two racing writers
 // exactly one publishes) and the directory fsynced. A directory with a
 // manifest never changes. Reading streams the records once and verifies
