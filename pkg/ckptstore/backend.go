@@ -143,10 +143,14 @@ func (w *localRecords) waitWriteback() error {
 
 func (w *localRecords) Commit(name string) (int64, error) {
 	w.done = true
-	err := w.waitWriteback()
-	if err == nil && w.direct != nil {
-		err = w.direct.finish()
+	if w.direct != nil {
+		if err := w.direct.finish(); err != nil {
+			_ = w.f.Close()
+			_ = w.fs.Remove(w.f.Name())
+			return 0, fmt.Errorf("write records: %w", err)
+		}
 	}
+	err := w.waitWriteback()
 	if err == nil {
 		err = w.f.Sync()
 	}
