@@ -108,7 +108,7 @@ func readChunk(fd int, chunk []byte, off, want int) error {
 	case got < want:
 		return fmt.Errorf("read %d bytes at offset %d, want %d: %w", got, off, want, io.ErrUnexpectedEOF)
 	case got > want:
-		return errors.New("the records file changed while it was read")
+		return errRecordsChanged
 	}
 	return nil
 }

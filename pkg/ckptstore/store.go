@@ -457,6 +457,10 @@ func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) b
 	return out, n, int64(len(buf)), nil
 }
 
+// errRecordsChanged reports a records file that grew or shrank while it was
+// read: not the file the manifest names.
+var errRecordsChanged = errors.New("the records file changed while it was read")
+
 // readAll reads r to its end into one buffer, allocated once when r knows
 // its size (a file does).
 func readAll(r io.Reader) ([]byte, error) {
@@ -477,7 +481,7 @@ func readAll(r io.Reader) ([]byte, error) {
 			// Direct reads stop at the size: a file that grew after the
 			// stat shows in a second one.
 			if after, err := f.Stat(); err != nil || after.Size() != fi.Size() {
-				return nil, errors.New("the records file changed while it was read")
+				return nil, errRecordsChanged
 			}
 			return buf, nil
 		}
@@ -489,7 +493,7 @@ func readAll(r io.Reader) ([]byte, error) {
 	// A file that grew after the stat is not the file the manifest names.
 	var one [1]byte
 	if n, _ := r.Read(one[:]); n != 0 {
-		return nil, errors.New("the records file changed while it was read")
+		return nil, errRecordsChanged
 	}
 	return buf, nil
 }

@@ -76,7 +76,7 @@ func measureParked(b *testing.B, viaProxy, router bool, depth int) parkedCost {
 	release := make(chan struct{})
 	var held atomic.Int64
 	allHeld := make(chan struct{})
-	upstream := startServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := start(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Has("warm") {
 			_, _ = io.WriteString(w, "{}")
 			return
@@ -90,12 +90,10 @@ func measureParked(b *testing.B, viaProxy, router bool, depth int) parkedCost {
 		}
 		_, _ = io.WriteString(w, "{}")
 	}))
-	client := httpclient.New(httpclient.Options{H2C: true})
-	defer client.CloseIdleConnections()
+	client := newClient(b, true)
 	target := upstream.URL() + "/held"
 	if viaProxy {
-		proxyClient := httpclient.New(httpclient.Options{H2C: true})
-		defer proxyClient.CloseIdleConnections()
+		proxyClient := newClient(b, true)
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			forward(w, r, proxyClient, upstream.URL()+r.URL.RequestURI(), depth)
 		})
@@ -104,7 +102,7 @@ func measureParked(b *testing.B, viaProxy, router bool, depth int) parkedCost {
 			rt.Post("/held", h.ServeHTTP)
 			h = rt
 		}
-		target = startServer(b, h).URL() + "/held"
+		target = start(b, h).URL() + "/held"
 	}
 
 	// Connections opened and every pool warmed before the baseline.
@@ -170,24 +168,6 @@ func warm(b *testing.B, c *http.Client, target string) {
 			b.Fatalf("warm-up request: %v %+v", err, rep)
 		}
 	}
-}
-
-func startServer(b *testing.B, h http.Handler) *httpserver.Server {
-	b.Helper()
-	s := httpserver.New(httpserver.Config{Addr: "127.0.0.1:0"}, h)
-	if err := s.Listen(); err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = s.Serve()
-	}()
-	b.Cleanup(func() {
-		_ = s.CloseNow()
-		<-done
-	})
-	return s
 }
 
 // memoryNow is the live heap, the goroutine stacks and the goroutine count

@@ -28,7 +28,7 @@ type serving struct {
 
 // start listens and serves handler; the server is closed at the end of the
 // test unless the test closed it.
-func start(t *testing.T, handler http.Handler) *serving {
+func start(t testing.TB, handler http.Handler) *serving {
 	t.Helper()
 	s := &serving{Server: httpserver.New(httpserver.Config{Addr: "127.0.0.1:0"}, handler), done: make(chan struct{})}
 	if err := s.Listen(); err != nil {
@@ -43,7 +43,7 @@ func start(t *testing.T, handler http.Handler) *serving {
 }
 
 // served waits for Serve to return and checks it returned nil.
-func (s *serving) served(t *testing.T) {
+func (s *serving) served(t testing.TB) {
 	t.Helper()
 	<-s.done
 	if s.serveErr != nil {
@@ -52,7 +52,7 @@ func (s *serving) served(t *testing.T) {
 }
 
 // close closes the server (a no-op if it was closed) and checks Serve.
-func (s *serving) close(t *testing.T) {
+func (s *serving) close(t testing.TB) {
 	t.Helper()
 	if err := s.Close(context.Background()); err != nil {
 		t.Errorf("Close: %v", err)
@@ -61,7 +61,7 @@ func (s *serving) close(t *testing.T) {
 }
 
 // newClient returns a client closed at the end of the test.
-func newClient(t *testing.T, h2c bool) *http.Client {
+func newClient(t testing.TB, h2c bool) *http.Client {
 	t.Helper()
 	c := httpclient.New(httpclient.Options{H2C: h2c})
 	t.Cleanup(c.CloseIdleConnections)
