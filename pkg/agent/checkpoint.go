@@ -448,7 +448,7 @@ func emitWindows(out []exportedSession, emit func(ctlplane.Record) error) error 
 	}
 	encode := func(k int) {
 		window, set := windowAt(k), slots[k%2]
-		inParallel(len(window), func(i int) { set[i].encode(&window[i]) })
+		inParallel(len(window), runtime.GOMAXPROCS(0), func(_, i int) { set[i].encode(&window[i]) })
 	}
 	windows := (len(out) + encodeWindow - 1) / encodeWindow
 	if windows > 0 {
@@ -632,13 +632,13 @@ type decodedRecord struct {
 	err    error
 }
 
-func decodeRecord(rec ctlplane.Record) decodedRecord {
+func decodeRecord(rec ctlplane.Record, scratch *[]byte) decodedRecord {
 	typ, err := recordType(rec.Data)
 	if err != nil {
 		return decodedRecord{err: err}
 	}
 	if typ == recordSession {
-		sess, err := decodeSessionRecord(rec)
+		sess, err := decodeSessionRecord(rec, scratch)
 		return decodedRecord{sess: sess, err: err}
 	}
 	inner, err := decodeLegacyRecord(rec)
@@ -652,7 +652,9 @@ func decodeRecord(rec ctlplane.Record) decodedRecord {
 // invalid one as a sequential decode would.
 func decodeRecords(records []ctlplane.Record) []decodedRecord {
 	out := make([]decodedRecord, len(records))
-	inParallel(len(records), func(i int) { out[i] = decodeRecord(records[i]) })
+	workers := runtime.GOMAXPROCS(0)
+	scratch := make([][]byte, workers) // one per worker, for the records' heads
+	inParallel(len(records), workers, func(worker, i int) { out[i] = decodeRecord(records[i], &scratch[worker]) })
 	return out
 }
 
@@ -662,13 +664,15 @@ const encodeWindow = 1024
 // parallelChunk is how many items an inParallel goroutine takes at a time.
 const parallelChunk = 64
 
-// inParallel runs fn(0) to fn(n-1) on up to GOMAXPROCS goroutines, which
-// it waits for. fn must be safe to run concurrently for distinct i.
-func inParallel(n int, fn func(i int)) {
+// inParallel runs fn(worker, 0) to fn(worker, n-1) on up to workers
+// goroutines, which it waits for; worker, in [0, workers), tells which
+// goroutine runs the call. fn must be safe to run concurrently for distinct
+// i and worker.
+func inParallel(n, workers int, fn func(worker, i int)) {
 	chunks := (n + parallelChunk - 1) / parallelChunk
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), chunks) {
+	for worker := range min(workers, chunks) {
 		wg.Go(func() {
 			for {
 				start := int(next.Add(1)-1) * parallelChunk
@@ -676,7 +680,7 @@ func inParallel(n int, fn func(i int)) {
 					return
 				}
 				for i := start; i < min(start+parallelChunk, n); i++ {
-					fn(i)
+					fn(worker, i)
 				}
 			}
 		})
@@ -722,8 +726,8 @@ func recordType(data []byte) (string, error) {
 // activation in progress is checked (checkLoopShape), not decoded: that is
 // most of a record's bytes, and the activation that continues it decodes
 // it (restoredLoop.decode).
-func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
-	r, err := decodeSessionFields(rec.Data)
+func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error) {
+	r, err := decodeSessionFields(rec.Data, scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -775,15 +779,29 @@ func decodeSessionRecord(rec ctlplane.Record) (*session, error) {
 
 // decodeSessionFields decodes a session record strictly, which validates
 // its raw fields (request, reply, boundary) as JSON too. A record as Export
-// writes it has its boundary cut off first (cutBoundary): the rest is
-// decoded, the boundary only validated here and kept where it is, in the
-// buffer of the records file (Install's records stay unchanged).
-func decodeSessionFields(data []byte) (sessionRecord, error) {
-	if head, boundary, ok := cutBoundary(data); ok && codec.Valid(boundary) {
-		var r sessionRecord
-		if codec.UnmarshalStrictFast(head, &r) == nil {
-			r.Boundary = boundary
-			return r, nil
+// writes it has its raw values cut off first (cutSessionRecord): the head
+// is decoded from scratch, a buffer the caller reuses, which the decoded
+// record does not retain; the raw values are only validated here and kept
+// where they are, in the buffer of the records file (Install's records
+// stay unchanged). scratch may be nil.
+func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, error) {
+	if scratch == nil {
+		scratch = new([]byte)
+	}
+	if head, cut, ok := cutSessionRecord(*scratch, data); ok {
+		*scratch = head
+		if codec.Valid(cut.boundary) && validOrAbsent(cut.request) && validOrAbsent(cut.completedReply) {
+			var r sessionRecord
+			if codec.UnmarshalStrictFast(head, &r) == nil {
+				if cut.request != nil {
+					r.Session.Request = cut.request
+				}
+				if cut.completedReply != nil {
+					r.Session.CompletedReply = cut.completedReply
+				}
+				r.Boundary = cut.boundary
+				return r, nil
+			}
 		}
 	}
 	var r sessionRecord
@@ -792,6 +810,10 @@ func decodeSessionFields(data []byte) (sessionRecord, error) {
 	}
 	return r, nil
 }
+
+// validOrAbsent reports whether raw, a value cut off a record, is absent
+// (nil) or valid JSON.
+func validOrAbsent(raw []byte) bool { return raw == nil || codec.Valid(raw) }
 
 // loopShape is what Install decodes of a loop boundary: the fields its
 // checks read, and of new_outputs only that each item is an object. No item

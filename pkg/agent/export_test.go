@@ -31,7 +31,7 @@ func ValidateRecord(id rollout.EpisodeID, data []byte) error {
 		return err
 	}
 	if typ == recordSession {
-		_, err := decodeSessionRecord(rec)
+		_, err := decodeSessionRecord(rec, nil)
 		return err
 	}
 	inner, err := decodeLegacyRecord(rec)

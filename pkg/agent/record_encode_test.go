@@ -66,7 +66,7 @@ func TestSessionRecordOutIsSessionRecord(t *testing.T) {
 		if err != nil || !bytes.Equal(appended, want) {
 			t.Fatalf("appendSessionRecord's encoding (%v)\n %s\nsessionRecord's\n %s", err, appended, want)
 		}
-		if _, err := decodeSessionRecord(ctlplane.Record{EpisodeID: id, Data: appended}); err != nil {
+		if _, err := decodeSessionRecord(ctlplane.Record{EpisodeID: id, Data: appended}, nil); err != nil {
 			t.Fatalf("Install refuses the record: %v", err)
 		}
 	}
