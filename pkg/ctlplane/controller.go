@@ -274,6 +274,14 @@ func (c *Controller) holdGCLocked(minHeadroom int64) {
 	}
 }
 
+// widenGCLocked lets this controller's hold, if it has one, grow by at
+// least minHeadroom from now on. Called with c.mu held.
+func (c *Controller) widenGCLocked(minHeadroom int64) {
+	if c.gcHeld {
+		processGC.widen(minHeadroom)
+	}
+}
+
 // releaseGCLocked ends this controller's hold, if it has one. Called with
 // c.mu held.
 func (c *Controller) releaseGCLocked() {
@@ -713,6 +721,7 @@ func (c *Controller) Restore(ctx context.Context, req RestoreRequest) (*RestoreR
 		c.mu.Unlock()
 		return nil, fmt.Errorf("close admission: %w", err)
 	}
+	c.holdGCLocked(gcHoldHeadroom) // widened once the records' size is known
 	t := newTask(req.CheckpointID)
 	c.install = t
 	c.wg.Add(1)
@@ -730,8 +739,8 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	var installed []rollout.EpisodeID
 	if err == nil {
 		c.mu.Lock()
-		if c.install == t && c.ctx.Err() == nil { // neither reopened nor closed while the records were read
-			c.holdGCLocked(installHeadroom(size))
+		if c.install == t { // not reopened while the records were read
+			c.widenGCLocked(installHeadroom(size))
 		}
 		c.mu.Unlock()
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})

@@ -21,13 +21,15 @@ import (
 // quarter more than the process held at prepare (256 MiB at least, and
 // never above a limit already set), the runtime collects anyway.
 //
-// A restore holds them too, from its records being read until the reopen
-// (its resume): a fresh process grows from a few MB to the installed
-// state, and at GOGC=50 the four fresh participants of a 100,000-rollout
-// restore collected 3-16 times each on the way, 1.7 of the 7.6 CPU-seconds
-// the restore cost (GODEBUG=gctrace=1), on the two cores every one of them
-// installs on. Its limit is sized from the records it installs
-// (installHeadroom), not from the little the process held before.
+// A restore holds them too, from its start until the reopen (its resume):
+// a fresh process grows from a few MB to the installed state, and at
+// GOGC=50 the four fresh participants of a 100,000-rollout restore
+// collected 3-16 times each on the way, 1.7 of the 7.6 CPU-seconds the
+// restore cost (GODEBUG=gctrace=1), on the two cores every one of them
+// installs on; held only from the records being read, they still collected
+// 2-11 times each while reading them (0.62 CPU-s). Once the records are
+// read, the hold's limit is widened to suit the records it installs
+// (installHeadroom), not the little the process held before.
 //
 // The runtime's GC settings belong to the process, so this does too: one
 // package-level holder, counted, since a process can run several servers,
@@ -54,7 +56,7 @@ const gcHoldHeadroom = 256 << 20
 // allocated 1.8 bytes per byte of records (646 MB for 358), the model 2.3
 // (334 for 144), the environment 3.2 (126 for 39), the resources server
 // 6.5 (117 for 18, within the least headroom). Those figures count the
-// records buffer, which the hold, taken once the records are read, finds
+// records buffer, which the hold, widened once the records are read, finds
 // already in use: the headroom is generous. Past the limit the runtime
 // only collects, as it would have without the hold.
 const installGrowth = 4
@@ -72,15 +74,29 @@ func installHeadroom(recordBytes int64) int64 {
 func (g *gcHolds) hold(minHeadroom int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	inUse := processMemory()
-	limit := inUse + max(minHeadroom, inUse/4)
 	g.holders++
 	if g.holders == 1 {
 		g.limit = debug.SetMemoryLimit(-1) // a negative limit reads it
 		g.percent = debug.SetGCPercent(-1)
 		g.asked = 0
 	}
-	if limit > g.asked {
+	g.widenLocked(minHeadroom)
+}
+
+// widen lets a hold already taken grow by at least minHeadroom from what
+// the process holds now, as hold would, without counting another hold.
+// Without a hold it does nothing.
+func (g *gcHolds) widen(minHeadroom int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.holders > 0 {
+		g.widenLocked(minHeadroom)
+	}
+}
+
+func (g *gcHolds) widenLocked(minHeadroom int64) {
+	inUse := processMemory()
+	if limit := inUse + max(minHeadroom, inUse/4); limit > g.asked {
 		g.asked = limit
 		debug.SetMemoryLimit(min(g.limit, limit))
 	}

@@ -49,6 +49,40 @@ func TestGCHolds_ALaterHoldRaisesTheLimitWithinTheOperators(t *testing.T) {
 	}
 }
 
+// Ensure widening raises a hold's limit without counting another hold (one
+// release ends it), never above a limit set before the hold, and does
+// nothing without a hold. (Not parallel: GC settings belong to the process.)
+func TestGCHolds_WideningRaisesTheLimitOfTheHoldTaken(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	var g gcHolds
+	limit := func() int64 { return debug.SetMemoryLimit(-1) }
+
+	g.widen(1 << 30)
+	if l := limit(); l != math.MaxInt64 || debug.SetGCPercent(100) != 100 {
+		t.Fatalf("widening without a hold set limit %d; want none and GOGC 100", l)
+	}
+	g.hold(gcHoldHeadroom)
+	first := limit()
+	g.widen(installHeadroom(1 << 30))
+	if l := limit(); l < first+(2<<30) {
+		t.Fatalf("limit after widening for 1 GiB of records = %d, want %d raised by about %d", l, first, installGrowth<<30)
+	}
+	g.release()
+	if l := limit(); l != math.MaxInt64 || debug.SetGCPercent(100) != 100 {
+		t.Fatalf("after the one release limit = %d, want none and GOGC 100", l)
+	}
+
+	const operatorLimit = 512 << 20
+	debug.SetMemoryLimit(operatorLimit)
+	g.hold(0)
+	g.widen(installHeadroom(1 << 30))
+	if l := limit(); l != operatorLimit {
+		t.Fatalf("limit after widening under an operator's %d = %d, want the operator's", operatorLimit, l)
+	}
+	g.release()
+}
+
 // Ensure a restore's headroom grows with its records, never below a prepare's.
 func TestInstallHeadroom(t *testing.T) {
 	if h := installHeadroom(0); h != gcHoldHeadroom {

@@ -3,6 +3,7 @@ package ctlplane_test
 import (
 	"context"
 	"errors"
+	"io"
 	"math"
 	"runtime"
 	"runtime/debug"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -133,10 +135,22 @@ func committedCheckpoint(t *testing.T) (ctlplane.CheckpointRequest, ctlplane.Res
 	return req, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: ids}
 }
 
-// Ensure a restore defers collections while it installs and until its
-// resume, under a memory limit, and that a failed install ends the hold
-// with the rest of the restore. (Not parallel: GC settings belong to the
-// process.)
+// readObserver is the local backend, calling onOpen as a records file is
+// opened for reading.
+type readObserver struct {
+	*ckptstore.Local
+	onOpen func()
+}
+
+func (b readObserver) OpenRecords(ctx context.Context, dir, name string) (io.ReadCloser, error) {
+	b.onOpen()
+	return b.Local.OpenRecords(ctx, dir, name)
+}
+
+// Ensure a restore defers collections from its start (its records are read
+// with them held), while it installs and until its resume, under a memory
+// limit, and that a failed install ends the hold with the rest of the
+// restore. (Not parallel: GC settings belong to the process.)
 func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
@@ -156,11 +170,15 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	wantReleased(t, "a failed install")
 
 	ok := ctlplanetest.NewFake("agent", "a")
-	var limitDuring int64
+	var limitDuring, gogcReading int64
 	ok.OnInstall = func() { gogcDuring, limitDuring = gcSettings() }
-	fresh := newController(t, ok, ctlplane.RealClock{}, nil)
+	store := ckptstore.New(readObserver{ckptstore.NewLocal(), func() { gogcReading, _ = gcSettings() }})
+	fresh := newController(t, ok, ctlplane.RealClock{}, store)
 	if _, err := fresh.Restore(ctx, restore); err != nil {
 		t.Fatal(err)
+	}
+	if gogcReading >= 0 {
+		t.Fatalf("GOGC = %d while the records were read, want off", gogcReading)
 	}
 	// The records are a few bytes: the limit allows the least headroom.
 	if gogcDuring >= 0 || limitDuring == math.MaxInt64 || limitDuring < 256<<20 {
