@@ -353,6 +353,22 @@ func appendRecord(dst []byte, r Record) []byte {
 // selects (all when keep is nil). The whole file is hashed and counted even
 // when keep drops records. Every failure is invalid_checkpoint_state.
 func (s *Store) Read(ctx context.Context, t Target, keep func(rollout.EpisodeID) bool) (Manifest, []Record, int64, error) {
+	return s.ReadWith(ctx, t, ReadOptions{Keep: keep})
+}
+
+// ReadOptions are what ReadWith does besides reading the target.
+type ReadOptions struct {
+	// Keep selects the records returned (all when nil).
+	Keep func(rollout.EpisodeID) bool
+	// OnSize, if set, learns the records file's size before the buffer it
+	// is read into is allocated, where the backend can tell it (a restore
+	// sizes its process's collections by it).
+	OnSize func(size int64)
+}
+
+// ReadWith is Read with options.
+func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest, []Record, int64, error) {
+	keep := o.Keep
 	if err := t.validate(false); err != nil {
 		return Manifest{}, nil, 0, err
 	}
@@ -394,7 +410,7 @@ func (s *Store) Read(ctx context.Context, t Target, keep func(rollout.EpisodeID)
 		return m, nil, 0, invalid("%s: open %s: %v", dir, m.RecordsFile, err)
 	}
 	defer rc.Close()
-	buf, err := readAll(rc)
+	buf, err := readAll(rc, o.OnSize)
 	if err != nil {
 		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
 	}
@@ -463,7 +479,7 @@ var errRecordsChanged = errors.New("the records file changed while it was read")
 
 // readAll reads r to its end into one buffer, allocated once when r knows
 // its size (a file does).
-func readAll(r io.Reader) ([]byte, error) {
+func readAll(r io.Reader, onSize func(int64)) ([]byte, error) {
 	st, ok := r.(interface{ Stat() (fs.FileInfo, error) })
 	if !ok {
 		return io.ReadAll(r)
@@ -471,6 +487,9 @@ func readAll(r io.Reader) ([]byte, error) {
 	fi, err := st.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if onSize != nil {
+		onSize(fi.Size())
 	}
 	if f, ok := r.(*os.File); ok {
 		buf, ok, err := readDirect(f, int(fi.Size()))

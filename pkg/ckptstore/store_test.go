@@ -62,6 +62,14 @@ func TestStore_RoundTrip(t *testing.T) {
 	if got := len(recs); got != 2 { // r1 and r4 have attempt 1
 		t.Fatalf("selected %d records, want 2", got)
 	}
+	// ReadWith tells OnSize the records file's size.
+	var told int64
+	if _, recs, _, err := s.ReadWith(ctx, target(dir), ckptstore.ReadOptions{OnSize: func(n int64) { told = n }}); err != nil || len(recs) != 5 {
+		t.Fatalf("ReadWith: %d records, %v", len(recs), err)
+	}
+	if told != w.Bytes {
+		t.Fatalf("OnSize was told %d bytes, want the records file's %d", told, w.Bytes)
+	}
 	// Record bytes come back exactly as exported, key order included.
 	if want := `{"a":"first","i":1,"tag":"x","z":"last"}`; string(recs[0].Data) != want {
 		t.Fatalf("record data %s, want %s", recs[0].Data, want)

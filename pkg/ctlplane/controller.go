@@ -734,15 +734,22 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	defer c.wg.Done()
 	start := time.Now()
 	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
-	m, recs, size, err := c.store.Read(c.ctx, target, scope.Has)
+	// The hold Restore took allows the least headroom; before the records
+	// are read into memory (the agent's 358 MB at 100,000 rollouts), and
+	// again after for a backend that could not tell their size, it is
+	// widened to suit them.
+	widen := func(size int64) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.install == t { // not reopened meanwhile
+			c.widenGCLocked(installHeadroom(size))
+		}
+	}
+	m, recs, size, err := c.store.ReadWith(c.ctx, target, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})
 	read := time.Since(start)
 	var installed []rollout.EpisodeID
 	if err == nil {
-		c.mu.Lock()
-		if c.install == t { // not reopened while the records were read
-			c.widenGCLocked(installHeadroom(size))
-		}
-		c.mu.Unlock()
+		widen(size)
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
 		if err != nil && !apierror.HasCode(err, apierror.Internal) {
 			var ae *apierror.Error
