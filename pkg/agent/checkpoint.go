@@ -777,12 +777,13 @@ func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error)
 	}, nil
 }
 
-// decodeSessionFields decodes a session record strictly, which validates
-// its raw fields (request, reply, boundary) as JSON too. A record as Export
-// writes it has its raw values cut off first (cutSessionRecord): the head
-// is decoded from scratch, a buffer the caller reuses, which the decoded
-// record does not retain; the raw values are only validated here and kept
-// where they are, in the buffer of the records file (Install's records
+// decodeSessionFields decodes a session record strictly. data must be one
+// JSON value, as Install's records are (the store checked them): a record
+// as Export writes it has its raw values cut off first (cutSessionRecord),
+// and only its head is decoded, from scratch, a buffer the caller reuses,
+// which the decoded record does not retain. The raw values, parts of a
+// valid value that CutValue found the ends of, are valid themselves and
+// stay where they are, in the buffer of the records file (Install's records
 // stay unchanged). scratch may be nil.
 func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, error) {
 	if scratch == nil {
@@ -790,18 +791,16 @@ func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, error) {
 	}
 	if head, cut, ok := cutSessionRecord(*scratch, data); ok {
 		*scratch = head
-		if codec.Valid(cut.boundary) && validOrAbsent(cut.request) && validOrAbsent(cut.completedReply) {
-			var r sessionRecord
-			if codec.UnmarshalStrictFast(head, &r) == nil {
-				if cut.request != nil {
-					r.Session.Request = cut.request
-				}
-				if cut.completedReply != nil {
-					r.Session.CompletedReply = cut.completedReply
-				}
-				r.Boundary = cut.boundary
-				return r, nil
+		var r sessionRecord
+		if codec.UnmarshalStrictFast(head, &r) == nil {
+			if cut.request != nil {
+				r.Session.Request = cut.request
 			}
+			if cut.completedReply != nil {
+				r.Session.CompletedReply = cut.completedReply
+			}
+			r.Boundary = cut.boundary
+			return r, nil
 		}
 	}
 	var r sessionRecord
@@ -810,10 +809,6 @@ func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, error) {
 	}
 	return r, nil
 }
-
-// validOrAbsent reports whether raw, a value cut off a record, is absent
-// (nil) or valid JSON.
-func validOrAbsent(raw []byte) bool { return raw == nil || codec.Valid(raw) }
 
 // loopShape is what Install decodes of a loop boundary: the fields its
 // checks read, and of new_outputs only that each item is an object. No item
