@@ -17,19 +17,23 @@ type sessionCut struct {
 // loop state as its last member, into the record's raw values (the loop
 // state, the session's request and completed reply) and a head: the record
 // with those values as null, appended to dst. The caller decodes the small
-// head strictly and only validates the raw values before keeping them
-// where they are, in the buffer of the records file: the strict decode of
-// the whole record was most of an agent restore's CPU, and copying the
-// head and the raw values out of the buffer, into memory the restoring
-// process faults in fresh, another sixth of it at 100,000 sessions.
+// head strictly and keeps the raw values where they are, in the buffer of
+// the records file: the strict decode of the whole record was most of an
+// agent restore's CPU, and copying the head and the raw values out of the
+// buffer, into memory the restoring process faults in fresh, another sixth
+// of it at 100,000 sessions. data must be one JSON value (the store checks
+// every record it reads): CutValue finds where each value ends without
+// validating it, so only then are the cut values valid JSON.
 //
 // ok is false for a record of any other shape (the boundary elsewhere or
 // twice, a session that is not an object, a cut member twice or spelled
-// another way, a key CutString does not read, malformed JSON): the caller
-// decodes that one the general way, which also words its errors. (Of the
-// keys CutString refuses, one with escapes may name any field; one with a
-// control character makes the record invalid JSON, and one with bytes not
-// UTF-8 names no field: the strict decode refuses both records anyway.)
+// another way, a key CutString does not read): the caller decodes that one
+// the general way, which also words its errors. encoding/json matches
+// member names without regard to case, so a name that matches one of ours
+// only that way is such a record. (Of the keys CutString refuses, one with
+// escapes may name any field; one with a control character makes the
+// record invalid JSON, and one with bytes not UTF-8 names no field: the
+// strict decode refuses both records anyway.)
 func cutSessionRecord(dst, data []byte) (head []byte, cut sessionCut, ok bool) {
 	var spans [3][]byte // the cut values, in the order they stand in data
 	n := 0
