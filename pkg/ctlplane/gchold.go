@@ -27,9 +27,11 @@ import (
 // collected 3-16 times each on the way, 1.7 of the 7.6 CPU-seconds the
 // restore cost (GODEBUG=gctrace=1), on the two cores every one of them
 // installs on; held only from the records being read, they still collected
-// 2-11 times each while reading them (0.62 CPU-s). Once the records are
-// read, the hold's limit is widened to suit the records it installs
-// (installHeadroom), not the little the process held before.
+// 2-11 times each while reading them (0.62 CPU-s). The restore route holds
+// them while it decodes the body (it names every episode), Restore from
+// its start until the reopen; before the records are read into memory,
+// the hold's limit is widened to suit them (installHeadroom), not the
+// little the process held before.
 //
 // The runtime's GC settings belong to the process, so this does too: one
 // package-level holder, counted, since a process can run several servers,

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,6 +192,48 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantReleased(t, "the resume")
+}
+
+// bodyObserver is a request body calling onRead as each of its bytes is
+// read (not as it is drained once read).
+type bodyObserver struct {
+	r      io.Reader
+	onRead func()
+}
+
+func (b *bodyObserver) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		b.onRead()
+	}
+	return n, err
+}
+
+// Ensure the restore route holds collections while it reads the request's
+// body (it names every episode, and is decoded in a fresh process), and
+// that a restore refused afterwards leaves the settings as they were.
+// (Not parallel: GC settings belong to the process.)
+func TestRoutes_RestoreHoldsCollectionsWhileItReadsTheBody(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	c := newController(t, ctlplanetest.NewFake("agent", "a"), ctlplane.RealClock{}, nil)
+	gogcReading := int64(100)
+	// A deadline long past: the restore is refused once decoded.
+	body := &bodyObserver{
+		r:      strings.NewReader(`{"checkpoint_id":"c1","deadline_ts":1,"checkpoint_dir":"/nowhere","episode_ids":[]}`),
+		onRead: func() { gogcReading, _ = gcSettings() },
+	}
+	req := httptest.NewRequest(http.MethodPost, "/restore", body)
+	req.Header.Set("Authorization", "Bearer t")
+	rec := httptest.NewRecorder()
+	c.Routes().ServeHTTP(rec, req)
+	if rec.Code < 400 {
+		t.Fatalf("restore with a deadline long past answered %d, want a refusal", rec.Code)
+	}
+	if gogcReading >= 0 {
+		t.Fatalf("GOGC = %d while the restore's body was read, want off (reply %d %s)", gogcReading, rec.Code, rec.Body)
+	}
+	wantReleased(t, "a refused restore")
 }
 
 // Ensure Close ends the hold of a restore whose install is still running,
