@@ -9,12 +9,11 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/parallel"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -448,7 +447,7 @@ func emitWindows(out []exportedSession, emit func(ctlplane.Record) error) error 
 	}
 	encode := func(k int) {
 		window, set := windowAt(k), slots[k%2]
-		inParallel(len(window), runtime.GOMAXPROCS(0), func(_, i int) { set[i].encode(&window[i]) })
+		parallel.For(len(window), runtime.GOMAXPROCS(0), func(_, i int) { set[i].encode(&window[i]) })
 	}
 	windows := (len(out) + encodeWindow - 1) / encodeWindow
 	if windows > 0 {
@@ -654,39 +653,12 @@ func decodeRecords(records []ctlplane.Record) []decodedRecord {
 	out := make([]decodedRecord, len(records))
 	workers := runtime.GOMAXPROCS(0)
 	scratch := make([][]byte, workers) // one per worker, for the records' heads
-	inParallel(len(records), workers, func(worker, i int) { out[i] = decodeRecord(records[i], &scratch[worker]) })
+	parallel.For(len(records), workers, func(worker, i int) { out[i] = decodeRecord(records[i], &scratch[worker]) })
 	return out
 }
 
 // encodeWindow is how many records Export encodes before it emits them.
 const encodeWindow = 1024
-
-// parallelChunk is how many items an inParallel goroutine takes at a time.
-const parallelChunk = 64
-
-// inParallel runs fn(worker, 0) to fn(worker, n-1) on up to workers
-// goroutines, which it waits for; worker, in [0, workers), tells which
-// goroutine runs the call. fn must be safe to run concurrently for distinct
-// i and worker.
-func inParallel(n, workers int, fn func(worker, i int)) {
-	chunks := (n + parallelChunk - 1) / parallelChunk
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for worker := range min(workers, chunks) {
-		wg.Go(func() {
-			for {
-				start := int(next.Add(1)-1) * parallelChunk
-				if start >= n {
-					return
-				}
-				for i := start; i < min(start+parallelChunk, n); i++ {
-					fn(worker, i)
-				}
-			}
-		})
-	}
-	wg.Wait()
-}
 
 func invalidState(format string, args ...any) error {
 	return apierror.New(apierror.InvalidCheckpointState, format, args...)

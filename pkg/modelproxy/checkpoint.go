@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/parallel"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
 )
@@ -562,8 +564,16 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	// the records' bytes (a buffer of the checkpoint store's) until the
 	// ledger copies them into its import records: nothing of decoded
 	// outlives Install but the generation cuts, which are copies.
+	// Records are decoded on every core (each is independent; at 100,000
+	// episodes the serial decode was a fifth of the model's restore), then
+	// checked in order, so the first invalid record is the one reported.
+	each := make([]*importRecord, len(records))
+	errs := make([]error, len(records))
+	parallel.For(len(records), runtime.GOMAXPROCS(0), func(_, i int) {
+		each[i], errs[i] = decodeImportRecord(records[i].Data)
+	})
 	decoded := make(map[rollout.EpisodeID]*importRecord, len(records))
-	for _, r := range records {
+	for i, r := range records {
 		if err := r.EpisodeID.Validate(); err != nil {
 			return nil, fmt.Errorf("record episode: %w", err)
 		}
@@ -573,11 +583,10 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 		if decoded[r.EpisodeID] != nil {
 			return nil, fmt.Errorf("two records of %s", r.EpisodeID)
 		}
-		m, err := decodeImportRecord(r.Data)
-		if err != nil {
-			return nil, fmt.Errorf("record of %s: %w", r.EpisodeID, err)
+		if errs[i] != nil {
+			return nil, fmt.Errorf("record of %s: %w", r.EpisodeID, errs[i])
 		}
-		decoded[r.EpisodeID] = m
+		decoded[r.EpisodeID] = each[i]
 	}
 
 	next := make([]rollout.EpisodeID, 0, len(ids))
