@@ -735,10 +735,12 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	start := time.Now()
 	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
 	// The hold Restore took allows the least headroom; before the records
-	// are read into memory (the agent's 358 MB at 100,000 rollouts), and
-	// again after for a backend that could not tell their size, it is
-	// widened to suit them.
+	// are read into memory (the agent's 358 MB at 100,000 rollouts), or
+	// after for a backend that could not tell their size, it is widened
+	// once to suit them. OnSize runs in this goroutine, inside ReadWith.
+	widened := false
 	widen := func(size int64) {
+		widened = true
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if c.install == t { // not reopened meanwhile
@@ -749,7 +751,9 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	read := time.Since(start)
 	var installed []rollout.EpisodeID
 	if err == nil {
-		widen(size)
+		if !widened {
+			widen(size)
+		}
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
 		if err != nil && !apierror.HasCode(err, apierror.Internal) {
 			var ae *apierror.Error
