@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/gymfleet/gymfleet/pkg/hugepage"
 )
 
 // setDirect turns direct I/O (O_DIRECT) on or off for f. It fails where the
@@ -49,7 +51,7 @@ func readDirect(f *os.File, size int) (buf []byte, ok bool, err error) {
 		return nil, false, nil
 	}
 	padded := (size + directAlign - 1) &^ (directAlign - 1)
-	buf = makeLarge(padded)
+	buf = hugepage.MakeBuffer(padded)
 	if !isAligned(buf) || setDirect(f, true) != nil {
 		return nil, false, nil
 	}

@@ -8,7 +8,7 @@ import (
 
 // ReadRecordsBytes exposes the records reader to the fuzz test.
 func ReadRecordsBytes(b []byte) ([]Record, int, error) {
-	recs, n, _, err := readRecords(context.Background(), b, func(rollout.EpisodeID) bool { return true })
+	recs, n, _, err := readRecords(context.Background(), b, func(rollout.EpisodeID) bool { return true }, 0)
 	return recs, n, err
 }
 

@@ -35,6 +35,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -419,7 +420,7 @@ func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest
 	// they run side by side.
 	sums := make(chan [sha256.Size]byte, 1)
 	go func() { sums <- sha256.Sum256(buf) }()
-	recs, n, size, err := readRecords(ctx, buf, keep)
+	recs, n, size, err := readRecords(ctx, buf, keep, m.RecordCount)
 	sum := <-sums
 	if err != nil {
 		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
@@ -435,9 +436,11 @@ func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest
 
 // readRecords parses a whole records file. The records point into buf: one
 // allocation for the file instead of one per line, and no copy of any
-// record's bytes.
-func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) bool) ([]Record, int, int64, error) {
-	var out []Record
+// record's bytes. The slice of records is sized once for the count the
+// manifest gives, bounded by the lines buf can hold (a count the file
+// does not match fails after the parse).
+func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) bool, count int) ([]Record, int, int64, error) {
+	out := make([]Record, 0, min(count, len(buf)/minLineBytes))
 	n := 0
 	for rest := buf; len(rest) > 0; {
 		i := bytes.IndexByte(rest, '\n')
@@ -473,6 +476,11 @@ func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) b
 	return out, n, int64(len(buf)), nil
 }
 
+// minLineBytes is fewer bytes than any line of a records file can have,
+// {"episode_id":{"rollout_id":"x"},"record":0} and its newline: the most
+// lines a buffer can hold is its length over it.
+const minLineBytes = 32
+
 // errRecordsChanged reports a records file that grew or shrank while it was
 // read: not the file the manifest names.
 var errRecordsChanged = errors.New("the records file changed while it was read")
@@ -505,7 +513,7 @@ func readAll(r io.Reader, onSize func(int64)) ([]byte, error) {
 			return buf, nil
 		}
 	}
-	buf := makeLarge(int(fi.Size()))
+	buf := hugepage.MakeBuffer(int(fi.Size()))
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -737,14 +738,23 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	// The hold Restore took allows the least headroom; before the records
 	// are read into memory (the agent's 358 MB at 100,000 rollouts), or
 	// after for a backend that could not tell their size, it is widened
-	// once to suit them. OnSize runs in this goroutine, inside ReadWith.
+	// once to suit them, and the heap readied for the growth it allows:
+	// this process is fresh, and every page the install writes would
+	// otherwise be a fault of its own. OnSize runs in this goroutine,
+	// inside ReadWith.
 	widened := false
+	var prepared hugepage.Prepared
+	defer func() { prepared.Release() }()
 	widen := func(size int64) {
 		widened = true
 		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.install == t { // not reopened meanwhile
+		reopened := c.install != t
+		if !reopened {
 			c.widenGCLocked(installHeadroom(size))
+		}
+		c.mu.Unlock()
+		if !reopened {
+			prepared = hugepage.PrepareHeap(installHeadroom(size))
 		}
 	}
 	m, recs, size, err := c.store.ReadWith(c.ctx, target, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})

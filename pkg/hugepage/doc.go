@@ -1,0 +1,28 @@
+// Package hugepage backs memory that is about to be written in bulk with
+// transparent huge pages, where the kernel offers them on request.
+//
+// The first write to a fresh 4 KiB page is a fault, and a fault is dear
+// where the kernel runs under a hypervisor that shadows page tables: 14 us
+// each on the 2-core VMs the scale bench runs on (285 MB/s of fresh
+// memory, against 15 GB/s once backed). A restore runs in fresh processes
+// and allocates hundreds of MB in each, so at 100,000 rollouts the faults
+// were a large part of the CPU a restore cost. With THP in "madvise" mode
+// (the common default) memory advised as huge pages faults once per 2 MiB.
+//
+// Advice only changes how pages are backed, never what they hold: where
+// the kernel refuses it (THP off, another OS) the memory is ordinary.
+package hugepage
+
+// Size is the size of a transparent huge page on the platforms Go supports
+// on Linux with 4 KiB base pages.
+const Size = 2 << 20
+
+// MakeBuffer returns a zeroed buffer of n bytes, its 2 MiB-aligned
+// interior advised as huge pages (see Advise). For a buffer read or written
+// whole soon after, such as a records file: a restore's 22 MB records file
+// was read in 20-30 ms instead of 98.
+func MakeBuffer(n int) []byte {
+	buf := make([]byte, n)
+	Advise(buf)
+	return buf
+}
