@@ -738,23 +738,14 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	// The hold Restore took allows the least headroom; before the records
 	// are read into memory (the agent's 358 MB at 100,000 rollouts), or
 	// after for a backend that could not tell their size, it is widened
-	// once to suit them, and the heap readied for the growth it allows:
-	// this process is fresh, and every page the install writes would
-	// otherwise be a fault of its own. OnSize runs in this goroutine,
-	// inside ReadWith.
+	// once to suit them. OnSize runs in this goroutine, inside ReadWith.
 	widened := false
-	var prepared hugepage.Prepared
-	defer func() { prepared.Release() }()
 	widen := func(size int64) {
 		widened = true
 		c.mu.Lock()
-		reopened := c.install != t
-		if !reopened {
+		defer c.mu.Unlock()
+		if c.install == t { // not reopened meanwhile
 			c.widenGCLocked(installHeadroom(size))
-		}
-		c.mu.Unlock()
-		if !reopened {
-			prepared = hugepage.PrepareHeap(installHeadroom(size))
 		}
 	}
 	m, recs, size, err := c.store.ReadWith(c.ctx, target, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})
@@ -764,7 +755,14 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 		if !widened {
 			widen(size)
 		}
+		// This process is fresh: every page the install writes would be a
+		// fault of its own. The heap is readied for the growth the hold
+		// allows once the records are read, not before: their buffer is
+		// then fresh memory the read fills, where a buffer placed in the
+		// readied span would be zeroed by the runtime first.
+		prepared := hugepage.PrepareHeap(installHeadroom(size))
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
+		prepared.Release()
 		if err != nil && !apierror.HasCode(err, apierror.Internal) {
 			var ae *apierror.Error
 			if !errors.As(err, &ae) {

@@ -38,12 +38,13 @@ func Advise(buf []byte) {
 // The pages are grown untouched (a large allocation from fresh address
 // space is not zeroed by the runtime), so the resident memory does not
 // change until they are used. It costs a collection, to free the
-// allocation that grew the heap: call it where the heap is small, as in a
-// process that has just started, and while collections are held
-// otherwise, or the runtime may hand the pages back to the kernel first
-// (harmlessly: they are then faulted in as huge pages again on use).
-// Reused pages are zeroed by the runtime when allocated, as any recycled
-// memory is.
+// allocation that grew the heap: call it where the heap has little to
+// mark, as in a process that has just started, and while collections are
+// held otherwise, or the runtime may hand the pages back to the kernel
+// first (harmlessly: they are then faulted in as huge pages again on use).
+// Pages of the span are zeroed by the runtime when allocated, as any
+// recycled memory is: a large buffer that is about to be filled whole is
+// better allocated before (MakeBuffer), from fresh memory.
 func PrepareHeap(n int64) Prepared {
 	if n < 2*Size || thpMode() != "madvise" {
 		return Prepared{}
