@@ -760,7 +760,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 		// allows once the records are read, not before: their buffer is
 		// then fresh memory the read fills, where a buffer placed in the
 		// readied span would be zeroed by the runtime first.
-		prepared := hugepage.PrepareHeap(installHeadroom(size))
+		prepared := hugepage.PrepareHeap(installHeapGrowth(size))
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
 		prepared.Release()
 		if err != nil && !apierror.HasCode(err, apierror.Internal) {

@@ -92,3 +92,21 @@ func TestInstallHeadroom(t *testing.T) {
 		t.Errorf("installHeadroom(1 GiB) = %d, want %d", h, installGrowth<<30)
 	}
 }
+
+// Ensure the heap a restore readies follows its records, within the hold's
+// headroom: little records, a little heap (none under PrepareHeap's least).
+func TestInstallHeapGrowth(t *testing.T) {
+	for _, c := range []struct{ records, want int64 }{
+		{0, 0},
+		{1 << 20, 8 << 20},
+		{32 << 20, gcHoldHeadroom},
+		{1 << 30, installGrowth << 30},
+	} {
+		if got := installHeapGrowth(c.records); got != c.want {
+			t.Errorf("installHeapGrowth(%d) = %d, want %d", c.records, got, c.want)
+		}
+		if got := installHeapGrowth(c.records); got > installHeadroom(c.records) {
+			t.Errorf("installHeapGrowth(%d) = %d, above the hold's headroom %d", c.records, got, installHeadroom(c.records))
+		}
+	}
+}
