@@ -19,11 +19,16 @@ func Advise(buf []byte) {
 		return
 	}
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
-	start := (base + Size - 1) &^ (Size - 1)
-	end := (base + uintptr(len(buf))) &^ (Size - 1)
-	if end > start {
-		_ = syscall.Madvise(buf[start-base:end-base], syscall.MADV_HUGEPAGE)
+	if p := interior(buf); p.end > p.start {
+		_ = syscall.Madvise(buf[p.start-base:p.end-base], syscall.MADV_HUGEPAGE)
 	}
+}
+
+// interior is the span of buf's whole huge pages: from its first 2 MiB
+// boundary to its last.
+func interior(buf []byte) Prepared {
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	return Prepared{start: (base + Size - 1) &^ (Size - 1), end: (base + uintptr(len(buf))) &^ (Size - 1)}
 }
 
 // PrepareHeap readies the Go heap for a burst of about n bytes of
@@ -82,10 +87,12 @@ func (p Prepared) Release() {
 func growAdvised(n int) Prepared {
 	buf := make([]byte, n)
 	Advise(buf)
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
-	return Prepared{start: (base + Size - 1) &^ (Size - 1), end: (base + uintptr(n)) &^ (Size - 1)}
+	return interior(buf)
 }
 
+// thpMode is the system's THP mode: "always", "madvise", "never", or ""
+// where the kernel has no THP. Read once: it belongs to the machine, as
+// the runtime's settings belong to the process.
 var thpMode = sync.OnceValue(func() string {
 	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
 	if err != nil {

@@ -199,9 +199,7 @@ func TestSelectedMode(t *testing.T) {
 
 // alignedInterior is the first 2 MiB boundary inside buf, which must hold
 // one.
-func alignedInterior(buf []byte) uintptr {
-	return (uintptr(unsafe.Pointer(unsafe.SliceData(buf))) + Size - 1) &^ (Size - 1)
-}
+func alignedInterior(buf []byte) uintptr { return interior(buf).start }
 
 func hasFlag(flags, flag string) bool { return strings.Contains(" "+flags+" ", " "+flag+" ") }
 
