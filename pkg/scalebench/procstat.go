@@ -90,37 +90,65 @@ func readStatus(pid int) (memStatus, error) {
 // every architecture Linux and Go share.
 const clockTicks = 100
 
-// parseCPU reads the user and system CPU time from a /proc/<pid>/stat
+// procTimes is what the bench reads from /proc/<pid>/stat.
+type procTimes struct {
+	// CPU is the user and system CPU time.
+	CPU time.Duration
+	// MinorFaults counts the page faults served without I/O: on this
+	// VM, the first write to a page of fresh memory is one and costs ~14 us
+	// (docs/ARCHITECTURE.md), so a phase's count shows what its
+	// allocations cost besides the work.
+	MinorFaults int64
+}
+
+// parseStat reads the CPU time and minor faults from a /proc/<pid>/stat
 // line. The command name (field 2) may hold spaces and parentheses, so the
 // fields are counted from its last ")".
-func parseCPU(b []byte) (time.Duration, error) {
+func parseStat(b []byte) (procTimes, error) {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, errors.New("no command name in the stat line")
+		return procTimes{}, errors.New("no command name in the stat line")
 	}
 	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	// f[0] is field 3 (state); minflt is field 10, utime and stime are
+	// fields 14 and 15.
 	if len(f) < 13 {
-		return 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
+		return procTimes{}, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
+	}
+	count := func(v string) (uint64, error) {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n > 1<<50 {
+			return 0, fmt.Errorf("%q is not a count", v)
+		}
+		return n, nil
 	}
 	var ticks uint64
 	for _, v := range f[11:13] {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n > 1<<50 {
-			return 0, fmt.Errorf("%q is not a tick count", v)
+		n, err := count(v)
+		if err != nil {
+			return procTimes{}, err
 		}
 		ticks += n
 	}
-	return time.Duration(ticks) * (time.Second / clockTicks), nil
+	faults, err := count(f[7])
+	if err != nil {
+		return procTimes{}, err
+	}
+	return procTimes{CPU: time.Duration(ticks) * (time.Second / clockTicks), MinorFaults: int64(faults)}, nil
+}
+
+func readStat(pid int) (procTimes, error) {
+	b, err := os.ReadFile(procDir(pid) + "/stat")
+	if err != nil {
+		return procTimes{}, err
+	}
+	return parseStat(b)
 }
 
 func readCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(procDir(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	return parseCPU(b)
+	t, err := readStat(pid)
+	return t.CPU, err
 }
 
 // countFDs counts a process's open file descriptors.

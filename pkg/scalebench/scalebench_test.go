@@ -58,16 +58,16 @@ func TestReadStatusOfThisProcess(t *testing.T) {
 	}
 }
 
-func TestParseCPU(t *testing.T) {
+func TestParseStat(t *testing.T) {
 	// The command name may hold spaces and parentheses.
 	line := "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 100 1000 200\n"
-	got, err := parseCPU([]byte(line))
-	if err != nil || got != 3*time.Second {
-		t.Fatalf("parseCPU = %v, %v; want 3s (300 ticks)", got, err)
+	got, err := parseStat([]byte(line))
+	if err != nil || got != (procTimes{CPU: 3 * time.Second, MinorFaults: 100}) {
+		t.Fatalf("parseStat = %+v, %v; want 3s (300 ticks) and 100 minor faults", got, err)
 	}
-	for _, bad := range []string{"", "1 (x) S 1 2", "1 (x) S 1 2 3 4 5 6 7 8 9 10 x 5 0"} {
-		if _, err := parseCPU([]byte(bad)); err == nil {
-			t.Errorf("parseCPU(%q) succeeded", bad)
+	for _, bad := range []string{"", "1 (x) S 1 2", "1 (x) S 1 2 3 4 5 6 7 8 9 10 x 5 0", "1 (x) S 1 2 3 4 5 6 x 8 9 10 11 5 0"} {
+		if _, err := parseStat([]byte(bad)); err == nil {
+			t.Errorf("parseStat(%q) succeeded", bad)
 		}
 	}
 	if cpu, err := readCPU(0); err != nil || cpu < 0 {
@@ -232,12 +232,16 @@ func sampleResult() *Result {
 }
 
 func TestPhaseCPU_Since(t *testing.T) {
-	before := cpuSnapshot{"env": 2 * time.Second, "agents": 5 * time.Second, "gone": time.Second}
-	now := cpuSnapshot{"env": 2500 * time.Millisecond, "agents": 5 * time.Second, "new": time.Second}
+	before := cpuSnapshot{"env": {CPU: 2 * time.Second, MinorFaults: 10}, "agents": {CPU: 5 * time.Second, MinorFaults: 7}, "gone": {CPU: time.Second}}
+	now := cpuSnapshot{"env": {CPU: 2500 * time.Millisecond, MinorFaults: 1510}, "agents": {CPU: 5 * time.Second, MinorFaults: 7}, "new": {CPU: time.Second}}
 	pc := before.since("commit", now)
 	want := map[string]float64{"env": 0.5, "agents": 0}
-	if pc.Phase != "commit" || pc.Seconds != 0.5 || !maps.Equal(pc.ByProcess, want) {
-		t.Fatalf("since = %+v, want 0.5 s in all, by process %v (a process read at one end only is left out)", pc, want)
+	wantFaults := map[string]int64{"env": 1500, "agents": 0}
+	if pc.Phase != "commit" || pc.Seconds != 0.5 || !maps.Equal(pc.ByProcess, want) || !maps.Equal(pc.MinorFaults, wantFaults) {
+		t.Fatalf("since = %+v, want 0.5 s in all, by process %v, faults %v (a process read at one end only is left out)", pc, want, wantFaults)
+	}
+	if got, want := pc.detail(), "agents 0.00, env 0.50 (2k faults)"; got != want {
+		t.Errorf("detail = %q, want %q (faults named from 1,000)", got, want)
 	}
 }
 
