@@ -15,6 +15,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -94,6 +95,29 @@ func TestDirectWriter_WritesEveryByte(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("size %d: the file holds %d bytes, not the %d written", size, len(got), len(want))
 		}
+	}
+}
+
+// alignedBuffer returns n bytes starting at a multiple of directAlign.
+func alignedBuffer(n int) []byte {
+	b := make([]byte, n+directAlign)
+	skip := (directAlign - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%directAlign)) % directAlign
+	return b[skip : skip+n : skip+n]
+}
+
+// The direct writer's chunks are whole huge pages each, aligned for direct
+// I/O, and do not overlap.
+func TestWriteChunks(t *testing.T) {
+	c := writeChunks()
+	for i, b := range c {
+		at := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		if len(b) != directChunk || cap(b) != directChunk || at%hugepage.Size != 0 || !isAligned(b) {
+			t.Fatalf("chunk %d: %d bytes (cap %d) at %#x; want %d at a huge page boundary", i, len(b), cap(b), at, directChunk)
+		}
+	}
+	c[0] = append(c[0], 1) // over its capacity: a new array, not the next chunk
+	if c[1][0] != 0 {
+		t.Fatal("appending to the first chunk wrote into the second")
 	}
 }
 

@@ -13,6 +13,8 @@
 // the kernel refuses it (THP off, another OS) the memory is ordinary.
 package hugepage
 
+import "unsafe"
+
 // Size is the size of a transparent huge page on the platforms Go supports
 // on Linux with 4 KiB base pages.
 const Size = 2 << 20
@@ -25,4 +27,20 @@ func MakeBuffer(n int) []byte {
 	buf := make([]byte, n)
 	Advise(buf)
 	return buf
+}
+
+// MakePages returns a zeroed buffer of n bytes that is whole huge pages:
+// it starts at a 2 MiB boundary, its capacity is n rounded up to a
+// multiple of Size, and all of it is advised (see Advise), so every byte
+// of it faults 2 MiB at a time. For a buffer reused while collections are
+// held (a commit's write chunks and encoding room), which MakeBuffer would
+// leave partly in 4 KiB pages. It costs up to one huge page of address
+// space besides, never touched.
+func MakePages(n int) []byte {
+	whole := (n + Size - 1) &^ (Size - 1)
+	buf := make([]byte, whole+Size)
+	skip := (Size - int(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))%Size) % Size
+	buf = buf[skip : skip+whole : skip+whole]
+	adviseInterior(buf)
+	return buf[:n]
 }

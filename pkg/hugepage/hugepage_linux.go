@@ -18,6 +18,11 @@ func Advise(buf []byte) {
 	if len(buf) < 2*Size {
 		return
 	}
+	adviseInterior(buf)
+}
+
+// adviseInterior advises buf's whole huge pages, if it has any.
+func adviseInterior(buf []byte) {
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
 	if p := interior(buf); p.end > p.start {
 		_ = syscall.Madvise(buf[p.start-base:p.end-base], syscall.MADV_HUGEPAGE)

@@ -39,6 +39,32 @@ func TestMakeBuffer_AdvisesHugePages(t *testing.T) {
 	}
 }
 
+// MakePages: whole huge pages from a huge page boundary, all advised, even
+// for a buffer of one page or less.
+func TestMakePages(t *testing.T) {
+	if thpMode() == "" {
+		t.Skip("this kernel has no transparent huge pages (no /sys/kernel/mm/transparent_hugepage)")
+	}
+	for _, n := range []int{1, Size, 3*Size + 5} {
+		buf := MakePages(n)
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		if len(buf) != n || cap(buf)%Size != 0 || cap(buf) < n || cap(buf)-n >= Size || start%Size != 0 {
+			t.Fatalf("MakePages(%d): len %d, cap %d, at %#x; want len %d, whole huge pages from a huge page boundary", n, len(buf), cap(buf), start, n)
+		}
+		whole := buf[:cap(buf)]
+		for _, at := range []uintptr{start, start + uintptr(cap(buf)) - 1} {
+			if flags := flagsAt(t, at); !hasFlag(flags, "hg") {
+				t.Errorf("MakePages(%d): the mapping holding %#x has VmFlags %q, want hg (huge pages advised)", n, at, flags)
+			}
+		}
+		for i := range whole {
+			if whole[i] != 0 {
+				t.Fatalf("MakePages(%d): byte %d is %d, want a zeroed buffer", n, i, whole[i])
+			}
+		}
+	}
+}
+
 func TestMakeBuffer_SmallBuffersArePlain(t *testing.T) {
 	for _, n := range []int{0, 1, Size, 2*Size - 1} {
 		buf := MakeBuffer(n)

@@ -5,6 +5,8 @@ package hugepage
 // Advise does nothing: huge pages on request are a Linux feature.
 func Advise(buf []byte) {}
 
+func adviseInterior(buf []byte) {}
+
 // PrepareHeap does nothing (see the Linux version).
 func PrepareHeap(n int64) Prepared { return Prepared{} }
 
