@@ -22,7 +22,7 @@ type sessionCut struct {
 // agent restore's CPU, and copying the head and the raw values out of the
 // buffer, into memory the restoring process faults in fresh, another sixth
 // of it at 100,000 sessions. data must be one JSON value (the store checks
-// every record it reads): CutValue finds where each value ends without
+// every record it writes, and the digest of what it reads): CutValue finds where each value ends without
 // validating it, so only then are the cut values valid JSON.
 //
 // ok is false for a record of any other shape (the boundary elsewhere or

@@ -388,8 +388,10 @@ func FuzzRecordsReader(f *testing.F) {
 		if n != len(recs) || n != bytes.Count(body, []byte("\n")) {
 			t.Fatalf("counted %d records, returned %d, for %q", n, len(recs), body)
 		}
+		// Records are framed, not validated: the digest Read checks proves
+		// them (FuzzCanonicalLine).
 		for _, r := range recs {
-			if r.EpisodeID.Validate() != nil || !codec.Valid(r.Data) {
+			if r.EpisodeID.Validate() != nil || len(r.Data) == 0 {
 				t.Fatalf("reader accepted an invalid record %+v", r)
 			}
 		}

@@ -67,8 +67,10 @@ type Participant interface {
 	Fresh() error
 	// Install validates every record, then installs every one under its
 	// episode's next attempt (all or nothing). Each record's data is one
-	// JSON value: the store checked that as it read them (ckptstore.Read),
-	// so Install checks what the value holds, not its syntax again. scope names the checkpointed
+	// JSON value: the store checked each as it wrote it, and the records
+	// file's digest, checked as it read them, proves they are the bytes
+	// written (ckptstore.Read). So Install checks what the value holds, not
+	// its syntax again. scope names the checkpointed
 	// attempts the controller continues (records are already filtered by
 	// it); a participant may use it to clear what dead executions left for
 	// episodes that have no record. It returns the next attempts installed.
