@@ -486,6 +486,10 @@ func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time)
 // RestoreResult keeps every participant's restore reply.
 type RestoreResult struct {
 	Replies map[string]ctlplane.RestoreReply `json:"replies"`
+	// Seconds is each participant's call, from sending the request to its
+	// reply decoded: beyond the reply's read and install, it holds the
+	// request's transfer and decoding and the reply's.
+	Seconds map[string]float64 `json:"seconds"`
 }
 
 // Restore restores every participant at once; each episode of the scope
@@ -497,7 +501,7 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	if scope == nil {
 		scope = []rollout.EpisodeID{}
 	}
-	res := &RestoreResult{Replies: map[string]ctlplane.RestoreReply{}}
+	res := &RestoreResult{Replies: map[string]ctlplane.RestoreReply{}, Seconds: map[string]float64{}}
 	var mu sync.Mutex
 	body, err := encodeOnce(ctlplane.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope})
 	if err != nil {
@@ -505,11 +509,14 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	}
 	failures := fanOut(c.members, func(m Member) error {
 		var rep ctlplane.RestoreReply
+		start := time.Now()
 		if err := c.call(ctx, m, "restore", deadline, body, &rep); err != nil {
 			return err
 		}
+		took := time.Since(start).Seconds()
 		mu.Lock()
 		res.Replies[m.Name] = rep
+		res.Seconds[m.Name] = took
 		mu.Unlock()
 		return nil
 	})

@@ -762,6 +762,7 @@ func (b *bench) recordRestore(coord *coordination.Coordinator, rr *coordination.
 		}
 		k.ReadSeconds = max(k.ReadSeconds, rep.ReadSeconds)
 		k.InstallSeconds = max(k.InstallSeconds, rep.InstallSeconds)
+		k.CallSeconds = max(k.CallSeconds, rr.Seconds[m.Name])
 	}
 	b.res.RestoreKinds = inPrepareOrder(byKind)
 	if rep, ok := rr.Replies[envName]; ok {
