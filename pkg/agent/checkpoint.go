@@ -522,10 +522,11 @@ const recordSizeHint = 4 << 10
 // newExportSlots returns n slots whose buffers are empty, with
 // recordSizeHint bytes of room each, cut from one allocation. Each buffer
 // is capped at its own room, so a record that outgrows it moves to a new
-// array rather than into its neighbour's. The allocation is advised as huge
-// pages: a commit runs with collections held, so it is fresh memory, and
-// in 4 KiB pages the two sets of a 16,000-episode export were ~2,000
-// faults of ~14 us each on the VMs the scale bench runs on.
+// array rather than into its neighbour's. The allocation is whole huge
+// pages (hugepage.MakePages): a commit runs with collections held, so it
+// is fresh memory, and in 4 KiB pages the two sets of a 16,000-episode
+// export were ~2,000 faults of ~14 us each on the VMs the scale bench
+// runs on.
 func newExportSlots(n int) []exportSlot {
 	arena := hugepage.MakePages(n * recordSizeHint)
 	slots := make([]exportSlot, n)

@@ -65,10 +65,10 @@ func newDirectWriter(f *os.File) *directWriter {
 }
 
 // writeChunks returns a direct writer's two chunks, cut from one buffer of
-// whole huge pages (so aligned for direct I/O too). A commit runs with collections held, so its buffers are
-// fresh memory: in 4 KiB pages the two chunks were 2,048 faults, ~28 ms
-// of a participant's commit on the VMs the scale bench runs on
-// (pkg/hugepage).
+// whole huge pages (so aligned for direct I/O too). A commit runs with
+// collections held, so its buffers are fresh memory: in 4 KiB pages the
+// two chunks were 2,048 faults, ~28 ms of a participant's commit on the
+// VMs the scale bench runs on (pkg/hugepage).
 func writeChunks() [2][]byte {
 	b := hugepage.MakePages(2 * directChunk)
 	return [2][]byte{b[:directChunk:directChunk], b[directChunk : 2*directChunk : 2*directChunk]}
