@@ -80,20 +80,6 @@ func installHeapGrowth(recordBytes int64) int64 {
 	return min(installHeadroom(recordBytes), 8*recordBytes)
 }
 
-// restoreBodyGrowth is how many bytes a fresh process allocates per byte
-// of a restore's body before its records are read: the body itself, the
-// episodes decoded from it, the scope and its digest. At 16,000 rollouts,
-// counting page faults (perf): ~7 MB for a body of 0.8 MB.
-const restoreBodyGrowth = 12
-
-// restoreBodyHeapGrowth is the heap a restore readies for decoding a body
-// of bodyBytes (hugepage.PrepareHeap, which readies nothing under two huge
-// pages): within the hold's least headroom, which the route takes first.
-// A body of unknown length (-1) readies nothing.
-func restoreBodyHeapGrowth(bodyBytes int64) int64 {
-	return min(gcHoldHeadroom, restoreBodyGrowth*max(bodyBytes, 0))
-}
-
 // hold starts a hold allowing at least minHeadroom of growth (and a
 // quarter of what the process holds, if more) before the runtime collects;
 // every hold must be released once. A hold that needs more room than the

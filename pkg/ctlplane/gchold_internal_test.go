@@ -110,16 +110,3 @@ func TestInstallHeapGrowth(t *testing.T) {
 		}
 	}
 }
-
-func TestRestoreBodyHeapGrowth(t *testing.T) {
-	for _, c := range []struct{ body, want int64 }{
-		{-1, 0}, // length unknown: nothing readied
-		{0, 0},
-		{800 << 10, restoreBodyGrowth * 800 << 10},
-		{1 << 30, gcHoldHeadroom}, // within the hold the route takes
-	} {
-		if got := restoreBodyHeapGrowth(c.body); got != c.want {
-			t.Errorf("restoreBodyHeapGrowth(%d) = %d, want %d", c.body, got, c.want)
-		}
-	}
-}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
-	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -59,14 +58,6 @@ func (c *Controller) Routes() chi.Router {
 		// controller's own hold, which outlasts this one.
 		processGC.hold(gcHoldHeadroom)
 		defer processGC.release()
-		// Every page the decoding writes in a fresh process is a fault of
-		// its own (pkg/hugepage): at 16,000 rollouts each participant took
-		// ~1,800 of them reading the body, decoding it and building the
-		// scope, before its records were read. A process that is not
-		// fresh is refused by Restore, and needs no readying.
-		if c.p.Fresh() == nil {
-			defer hugepage.PrepareHeap(restoreBodyHeapGrowth(r.ContentLength)).Release()
-		}
 		var req RestoreRequest
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
