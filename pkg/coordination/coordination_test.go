@@ -298,6 +298,12 @@ func TestRestore_AllOrNothing(t *testing.T) {
 			if !slices.Equal(rep.Restored, []string{"r1-a1", "r2-a4"}) {
 				t.Fatalf("%s restored %v, want the next attempts", name, rep.Restored)
 			}
+			if res.Seconds[name] <= 0 {
+				t.Errorf("%s: call time %v, want the call timed", name, res.Seconds[name])
+			}
+		}
+		if len(res.Seconds) != len(res.Replies) {
+			t.Errorf("%d call times for %d replies", len(res.Seconds), len(res.Replies))
 		}
 		if err := fc.Resume(ctx, "c1", in(30*time.Second)); err != nil {
 			t.Fatal(err)
