@@ -226,7 +226,8 @@ func (t Target) ParticipantDir() string { return path.Join(t.Dir, "gym", t.Kind,
 type Written struct {
 	Manifest Manifest
 	Bytes    int64
-	// Existing is set when the directory already held this commit.
+	// Existing is set when the directory already held this commit: the
+	// same checkpoint with the same records.
 	Existing bool
 }
 
@@ -237,14 +238,18 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		return Written{}, err
 	}
 	dir := t.ParticipantDir()
-	// A directory that already has a manifest never changes: re-committing
-	// the same checkpoint returns it, another commit is refused.
-	if m, err := s.readManifest(ctx, dir); err == nil {
-		if m.CheckpointID == t.CheckpointID && m.Kind == t.Kind && m.Instance == t.Instance {
-			return Written{Manifest: m, Existing: true}, nil
-		}
-		return Written{}, fmt.Errorf("%w: %s holds checkpoint %s", ErrDifferentCommit, dir, m.CheckpointID)
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	// A directory that already has a manifest never changes. Another
+	// checkpoint's is refused before exporting. Re-committing the same
+	// checkpoint returns it only if the records are the same: a checkpoint
+	// id and directory reused by a later run (or a retry after the state
+	// changed) must not pass for a commit of the state at hand, which the
+	// participant would then treat as saved.
+	existing, err := s.readManifest(ctx, dir)
+	found := err == nil
+	switch {
+	case found && (existing.CheckpointID != t.CheckpointID || existing.Kind != t.Kind || existing.Instance != t.Instance):
+		return Written{}, fmt.Errorf("%w: %s holds checkpoint %s", ErrDifferentCommit, dir, existing.CheckpointID)
+	case !found && !errors.Is(err, fs.ErrNotExist):
 		return Written{}, err
 	}
 	if err := s.b.MkdirAll(ctx, dir); err != nil {
@@ -263,6 +268,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	h := sha256.New()
 	bw := bufio.NewWriterSize(io.MultiWriter(rw, h), 256<<10)
 	count := 0
+	var written int64
 	var line []byte
 	var compact bytes.Buffer
 	add := func(r Record) error {
@@ -289,6 +295,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		}
 		line = appendRecord(line[:0], r)
 		count++
+		written += int64(len(line))
 		_, err := bw.Write(line)
 		return err
 	}
@@ -300,6 +307,14 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		return Written{}, fmt.Errorf("write records: %w", err)
 	}
 	digest := hex.EncodeToString(h.Sum(nil))
+	if found {
+		// Nothing is committed here either way: the temp file is dropped.
+		if existing.RecordsSHA256 == digest && existing.RecordCount == count {
+			return Written{Manifest: existing, Bytes: written, Existing: true}, nil
+		}
+		return Written{}, fmt.Errorf("%w: %s holds checkpoint %s with other records (%d, sha256 %.12s; these are %d, sha256 %.12s)",
+			ErrDifferentCommit, dir, existing.CheckpointID, existing.RecordCount, existing.RecordsSHA256, count, digest)
+	}
 	name := "records-" + digest + ".jsonl"
 	size, err := rw.Commit(name)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,10 +75,34 @@ func TestStore_RoundTrip(t *testing.T) {
 	if want := `{"a":"first","i":1,"tag":"x","z":"last"}`; string(recs[0].Data) != want {
 		t.Fatalf("record data %s, want %s", recs[0].Data, want)
 	}
-	// Re-committing the same checkpoint returns the existing manifest.
-	again, err := s.Write(ctx, target(dir), nil, records(1, "different"))
-	if err != nil || !again.Existing || again.Manifest.RecordsSHA256 != w.Manifest.RecordsSHA256 {
-		t.Fatalf("re-commit: %+v, %v", again, err)
+	// Re-committing the same checkpoint with the same records returns the
+	// existing manifest; with other records (a later run reusing the id
+	// and directory, or state that changed since) it is refused, and the
+	// directory is left as it was.
+	entries := func() []string {
+		t.Helper()
+		des, err := os.ReadDir(filepath.Join(dir, "gym", "environment", "env"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, de := range des {
+			names = append(names, de.Name())
+		}
+		return names
+	}
+	before := entries()
+	again, err := s.Write(ctx, target(dir), nil, records(5, "x"))
+	if err != nil || !again.Existing || again.Manifest.RecordsSHA256 != w.Manifest.RecordsSHA256 || again.Bytes != w.Bytes {
+		t.Fatalf("re-commit of the same records: %+v, %v", again, err)
+	}
+	for _, other := range []func(add func(ckptstore.Record) error) (map[string]any, error){records(5, "different"), records(4, "x")} {
+		if got, err := s.Write(ctx, target(dir), nil, other); !errors.Is(err, ckptstore.ErrDifferentCommit) {
+			t.Fatalf("re-commit of other records: %+v, %v; want ErrDifferentCommit", got, err)
+		}
+	}
+	if after := entries(); !slices.Equal(after, before) {
+		t.Fatalf("the directory changed from %v to %v", before, after)
 	}
 	// Another checkpoint into the same directory fails.
 	other := target(dir)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -222,6 +224,56 @@ func TestController_CommitRechecksReadinessAndRestarts(t *testing.T) {
 	}
 	if p, _ := c.Phase(); p != ctlplane.PhasePrepared {
 		t.Fatalf("phase = %s, want prepared", p)
+	}
+}
+
+// Ensure a commit into a directory that already holds the same checkpoint
+// counts as done only if its records are this participant's: a later run
+// reusing the checkpoint id and directory is refused before anything is
+// treated as saved, and a commit of the same state replies with its
+// episodes.
+func TestController_CommitIntoAnExistingCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r1, r2 := rollout.EpisodeID{RolloutID: "r1"}, rollout.EpisodeID{RolloutID: "r2"}
+	scope := []rollout.EpisodeID{r1, r2}
+	commit := func(f *ctlplanetest.Fake) (*ctlplane.CommitReply, error) {
+		t.Helper()
+		c := newController(t, f, ctlplane.RealClock{}, nil)
+		dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+		if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+			t.Fatal(err)
+		}
+		return c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: scope})
+	}
+	committed := func(f *ctlplanetest.Fake) bool {
+		return slices.ContainsFunc(f.Calls(), func(c string) bool { return strings.HasPrefix(c, "committed") })
+	}
+	withEpisodes := func(ids ...rollout.EpisodeID) *ctlplanetest.Fake {
+		f := ctlplanetest.NewFake("agent", "a")
+		for _, id := range ids {
+			f.SetEpisode(id, true)
+		}
+		return f
+	}
+	first := withEpisodes(r1, r2)
+	if rep, err := commit(first); err != nil || len(rep.EpisodeIDs) != 2 {
+		t.Fatalf("first commit: %+v, %v", rep, err)
+	}
+	later := withEpisodes(r1) // r2 finished in this run
+	if rep, err := commit(later); !apierror.HasCode(err, apierror.CheckpointConflict) {
+		t.Fatalf("a commit of other state under the same id and directory: %+v, %v; want checkpoint_conflict", rep, err)
+	}
+	if committed(later) {
+		t.Fatalf("the refused participant was told its state is committed: %v", later.Calls())
+	}
+	same := withEpisodes(r1, r2)
+	rep, err := commit(same)
+	if err != nil || !slices.Equal(rep.EpisodeIDs, []string{"r1", "r2"}) || rep.Records != 2 {
+		t.Fatalf("a commit of the same state: %+v, %v; want episodes r1 and r2", rep, err)
+	}
+	if !committed(same) {
+		t.Fatalf("the participant whose commit matched was not told: %v", same.Calls())
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -131,6 +132,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	if opts.Dir, err = filepath.Abs(opts.Dir); err != nil {
 		return nil, err
+	}
+	if !tempDir {
+		if err := unused(opts.Dir); err != nil {
+			return nil, err
+		}
 	}
 	b := &bench{
 		opts:   opts,
@@ -859,6 +865,21 @@ func (b *bench) checkReplacements(reps *batch) {
 	if st.rewardNotOne > 0 {
 		b.violate("%d replacements finished with a reward other than 1.0: %s", st.rewardNotOne, reps.example())
 	}
+}
+
+// unused refuses a work directory an earlier run left its fleet or
+// checkpoint in: the checkpoint id is the same every run, and a commit into
+// the same directory and id holding other records is refused, which the
+// bench would report as a failed commit rather than as the reuse it is.
+func unused(dir string) error {
+	for _, name := range []string{"fleet", "ckpt"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return fmt.Errorf("the work directory %s holds %s/ from an earlier run: remove it or give another directory", dir, name)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // cleanup removes what the run does not keep. A failed run keeps its

@@ -385,6 +385,12 @@ func TestRunWithoutBinariesFailsAtStart(t *testing.T) {
 	if errors.Is(err, context.Canceled) {
 		t.Fatal("a start failure is not a cancellation")
 	}
+	// The kept directory is not run in again: its checkpoint would be
+	// committed over.
+	again, err := Run(context.Background(), Options{Rollouts: 1, BinDir: filepath.Join(dir, "nobin"), Dir: res.Dir})
+	if err == nil || again != nil || !strings.Contains(err.Error(), "earlier run") {
+		t.Fatalf("a second run in the kept directory: %v, %v; want a refusal naming the earlier run", again, err)
+	}
 }
 
 func TestSummarizeLog(t *testing.T) {
