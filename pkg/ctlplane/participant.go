@@ -144,8 +144,9 @@ func NewScope(ids []rollout.EpisodeID) Scope {
 	// sort 16,000 ids from scratch in every participant.
 	s.sorted = make([]rollout.EpisodeID, 0, len(ids))
 	for _, id := range ids {
-		if _, dup := s.ids[id]; !dup {
-			s.ids[id] = struct{}{}
+		// One hash of each id rather than a lookup and then an insert.
+		before := len(s.ids)
+		if s.ids[id] = struct{}{}; len(s.ids) > before {
 			s.sorted = append(s.sorted, id)
 		}
 	}
