@@ -205,14 +205,21 @@ func validEpisodes(ids []rollout.EpisodeID) error {
 }
 
 // scopeDigest names a scope canonically, to tell retries from conflicts.
+// It hashes the keys' lines a window at a time: built whole, they were an
+// allocation grown to twice their size (130 KB at 16,000 episodes) and a
+// key each, all fresh memory in a fresh process.
 func scopeDigest(s Scope) string {
-	var lines []byte
+	h := sha256.New()
+	window := make([]byte, 0, 16<<10)
 	for _, id := range s.sorted {
-		lines = append(lines, id.CaptureKey()...)
-		lines = append(lines, '\n')
+		window = append(id.AppendCaptureKey(window), '\n')
+		if len(window) > cap(window)-256 {
+			h.Write(window)
+			window = window[:0]
+		}
 	}
-	sum := sha256.Sum256(lines)
-	return hex.EncodeToString(sum[:])
+	h.Write(window)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // extendLease moves the lease to deadline + grace if that is later, and
@@ -424,11 +431,11 @@ func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 // CommitRequest is commit's body. EpisodeIDs is the scope: every episode the
 // controller continues.
 type CommitRequest struct {
-	CheckpointID  string              `json:"checkpoint_id"`
-	DeadlineTS    float64             `json:"deadline_ts"`
-	CheckpointDir string              `json:"checkpoint_dir"`
-	EpisodeIDs    []rollout.EpisodeID `json:"episode_ids"`
-	Stop          bool                `json:"stop"`
+	CheckpointID  string     `json:"checkpoint_id"`
+	DeadlineTS    float64    `json:"deadline_ts"`
+	CheckpointDir string     `json:"checkpoint_dir"`
+	EpisodeIDs    EpisodeIDs `json:"episode_ids"`
+	Stop          bool       `json:"stop"`
 }
 
 // CommitReply is commit's reply: the manifest, the capture keys actually
@@ -647,10 +654,10 @@ func awaitTask[T any](ctx context.Context, c *Controller, t *task, deadline time
 
 // RestoreRequest is restore's body: the checkpointed attempts to continue.
 type RestoreRequest struct {
-	CheckpointID  string              `json:"checkpoint_id"`
-	DeadlineTS    float64             `json:"deadline_ts"`
-	CheckpointDir string              `json:"checkpoint_dir"`
-	EpisodeIDs    []rollout.EpisodeID `json:"episode_ids"`
+	CheckpointID  string     `json:"checkpoint_id"`
+	DeadlineTS    float64    `json:"deadline_ts"`
+	CheckpointDir string     `json:"checkpoint_dir"`
+	EpisodeIDs    EpisodeIDs `json:"episode_ids"`
 }
 
 // RestoreReply is restore's reply: the next attempts installed.
@@ -845,9 +852,9 @@ func (c *Controller) Resume(req CheckpointRequest) (*ResumeReply, error) {
 
 // RetireRequest is retire's body.
 type RetireRequest struct {
-	CheckpointID string              `json:"checkpoint_id,omitempty"`
-	DeadlineTS   float64             `json:"deadline_ts"`
-	EpisodeIDs   []rollout.EpisodeID `json:"episode_ids"`
+	CheckpointID string     `json:"checkpoint_id,omitempty"`
+	DeadlineTS   float64    `json:"deadline_ts"`
+	EpisodeIDs   EpisodeIDs `json:"episode_ids"`
 }
 
 // Retire raises the fence for the attempts, then has the participant stop

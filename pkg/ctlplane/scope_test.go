@@ -1,6 +1,8 @@
 package ctlplane
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"testing"
@@ -41,6 +43,17 @@ func TestNewScope_SortsAndDropsDuplicatesWhateverTheOrder(t *testing.T) {
 	if scopeDigest(NewScope(want[:3])) == digest {
 		t.Error("a smaller scope has the same digest")
 	}
+	// The digest is the SHA-256 of the sorted capture keys, a line each,
+	// however many windows they are hashed in.
+	many := make([]rollout.EpisodeID, 5000)
+	var lines []byte
+	for i := range many {
+		many[i] = rollout.EpisodeID{RolloutID: fmt.Sprintf("rollout-%05d", i), Attempt: i % 3}
+		lines = append(lines, many[i].CaptureKey()+"\n"...)
+	}
+	if sum := sha256.Sum256(lines); scopeDigest(NewScope(many)) != hex.EncodeToString(sum[:]) {
+		t.Error("the digest of 5,000 episodes is not the SHA-256 of their capture keys' lines")
+	}
 	if empty := NewScope(nil); empty.Len() != 0 || len(empty.IDs()) != 0 {
 		t.Errorf("an empty scope lists %v", empty.IDs())
 	}
@@ -75,5 +88,20 @@ func BenchmarkCommitBody(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkScopeHas is a lookup of an episode in a scope of 100,000, half
+// of them present: an export and an install ask once per session.
+func BenchmarkScopeHas(b *testing.B) {
+	ids := make([]rollout.EpisodeID, 100_000)
+	for i := range ids {
+		ids[i] = rollout.EpisodeID{RolloutID: fmt.Sprintf("w%06d", i), Attempt: i % 2}
+	}
+	s := NewScope(ids[:len(ids)/2])
+	i := 0
+	for b.Loop() {
+		_ = s.Has(ids[i])
+		i = (i + 7919) % len(ids)
 	}
 }
