@@ -372,7 +372,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, _ 
 		s.sessions = make(map[string]*session, len(sessions))
 	}
 	if len(s.byRollout) == 0 {
-		s.byRollout = make(map[string]map[string]*session, len(sessions))
+		s.byRollout = make(map[string][]*session, len(sessions))
 	}
 	if len(ck.restored) == 0 {
 		ck.restored = make(map[string]*session, len(sessions))
@@ -525,7 +525,8 @@ func (p *participant) Forget(_ context.Context, rolloutIDs []string) error {
 		}
 	}
 	for _, r := range rolloutIDs {
-		for _, sess := range s.byRollout[r] {
+		// removeLocked takes each from the list being walked.
+		for _, sess := range slices.Clone(s.byRollout[r]) {
 			if sess.dropped {
 				s.removeLocked(sess)
 			}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,8 +67,11 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	// byRollout indexes sessions by the rollout they are bound to, so
-	// retiring one rollout never scans every session.
-	byRollout map[string]map[string]*session
+	// retiring one rollout never scans every session. A rollout has a
+	// session or two, so each is a short list, not a set: a map per
+	// rollout was ~200 bytes and an allocation (3.2 MB at 16,000 rollouts,
+	// fresh memory in a restore).
+	byRollout map[string][]*session
 	// inflight counts every data request between enter and leave, with or
 	// without a session.
 	inflight int
@@ -124,7 +128,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		metrics:   newMetrics(deps.Registry),
 		closing:   make(chan struct{}),
 		sessions:  map[string]*session{},
-		byRollout: map[string]map[string]*session{},
+		byRollout: map[string][]*session{},
 	}
 	if cfg.Type == TypeSlowVerify {
 		s.gate = &verifyGate{release: make(chan struct{})}
@@ -388,23 +392,24 @@ func staleAttempt(sess *session, ep rollout.EpisodeID) error {
 
 func (s *Server) bindLocked(sess *session, ep rollout.EpisodeID) {
 	sess.episode, sess.bound = ep, true
-	m := s.byRollout[ep.RolloutID]
-	if m == nil {
-		m = map[string]*session{}
-		s.byRollout[ep.RolloutID] = m
-	}
-	m[sess.id] = sess
+	s.byRollout[ep.RolloutID] = append(s.byRollout[ep.RolloutID], sess)
 }
 
 func (s *Server) unindexLocked(sess *session) {
 	if !sess.bound {
 		return
 	}
-	if m := s.byRollout[sess.episode.RolloutID]; m != nil {
-		delete(m, sess.id)
-		if len(m) == 0 {
-			delete(s.byRollout, sess.episode.RolloutID)
-		}
+	r := sess.episode.RolloutID
+	list := s.byRollout[r]
+	i := slices.Index(list, sess)
+	switch {
+	case i < 0:
+	case len(list) == 1:
+		delete(s.byRollout, r)
+	default:
+		last := len(list) - 1
+		list[i], list[last] = list[last], nil
+		s.byRollout[r] = list[:last]
 	}
 }
 
