@@ -512,6 +512,12 @@ func appendStrings(dst []byte, ss []string) []byte {
 // Commit exports the scope once and writes it once; a retry awaits or
 // replays the same write.
 func (c *Controller) Commit(ctx context.Context, req CommitRequest) (*CommitReply, error) {
+	return c.commit(ctx, req, false)
+}
+
+// commit is Commit; owned says req.EpisodeIDs is the controller's to sort
+// in place (a body the route decoded) rather than the caller's.
+func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) (*CommitReply, error) {
 	if err := validCheckpointID(req.CheckpointID); err != nil {
 		return nil, err
 	}
@@ -528,7 +534,7 @@ func (c *Controller) Commit(ctx context.Context, req CommitRequest) (*CommitRepl
 	if err := validEpisodes(req.EpisodeIDs); err != nil {
 		return nil, err
 	}
-	scope := NewScope(req.EpisodeIDs)
+	scope := newScope(req.EpisodeIDs, owned)
 	digest := scopeDigest(scope)
 	if req.Stop {
 		digest += "+stop"
@@ -675,6 +681,11 @@ type RestoreReply struct {
 // Restore reads this participant's records of the scope and installs them
 // under the next attempts, in a fresh process, all or nothing.
 func (c *Controller) Restore(ctx context.Context, req RestoreRequest) (*RestoreReply, error) {
+	return c.restore(ctx, req, false)
+}
+
+// restore is Restore; owned as for commit.
+func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool) (*RestoreReply, error) {
 	if err := validCheckpointID(req.CheckpointID); err != nil {
 		return nil, err
 	}
@@ -691,7 +702,7 @@ func (c *Controller) Restore(ctx context.Context, req RestoreRequest) (*RestoreR
 	if err := validEpisodes(req.EpisodeIDs); err != nil {
 		return nil, err
 	}
-	scope := NewScope(req.EpisodeIDs)
+	scope := newScope(req.EpisodeIDs, owned)
 	digest := scopeDigest(scope)
 
 	c.mu.Lock()

@@ -144,10 +144,16 @@ type Scope struct {
 }
 
 // NewScope builds a scope from episode ids.
-func NewScope(ids []rollout.EpisodeID) Scope {
-	// Sorted as given: a controller sends its scope sorted, which the sort
-	// then only checks.
-	sorted := slices.Clone(ids)
+func NewScope(ids []rollout.EpisodeID) Scope { return newScope(ids, false) }
+
+// newScope builds a scope; owned says ids may be sorted in place and kept
+// (a control body's list, 384 KB at 16,000 episodes) rather than copied.
+func newScope(ids []rollout.EpisodeID, owned bool) Scope {
+	sorted := ids
+	if !owned {
+		sorted = slices.Clone(ids)
+	}
+	// A controller sends its scope sorted, which the sort then only checks.
 	slices.SortFunc(sorted, compareEpisodes)
 	s := Scope{sorted: slices.Compact(sorted), seed: maphash.MakeSeed()}
 	size := 1

@@ -49,7 +49,7 @@ func (c *Controller) Routes() chi.Router {
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
-		return c.Commit(r.Context(), req)
+		return c.commit(r.Context(), req, true)
 	}))
 	r.Post("/restore", c.handle("restore", func(r *http.Request) (any, error) {
 		// The body names every episode to continue, and the process is
@@ -62,7 +62,7 @@ func (c *Controller) Routes() chi.Router {
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
-		return c.Restore(r.Context(), req)
+		return c.restore(r.Context(), req, true)
 	}))
 	r.Post("/resume", c.handle("resume", func(r *http.Request) (any, error) {
 		var req CheckpointRequest

@@ -21,7 +21,11 @@ func TestNewScope_SortsAndDropsDuplicatesWhateverTheOrder(t *testing.T) {
 	}
 	digest := scopeDigest(NewScope(want))
 	for _, ids := range orders {
+		given := slices.Clone(ids)
 		s := NewScope(ids)
+		if !slices.Equal(ids, given) {
+			t.Errorf("NewScope reordered its caller's slice %v to %v", given, ids)
+		}
 		if got := s.IDs(); !slices.Equal(got, want) {
 			t.Errorf("NewScope(%v).IDs() = %v, want %v", ids, got, want)
 		}

@@ -378,21 +378,19 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, _ 
 		ck.restored = make(map[string]*session, len(sessions))
 	}
 	next := make([]rollout.EpisodeID, 0, len(sessions))
-	seen := make(map[rollout.EpisodeID]bool, len(sessions))
 	for _, in := range sessions {
 		sess := &session{id: in.id, state: in.state, restored: true}
 		s.sessions[in.id] = sess
 		s.bindLocked(sess, in.next)
 		ck.restored[in.id] = sess
-		if !seen[in.next] {
-			seen[in.next] = true
-			next = append(next, in.next)
-		}
+		next = append(next, in.next)
 	}
 	ck.served = true
 	s.updateSessionsGaugeLocked()
+	// An episode with several sessions is named once: sorted, its repeats
+	// are neighbours (a set of them was another 16,000-entry map).
 	slices.SortFunc(next, rollout.CompareCaptureKeys)
-	return next, nil
+	return slices.Compact(next), nil
 }
 
 // validate decodes and checks every record; the first bad one fails all.

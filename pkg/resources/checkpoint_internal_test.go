@@ -2,8 +2,10 @@ package resources
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -167,4 +169,39 @@ func FuzzInstallRecord(f *testing.F) {
 			t.Fatalf("installed session has no counter: %v", err)
 		}
 	})
+}
+
+// Ensure an install names an episode with several sessions once, indexes
+// every session under its rollout, and Forget removes each retired one
+// from the list it walks.
+func TestInstall_SessionsOfOneEpisode(t *testing.T) {
+	s, p := newParticipant(t, TypeCounter, "", "")
+	r, q := rollout.EpisodeID{RolloutID: "r"}, rollout.EpisodeID{RolloutID: "q"}
+	record := func(session string, ep rollout.EpisodeID) ctlplane.Record {
+		data := fmt.Sprintf(`{"session_id":%q,"episode_id":{"rollout_id":%q,"attempt":%d},"state":{"count":1}}`, session, ep.RolloutID, ep.Attempt)
+		return ctlplane.Record{EpisodeID: ep, Data: []byte(data)}
+	}
+	records := []ctlplane.Record{record("s1", r), record("s2", q), record("s3", r)}
+	next, err := p.Install(context.Background(), records, ctlplane.NewScope([]rollout.EpisodeID{r, q}), ctlplane.Extras{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []rollout.EpisodeID{q.Next(), r.Next()}; !slices.Equal(next, want) {
+		t.Fatalf("installed %v, want %v", next, want)
+	}
+	if got := len(s.byRollout["r"]); got != 2 {
+		t.Fatalf("rollout r indexes %d sessions, want 2", got)
+	}
+	if err := p.Retire(context.Background(), []rollout.EpisodeID{r.Next()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Forget(context.Background(), []string{"r"}); err != nil {
+		t.Fatal(err)
+	}
+	if list, ok := s.byRollout["r"]; ok || s.sessions["s1"] != nil || s.sessions["s3"] != nil {
+		t.Fatalf("after retire and forget rollout r still indexes %d sessions (s1 %v, s3 %v)", len(list), s.sessions["s1"] != nil, s.sessions["s3"] != nil)
+	}
+	if len(s.byRollout["q"]) != 1 || s.sessions["s2"] == nil {
+		t.Fatal("forgetting rollout r touched rollout q")
+	}
 }
