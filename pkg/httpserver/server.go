@@ -102,6 +102,12 @@ func New(cfg Config, handler http.Handler) *Server {
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams:          cfg.MaxConcurrentStreams,
 			MaxReceiveBufferPerConnection: DefaultConnReceiveWindow,
+			// The protocol's least frame size, rather than net/http's 1 MiB:
+			// a peer then sends a large body (a commit's or restore's, naming
+			// every episode) in 16 KiB frames read through a 16 KiB buffer,
+			// where its 512 KiB frames grew the connection's read buffer to
+			// match, fresh memory for a process that has just started.
+			MaxReadFrameSize: 16 << 10,
 			// A protocol error a peer caused: most close a stream, some the
 			// whole connection (and every stream on it).
 			CountError: func(errType string) { cfg.Logger.Warn("http2 protocol error", "type", errType) },
