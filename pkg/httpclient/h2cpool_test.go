@@ -133,8 +133,10 @@ func (d *dropFirst) Accept() (net.Conn, error) {
 	go func() {
 		buf := make([]byte, 64)
 		_, _ = io.ReadAtLeast(c, buf, 24)
-		c.Close()
+		// Marked before the close: the client can see the close, dial
+		// again and have its answer before this goroutine runs on.
 		d.dropped.Store(true)
+		c.Close()
 	}()
 	return d.Accept()
 }
