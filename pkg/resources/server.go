@@ -400,16 +400,10 @@ func (s *Server) unindexLocked(sess *session) {
 		return
 	}
 	r := sess.episode.RolloutID
-	list := s.byRollout[r]
-	i := slices.Index(list, sess)
-	switch {
-	case i < 0:
-	case len(list) == 1:
+	if list := slices.DeleteFunc(s.byRollout[r], func(x *session) bool { return x == sess }); len(list) > 0 {
+		s.byRollout[r] = list
+	} else {
 		delete(s.byRollout, r)
-	default:
-		last := len(list) - 1
-		list[i], list[last] = list[last], nil
-		s.byRollout[r] = list[:last]
 	}
 }
 

@@ -724,16 +724,10 @@ func (l *Ledger) index(key string) {
 // unindex removes key from the index. l.mu is held.
 func (l *Ledger) unindex(key string) {
 	r := rolloutOf(key)
-	keys := l.byRollout[r]
-	i := slices.Index(keys, key)
-	switch {
-	case i < 0:
-	case len(keys) == 1:
+	if keys := slices.DeleteFunc(l.byRollout[r], func(k string) bool { return k == key }); len(keys) > 0 {
+		l.byRollout[r] = keys
+	} else {
 		delete(l.byRollout, r)
-	default:
-		last := len(keys) - 1
-		keys[i], keys[last] = keys[last], ""
-		l.byRollout[r] = keys[:last]
 	}
 }
 
