@@ -52,7 +52,8 @@ func readEpisodeList(b []byte) (EpisodeIDs, bool) {
 	}
 	ids := make(EpisodeIDs, 0, count)
 	// Sized exactly, names never moves, and nothing writes a byte of it
-	// again once an id refers to it.
+	// again once an id refers to it. An id kept (a fence, a restored
+	// episode) keeps all of names: under 1 MB at 100,000 episodes.
 	names := make([]byte, 0, nameBytes)
 	eachCanonicalEpisode(inner, func(name []byte, attempt int) {
 		id := rollout.EpisodeID{Attempt: attempt}
