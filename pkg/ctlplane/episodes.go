@@ -67,45 +67,17 @@ func readEpisodeList(b []byte) (EpisodeIDs, bool) {
 }
 
 // eachCanonicalEpisode calls fn with every element of the list's inside,
-// in order, if each is {"rollout_id":"<id>","attempt":<n>} with an id of
-// printable ASCII without a backslash and n a plain integer of at most 18
-// digits, and they are separated by single commas; it reports whether
-// they all are. fn may have been called for the elements before one that
-// is not.
+// in order, if each is an episode id as rollout.CutEpisodeIDJSON reads it
+// and they are separated by single commas; it reports whether they all
+// are. fn may have been called for the elements before one that is not.
 func eachCanonicalEpisode(inner []byte, fn func(name []byte, attempt int)) bool {
 	for rest := inner; len(rest) > 0; {
-		var ok bool
-		if rest, ok = bytes.CutPrefix(rest, []byte(`{"rollout_id":"`)); !ok {
-			return false
-		}
-		end := bytes.IndexByte(rest, '"')
-		if end < 0 {
-			return false
-		}
-		name := rest[:end]
-		for _, c := range name {
-			// Escapes, control characters and non-ASCII bytes would decode
-			// to other bytes than these.
-			if c < 0x20 || c == '\\' || c >= 0x7f {
-				return false
-			}
-		}
-		if rest, ok = bytes.CutPrefix(rest[end+1:], []byte(`,"attempt":`)); !ok {
-			return false
-		}
-		digits, attempt := 0, 0
-		for digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9' {
-			attempt = attempt*10 + int(rest[digits]-'0')
-			digits++
-		}
-		if digits == 0 || digits > 18 || (digits > 1 && rest[0] == '0') {
-			return false
-		}
-		if rest, ok = bytes.CutPrefix(rest[digits:], []byte("}")); !ok {
+		name, attempt, after, ok := rollout.CutEpisodeIDJSON(rest)
+		if !ok {
 			return false
 		}
 		fn(name, attempt)
-		if len(rest) > 0 {
+		if rest = after; len(rest) > 0 {
 			if rest, ok = bytes.CutPrefix(rest, []byte(",")); !ok || len(rest) == 0 {
 				return false
 			}

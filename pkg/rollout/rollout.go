@@ -98,6 +98,47 @@ func (e EpisodeID) AppendCaptureKey(dst []byte) []byte {
 	return strconv.AppendInt(append(dst, "-a"...), int64(e.Attempt), 10)
 }
 
+// CutEpisodeIDJSON reads an episode id off the front of b in the form our
+// encoders write it, {"rollout_id":"<id>","attempt":<n>}, without a JSON
+// decoder: a restore reads one per record and a control body one per
+// episode, 100,000 and more. It returns the rollout id's bytes (in b) and
+// the attempt where the id is printable ASCII without a backslash and n a
+// plain integer of at most 18 digits, so that a strict decoder would read
+// the same; ok false, for any other form, leaves the caller to decode it.
+func CutEpisodeIDJSON(b []byte) (rolloutID []byte, attempt int, rest []byte, ok bool) {
+	rest, ok = bytes.CutPrefix(b, []byte(`{"rollout_id":"`))
+	if !ok {
+		return nil, 0, b, false
+	}
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 {
+		return nil, 0, b, false
+	}
+	rolloutID = rest[:end]
+	for _, c := range rolloutID {
+		// Escapes, control characters and non-ASCII bytes would decode to
+		// other bytes than these.
+		if c < 0x20 || c == '\\' || c >= 0x7f {
+			return nil, 0, b, false
+		}
+	}
+	if rest, ok = bytes.CutPrefix(rest[end+1:], []byte(`,"attempt":`)); !ok {
+		return nil, 0, b, false
+	}
+	digits := 0
+	for digits < len(rest) && rest[digits] >= '0' && rest[digits] <= '9' {
+		attempt = attempt*10 + int(rest[digits]-'0')
+		digits++
+	}
+	if digits == 0 || digits > 18 || (digits > 1 && rest[0] == '0') {
+		return nil, 0, b, false
+	}
+	if rest, ok = bytes.CutPrefix(rest[digits:], []byte("}")); !ok {
+		return nil, 0, b, false
+	}
+	return rolloutID, attempt, rest, true
+}
+
 // CompareCaptureKeys orders episodes as their capture keys order (the order
 // of checkpoint records and replies), without building the keys.
 func CompareCaptureKeys(a, b EpisodeID) int {
