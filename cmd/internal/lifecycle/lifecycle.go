@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 )
 
 // Server is what every fleet server type provides.
@@ -52,6 +54,14 @@ func Run(ctx context.Context, servers []Named, addrFile string, announce func(na
 	}
 	errc := make(chan error, len(servers))
 	var wg sync.WaitGroup
+	// Collections wait while the process is parked (ctlplane.IdleCollections):
+	// every fleet server parks a goroutine or two per rollout in flight.
+	idleCtx, stopIdle := context.WithCancel(context.Background())
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ctlplane.DefaultIdleCollections().Run(idleCtx)
+	}()
 	for _, s := range servers {
 		wg.Add(1)
 		go func() {
@@ -66,6 +76,7 @@ func Run(ctx context.Context, servers []Named, addrFile string, announce func(na
 	case runErr = <-errc:
 	case <-ctx.Done():
 	}
+	stopIdle()
 	cctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
 	defer cancel()
 	for _, s := range servers {

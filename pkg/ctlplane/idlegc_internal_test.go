@@ -1,0 +1,116 @@
+package ctlplane
+
+import (
+	"context"
+	"math"
+	"runtime/debug"
+	runtimemetrics "runtime/metrics"
+	"slices"
+	"testing"
+	"time"
+)
+
+// Ensure a period is parked only when it allocated at most QuietBytes and
+// left at least ParkedGoroutines: the first takes the hold, the next widen
+// it, and any other period releases it.
+func TestIdleCollections_Next(t *testing.T) {
+	t.Parallel()
+	ic := IdleCollections{Every: time.Second, QuietBytes: 100, ParkedGoroutines: 10}
+	prev := idleSample{allocated: 1000, goroutines: 50}
+	cases := []struct {
+		name       string
+		held       bool
+		allocated  uint64 // in the period
+		goroutines uint64
+		want       idleAction
+	}{
+		{"busy", false, 101, 50, idleKeep},
+		{"quiet with nothing parked", false, 0, 9, idleKeep},
+		{"parked", false, 100, 10, idleHold},
+		{"still parked", true, 0, 50, idleWiden},
+		{"busy again", true, 101, 50, idleRelease},
+		{"the parked calls ended", true, 0, 9, idleRelease},
+	}
+	for _, c := range cases {
+		cur := idleSample{allocated: prev.allocated + c.allocated, goroutines: c.goroutines}
+		if got := ic.next(c.held, prev, cur); got != c.want {
+			t.Errorf("%s: next = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// recordingHolder records what the idle sampler asks of the holds.
+type recordingHolder struct{ calls []string }
+
+func (h *recordingHolder) hold(int64)  { h.calls = append(h.calls, "hold") }
+func (h *recordingHolder) widen(int64) { h.calls = append(h.calls, "widen") }
+func (h *recordingHolder) release()    { h.calls = append(h.calls, "release") }
+
+// Ensure run acts on each period's decision and releases the hold it took
+// when its context ends.
+func TestIdleCollections_RunReleasesItsHoldWhenItEnds(t *testing.T) {
+	t.Parallel()
+	ic := IdleCollections{Every: time.Second, QuietBytes: 100, ParkedGoroutines: 10}
+	ticks := make(chan time.Time)
+	samples := make(chan idleSample)
+	var h recordingHolder
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ic.run(ctx, ticks, func() idleSample { return <-samples }, &h)
+	}()
+	samples <- idleSample{allocated: 0, goroutines: 50}
+	for _, s := range []idleSample{{allocated: 10, goroutines: 50}, {allocated: 20, goroutines: 50}, {allocated: 9999, goroutines: 50}, {allocated: 9999, goroutines: 50}} {
+		ticks <- time.Time{}
+		samples <- s
+	}
+	cancel() // the last period (parked) is decided before run waits again
+	<-done
+	if want := []string{"hold", "widen", "release", "hold", "release"}; !slices.Equal(h.calls, want) {
+		t.Fatalf("calls %v, want %v", h.calls, want)
+	}
+}
+
+// Ensure Run turns the process's collections off while it is parked, under
+// a memory limit, and gives back GOGC and the limit when it ends. (Not
+// parallel: GC settings belong to the process.)
+func TestIdleCollections_RunHoldsTheProcessCollections(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	settings := func() (gogc int64, limit uint64) {
+		s := []runtimemetrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+		runtimemetrics.Read(s)
+		return int64(s[0].Value.Uint64()), s[1].Value.Uint64()
+	}
+	ic := IdleCollections{Every: 5 * time.Millisecond, QuietBytes: math.MaxUint64, ParkedGoroutines: 1}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ic.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		gogc, limit := settings()
+		if gogc < 0 { // off reads as a negative percent
+			if limit == math.MaxInt64 {
+				t.Fatal("collections held without a memory limit")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GOGC = %d 10 s after Run started in a parked process, want off", gogc)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	if gogc, limit := settings(); gogc != 100 || limit != math.MaxInt64 {
+		t.Fatalf("after Run ended GOGC = %d and limit = %d, want 100 and none", gogc, limit)
+	}
+}
