@@ -16,7 +16,7 @@ func SessionBoundary(s *Server, sessionID string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess, ok := s.sessions[sessionID]
-	if !ok || !sess.running || sess.snap == nil {
+	if !ok || !sess.running || (sess.boundary == nil && sess.boundaryErr == nil) {
 		return ""
 	}
 	return sess.at.String()
@@ -52,10 +52,14 @@ func LoopStateAt(s *Server, sessionID string) (LoopState, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess, ok := s.sessions[sessionID]
-	if !ok || !sess.running || sess.snap == nil {
+	if !ok || !sess.running || sess.boundary == nil {
 		return LoopState{}, false
 	}
-	return sess.snap(), true
+	st, err := decodeLoopState(sess.boundary)
+	if err != nil || st == nil {
+		return LoopState{}, false
+	}
+	return *st, true
 }
 
 // StartHeldActivation opens a session as handleOpen does and starts its

@@ -124,9 +124,10 @@ type activation struct {
 
 // loopHooks is what a checkpoint participant does at the loop's boundaries.
 type loopHooks interface {
-	// atBoundary records st's boundary b (as st.Snapshot(), built only if a
-	// checkpoint exports it) and, while a checkpoint is open, parks there
-	// until it reopens or ctx ends.
+	// atBoundary records st's boundary b (for a native session, as the
+	// encoding an export copies; for a legacy episode, as st.Snapshot(),
+	// built only if a checkpoint exports it) and, while a checkpoint is
+	// open, parks there until it reopens or ctx ends.
 	atBoundary(ctx context.Context, b Boundary, st *LoopState) error
 	// awaitModel runs one model call, right after a before-model-call
 	// boundary.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -484,6 +485,12 @@ func TestExport_ReusesBuffersAcrossWindows(t *testing.T) {
 		if want[i], err = codec.Marshal(&rec); err != nil {
 			t.Fatal(err)
 		}
+		if i%5 == 1 {
+			// The loop moves on after its boundary; the record holds the
+			// state at the boundary.
+			st.Step++
+			st.NewOutputs = append(st.NewOutputs, openai.Item{Role: "user", Content: openai.TextContent("after the boundary")})
+		}
 	}
 	n := 0
 	_, err = participant{srv}.Export(context.Background(), ctlplane.NewScope(ids), func(r ctlplane.Record) error {
@@ -510,5 +517,18 @@ func TestExport_ReusesBuffersAcrossWindows(t *testing.T) {
 	})
 	if !errors.Is(err, errFull) || n != encodeWindow+5 {
 		t.Fatalf("Export with a failing emit: %d records emitted, %v", n, err)
+	}
+
+	// A loop state JSON cannot hold (an infinite log-prob) fails the export,
+	// naming its session, though it was met at the boundary.
+	st := realisticLoopState(t)
+	st.NewOutputs[0].GenerationLogProbs = codec.Floats{math.Inf(-1)}
+	bad := rollout.EpisodeID{RolloutID: "unencodable"}
+	if err := StartHeldActivation(context.Background(), srv, bad, "session-unencodable", "rs", codec.RawMessage(`{}`), &st); err != nil {
+		t.Fatal(err)
+	}
+	_, err = participant{srv}.Export(context.Background(), ctlplane.NewScope(append(slices.Clone(ids), bad)), func(ctlplane.Record) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "session-unencodable") {
+		t.Fatalf("Export of a loop state with an infinite log-prob: %v, want an error naming the session", err)
 	}
 }

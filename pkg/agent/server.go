@@ -110,10 +110,12 @@ type session struct {
 	// retired is set by a retire; the session is freed once its activation
 	// has stopped.
 	retired bool
-	// snap builds the loop state at the running activation's last
-	// boundary; nil when no activation is in progress.
-	snap func() LoopState
-	// at is the boundary snap was taken at.
+	// boundary is the running activation's loop state at its last
+	// boundary, encoded as a record holds it (encodeBoundary); nil when no
+	// activation is in progress. boundaryErr is why it could not be.
+	boundary    codec.RawMessage
+	boundaryErr error
+	// at is the boundary it was taken at.
 	at Boundary
 	// restoredLoop is the loop state a restored session's activation in
 	// progress continues from when the environment re-invokes it, as the
@@ -535,7 +537,7 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	defer s.mu.Unlock()
 	sess.running, sess.cancelRun, sess.runDone = false, nil, nil
 	if s.ckpt != nil {
-		sess.snap = nil
+		sess.boundary, sess.boundaryErr = nil, nil
 		s.setPhase(sess, phaseIdle)
 	}
 	close(done)
