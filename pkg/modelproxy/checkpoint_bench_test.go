@@ -48,7 +48,7 @@ func benchWeatherCall(i int) string {
 // tokens through the participant's call path directly
 // (modelproxy.RunCompletedCall), since 200,000 calls through HTTP handlers
 // and conversion would dominate the setup.
-func newBenchModel(b *testing.B, ids []rollout.EpisodeID) *benchModel {
+func newBenchModel(b testing.TB, ids []rollout.EpisodeID) *benchModel {
 	b.Helper()
 	wcfg := fakeinference.DefaultConfig()
 	wcfg.TokensPerSecond, wcfg.MinCallSeconds = 0, 0

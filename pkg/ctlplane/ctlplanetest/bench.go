@@ -200,9 +200,9 @@ func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // participant for every op and the source of the checkpoint before them: a
 // cleanup that held them all would keep 100,000 episodes per op alive, and
 // the garbage collector would pay for every one of them in every op.
-func BenchOwn(b *testing.B, close func()) (release func()) {
+func BenchOwn(tb testing.TB, close func()) (release func()) {
 	o := &owned{close: close}
-	b.Cleanup(o.release)
+	tb.Cleanup(o.release)
 	return o.release
 }
 
