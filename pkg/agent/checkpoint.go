@@ -376,12 +376,11 @@ type exportedSession struct {
 	err      error
 }
 
-// sessionRecordOut is sessionRecord as Export encodes it: the loop state as
-// a value rather than its encoding, so a record is encoded in one pass. Its
-// bytes are those of sessionRecord with the loop state's encoding as
-// Boundary (null when there is none). Export writes them with
-// appendSessionRecord (record_encode.go), which writes what codec.Marshal
-// writes for it.
+// sessionRecordOut is sessionRecord with the loop state as a value rather
+// than its encoding, what codec.Marshal and appendSessionRecord
+// (record_encode.go) write the same bytes for: the encoder of a loop state
+// at its boundary (encodeBoundary) and its tests. Export writes a record
+// with its Boundary nil and the loop state's encoding given as it is.
 type sessionRecordOut struct {
 	Type      string            `json:"type"`
 	EpisodeID rollout.EpisodeID `json:"episode_id"`

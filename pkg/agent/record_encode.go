@@ -21,10 +21,10 @@ import (
 // write.
 
 // appendSessionRecord appends rec as codec.Marshal(rec) writes it. When
-// rec has no loop state and restored is set, restored is the boundary, as
-// the checkpoint held it: a restored session nothing has continued yet is
-// exported again without decoding its loop state. On an error it returns
-// no bytes.
+// rec has no loop state and restored is set, restored is the boundary as
+// it is: a loop state encoded at its boundary (encodeBoundary), or as the
+// checkpoint held it for a restored session nothing has continued yet,
+// exported again without decoding it. On an error it returns no bytes.
 func appendSessionRecord(b []byte, rec *sessionRecordOut, restored codec.RawMessage) ([]byte, error) {
 	b = append(b, `{"type":`...)
 	b = codec.AppendString(b, rec.Type)
