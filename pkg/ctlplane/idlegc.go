@@ -24,11 +24,13 @@ import (
 // The hold is the one a checkpoint takes (gcHolds), so a prepare arriving
 // during it only counts another hold and waits for nothing, and its memory
 // limit keeps the deferral safe: past the headroom the runtime collects
-// anyway. The first period that allocates more than QuietBytes, or leaves
-// fewer than ParkedGoroutines, ends it (a checkpoint's own hold, if taken,
-// keeps collections off until its reopen). Garbage made before the quiet
-// spell stays until then; it is bounded by the GC goal in force when the
-// spell began.
+// anyway. The first period that allocates more than QuietBytes, leaves
+// fewer than ParkedGoroutines, or in which a collection ran (the process
+// reached the hold's limit: it is not parked) ends it; the next parked
+// period takes it again, its limit set from what the process holds then. A
+// checkpoint's own hold, if taken, keeps collections off until its reopen.
+// Garbage made before a quiet spell stays until it ends or the limit is
+// reached.
 type IdleCollections struct {
 	// Every is how often the process's allocations are sampled.
 	Every time.Duration
@@ -55,20 +57,23 @@ func (ic IdleCollections) Run(ctx context.Context) {
 	ic.run(ctx, t.C, readIdleSample, &processGC)
 }
 
-// idleSample is what a period is judged by: the bytes allocated since the
-// process started and the goroutines that exist.
+// idleSample is what a period is judged by: the bytes allocated and the
+// collections completed since the process started, and the goroutines that
+// exist.
 type idleSample struct {
-	allocated  uint64
-	goroutines uint64
+	allocated   uint64
+	collections uint64
+	goroutines  uint64
 }
 
 func readIdleSample() idleSample {
 	s := []runtimemetrics.Sample{
 		{Name: "/gc/heap/allocs:bytes"},
+		{Name: "/gc/cycles/total:gc-cycles"},
 		{Name: "/sched/goroutines:goroutines"},
 	}
 	runtimemetrics.Read(s)
-	return idleSample{allocated: s[0].Value.Uint64(), goroutines: s[1].Value.Uint64()}
+	return idleSample{allocated: s[0].Value.Uint64(), collections: s[1].Value.Uint64(), goroutines: s[2].Value.Uint64()}
 }
 
 // idleAction is what one sample period asks of the hold.
@@ -77,24 +82,19 @@ type idleAction int
 const (
 	idleKeep idleAction = iota
 	idleHold
-	idleWiden
 	idleRelease
 )
 
 // next decides, from the period that ran from prev to cur, what the hold
-// does: a parked period (quiet, many goroutines) takes it or, taken,
-// widens it; any other period releases it.
+// does: a parked period (quiet, no collection, many goroutines) takes it,
+// any other period releases it.
 func (ic IdleCollections) next(held bool, prev, cur idleSample) idleAction {
-	parked := cur.allocated-prev.allocated <= ic.QuietBytes && cur.goroutines >= ic.ParkedGoroutines
+	parked := cur.allocated-prev.allocated <= ic.QuietBytes && cur.collections == prev.collections &&
+		cur.goroutines >= ic.ParkedGoroutines
 	switch {
 	case parked && !held:
 		return idleHold
-	case parked:
-		// Rollouts trickling in while quiet grow what the process holds;
-		// the limit follows, so the runtime does not collect over and over
-		// just under it.
-		return idleWiden
-	case held:
+	case !parked && held:
 		return idleRelease
 	}
 	return idleKeep
@@ -103,7 +103,6 @@ func (ic IdleCollections) next(held bool, prev, cur idleSample) idleAction {
 // collectionHolder is gcHolds as the idle sampler uses it.
 type collectionHolder interface {
 	hold(minHeadroom int64)
-	widen(minHeadroom int64)
 	release()
 }
 
@@ -126,8 +125,9 @@ func (ic IdleCollections) run(ctx context.Context, ticks <-chan time.Time, sampl
 		case idleHold:
 			g.hold(gcHoldHeadroom)
 			held = true
-		case idleWiden:
-			g.widen(gcHoldHeadroom)
+			// Taking the hold waits for a collection under way to end; the
+			// next period starts after it.
+			cur = sample()
 		case idleRelease:
 			g.release()
 			held = false

@@ -10,29 +10,32 @@ import (
 	"time"
 )
 
-// Ensure a period is parked only when it allocated at most QuietBytes and
-// left at least ParkedGoroutines: the first takes the hold, the next widen
-// it, and any other period releases it.
+// Ensure a period is parked only when it allocated at most QuietBytes, ran
+// no collection and left at least ParkedGoroutines: the first takes the
+// hold, and any other period releases it.
 func TestIdleCollections_Next(t *testing.T) {
 	t.Parallel()
 	ic := IdleCollections{Every: time.Second, QuietBytes: 100, ParkedGoroutines: 10}
 	prev := idleSample{allocated: 1000, goroutines: 50}
 	cases := []struct {
-		name       string
-		held       bool
-		allocated  uint64 // in the period
-		goroutines uint64
-		want       idleAction
+		name        string
+		held        bool
+		allocated   uint64 // in the period
+		collections uint64 // in the period
+		goroutines  uint64
+		want        idleAction
 	}{
-		{"busy", false, 101, 50, idleKeep},
-		{"quiet with nothing parked", false, 0, 9, idleKeep},
-		{"parked", false, 100, 10, idleHold},
-		{"still parked", true, 0, 50, idleWiden},
-		{"busy again", true, 101, 50, idleRelease},
-		{"the parked calls ended", true, 0, 9, idleRelease},
+		{"busy", false, 101, 0, 50, idleKeep},
+		{"quiet with nothing parked", false, 0, 0, 9, idleKeep},
+		{"quiet but collecting", false, 0, 1, 50, idleKeep},
+		{"parked", false, 100, 0, 10, idleHold},
+		{"still parked", true, 0, 0, 50, idleKeep},
+		{"busy again", true, 101, 0, 50, idleRelease},
+		{"the parked calls ended", true, 0, 0, 9, idleRelease},
+		{"the hold's limit was reached", true, 0, 1, 50, idleRelease},
 	}
 	for _, c := range cases {
-		cur := idleSample{allocated: prev.allocated + c.allocated, goroutines: c.goroutines}
+		cur := idleSample{allocated: prev.allocated + c.allocated, collections: prev.collections + c.collections, goroutines: c.goroutines}
 		if got := ic.next(c.held, prev, cur); got != c.want {
 			t.Errorf("%s: next = %d, want %d", c.name, got, c.want)
 		}
@@ -42,9 +45,8 @@ func TestIdleCollections_Next(t *testing.T) {
 // recordingHolder records what the idle sampler asks of the holds.
 type recordingHolder struct{ calls []string }
 
-func (h *recordingHolder) hold(int64)  { h.calls = append(h.calls, "hold") }
-func (h *recordingHolder) widen(int64) { h.calls = append(h.calls, "widen") }
-func (h *recordingHolder) release()    { h.calls = append(h.calls, "release") }
+func (h *recordingHolder) hold(int64) { h.calls = append(h.calls, "hold") }
+func (h *recordingHolder) release()   { h.calls = append(h.calls, "release") }
 
 // Ensure run acts on each period's decision and releases the hold it took
 // when its context ends.
@@ -60,14 +62,21 @@ func TestIdleCollections_RunReleasesItsHoldWhenItEnds(t *testing.T) {
 		defer close(done)
 		ic.run(ctx, ticks, func() idleSample { return <-samples }, &h)
 	}()
+	parked := idleSample{allocated: 10, goroutines: 50}
 	samples <- idleSample{allocated: 0, goroutines: 50}
-	for _, s := range []idleSample{{allocated: 10, goroutines: 50}, {allocated: 20, goroutines: 50}, {allocated: 9999, goroutines: 50}, {allocated: 9999, goroutines: 50}} {
-		ticks <- time.Time{}
-		samples <- s
-	}
+	ticks <- time.Time{}
+	samples <- parked
+	samples <- parked // read again once the hold is taken
+	ticks <- time.Time{}
+	samples <- idleSample{allocated: 20, goroutines: 50} // still parked
+	ticks <- time.Time{}
+	samples <- idleSample{allocated: 9999, goroutines: 50} // busy
+	ticks <- time.Time{}
+	samples <- idleSample{allocated: 9999, goroutines: 50} // parked again
+	samples <- idleSample{allocated: 9999, goroutines: 50}
 	cancel() // the last period (parked) is decided before run waits again
 	<-done
-	if want := []string{"hold", "widen", "release", "hold", "release"}; !slices.Equal(h.calls, want) {
+	if want := []string{"hold", "release", "hold", "release"}; !slices.Equal(h.calls, want) {
 		t.Fatalf("calls %v, want %v", h.calls, want)
 	}
 }
