@@ -43,8 +43,9 @@ type IdleCollections struct {
 
 // DefaultIdleCollections samples every 5 s and defers collections with at
 // least 1,000 goroutines and under 4 MiB allocated in a period. A server
-// with nothing in flight runs 20-40 goroutines; one serving 100 rollouts a
-// second allocates ~1 MB a second in each of its processes.
+// with nothing in flight runs 20-40 goroutines; one starting 100 rollouts
+// a second allocates ~1 MB a second (the environment's heap profile at
+// 16,000 held: ~12 KB a rollout).
 func DefaultIdleCollections() IdleCollections {
 	return IdleCollections{Every: 5 * time.Second, QuietBytes: 4 << 20, ParkedGoroutines: 1000}
 }
