@@ -466,9 +466,8 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 	free <- &recordBatch{}
 	free <- &recordBatch{}
 	var a assembly
-	done := make(chan struct{})
 	go func() {
-		defer close(done)
+		// Closing full ends the loop below once a's fields are set.
 		defer close(full)
 		a.run(ctx, p, ids, captureKeys, stop, free, full)
 	}()
@@ -482,26 +481,28 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 		}
 		free <- b
 	}
-	<-done
 	if emitErr != nil {
 		return ctlplane.Extras{}, emitErr
 	}
 	if a.err != nil {
 		return ctlplane.Extras{}, a.err
 	}
-	all, byEpisode := a.all, a.byEpisode
-	keys := make([]string, 0, len(all))
-	for k := range all {
+	keys := make([]string, 0, len(a.all))
+	for k := range a.all {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	return ctlplane.Extras{Reply: map[string]any{"staging_keys": keys, "staging_keys_by_episode": byEpisode}}, nil
+	return ctlplane.Extras{Reply: map[string]any{"staging_keys": keys, "staging_keys_by_episode": a.byEpisode}}, nil
 }
 
 func dedupeSorted(ss []string) []string {
 	slices.Sort(ss)
 	return slices.Compact(ss)
 }
+
+// errExportStopped ends an export's ledger read when the caller could not
+// emit; the caller's error is the export's.
+var errExportStopped = errors.New("export stopped")
 
 // recordBatchBytes is how much record data a batch of an export holds
 // before it is handed over to be emitted: two batches are in use at once.
@@ -565,7 +566,6 @@ func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.Episod
 		return true
 	}
 	var stopped error
-	errStopped := errors.New("export stopped")
 	err := p.s.ledger.ReadRawRows(captureKeys, func(i int, rows []codec.RawMessage, err error) error {
 		if err := ctx.Err(); err != nil {
 			stopped = err
@@ -594,12 +594,12 @@ func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.Episod
 			}
 		}
 		if len(b.data) >= recordBatchBytes && !handOver() {
-			return errStopped
+			return errExportStopped
 		}
 		return nil
 	})
 	switch {
-	case errors.Is(err, errStopped):
+	case errors.Is(err, errExportStopped):
 		// The caller's error is the export's.
 	case err != nil && stopped != nil:
 		a.err = stopped
