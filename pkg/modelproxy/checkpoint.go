@@ -54,7 +54,7 @@ type participant struct {
 	calls    map[string]*ticket
 	// byRollout indexes captured tickets by rollout id (retire and export
 	// visit one rollout's calls, never every call).
-	byRollout map[string]map[*ticket]struct{}
+	byRollout map[string][]*ticket
 	// unsettled holds captured responses that started and have not staged
 	// their row: what a prepare waits for.
 	unsettled  map[*ticket]struct{}
@@ -113,7 +113,7 @@ func newParticipant(s *Server, reg prometheus.Registerer) *participant {
 	p := &participant{
 		s: s, log: s.log.With("component", "model_participant"), metrics: newCkptMetrics(reg),
 		ctx: ctx, cancel: cancel, shutdown: make(chan struct{}),
-		changed: make(chan struct{}), calls: map[string]*ticket{}, byRollout: map[string]map[*ticket]struct{}{},
+		changed: make(chan struct{}), calls: map[string]*ticket{}, byRollout: map[string][]*ticket{},
 		unsettled: map[*ticket]struct{}{}, restored: map[string]*restoredEpisode{}, incomplete: map[string]struct{}{},
 	}
 	if s.cfg.cutsOn() {
@@ -158,12 +158,7 @@ func (p *participant) register(parent context.Context, t *ticket) (context.Conte
 	p.calls[t.callID] = t
 	p.admitted++
 	if t.captureKey != "" {
-		set := p.byRollout[t.episode.RolloutID]
-		if set == nil {
-			set = make(map[*ticket]struct{}, 1)
-			p.byRollout[t.episode.RolloutID] = set
-		}
-		set[t] = struct{}{}
+		p.byRollout[t.episode.RolloutID] = append(p.byRollout[t.episode.RolloutID], t)
 		if r := p.restoredOf(t.episode); r != nil {
 			r.used = true
 		}
@@ -186,10 +181,12 @@ func (p *participant) shuttingDown() bool {
 func (p *participant) release(t *ticket) {
 	p.mu.Lock()
 	delete(p.calls, t.callID)
-	if set := p.byRollout[t.episode.RolloutID]; set != nil && t.captureKey != "" {
-		delete(set, t)
-		if len(set) == 0 {
-			delete(p.byRollout, t.episode.RolloutID)
+	if t.captureKey != "" {
+		rid := t.episode.RolloutID
+		if rest := slices.DeleteFunc(p.byRollout[rid], func(o *ticket) bool { return o == t }); len(rest) > 0 {
+			p.byRollout[rid] = rest
+		} else {
+			delete(p.byRollout, rid)
 		}
 	}
 	p.unholdLocked(t)
@@ -422,7 +419,7 @@ func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var latest *ticket
-	for t := range p.byRollout[id.RolloutID] {
+	for _, t := range p.byRollout[id.RolloutID] {
 		if t.captureKey != key || t.cut == nil || t.started.Load() {
 			continue
 		}
@@ -545,8 +542,10 @@ type assembly struct {
 // each over on full once it holds recordBatchBytes, until every key is read,
 // ctx ends, stop is closed (the caller could not emit) or a record fails.
 // The ledger reads the rows of every key in one sequential pass, in
-// batches, and hands them over in scope order, encoded: a record is
-// assembled from them as they are rather than decoded and encoded again.
+// batches, and hands them over in the order they lie in its log (adjacent
+// records are read at once), encoded: a record is assembled from them as
+// they are rather than decoded and encoded again. That order depends only
+// on the ledger, so an export of the same state writes the same records.
 func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.EpisodeID, captureKeys []string, stop <-chan struct{}, free <-chan *recordBatch, full chan<- *recordBatch) {
 	a.all, a.byEpisode = map[string]struct{}{}, map[string][]string{}
 	b := <-free
@@ -753,7 +752,7 @@ func (p *participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error
 	p.mu.Lock()
 	for _, id := range ids {
 		p.incomplete[id.RolloutID] = struct{}{}
-		for t := range p.byRollout[id.RolloutID] {
+		for _, t := range p.byRollout[id.RolloutID] {
 			if t.episode.Attempt <= id.Attempt {
 				t.cancel(cause(t.episode))
 				waits = append(waits, t.done)

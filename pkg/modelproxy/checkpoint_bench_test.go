@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -38,9 +39,22 @@ func benchWeatherCall(i int) string {
 	return fmt.Sprintf(`{"model":"policy","instructions":"You are a weather assistant. Use the get_weather tool, then answer in one short sentence.","input":[{"role":"user","content":"What is the weather in City-%d today?"}],"max_output_tokens":20,"metadata":{"fake_script":"{\"final_text\":\"The weather in City-%d is sunny, with a light breeze from the west and clear skies all afternoon.\"}"}}`, i, i)
 }
 
+// benchCallOrder is the order in which newBenchModel delivers the first
+// calls of n episodes (positions in its ids): the first, then the others
+// shuffled, as in a fleet, where the first calls finish in no particular
+// order and the ledger holds their rows in that order, not the scope's.
+func benchCallOrder(n int) []int {
+	order := []int{0}
+	for _, i := range rand.New(rand.NewPCG(1, 2)).Perm(max(n-1, 0)) {
+		order = append(order, i+1)
+	}
+	return order
+}
+
 // newBenchModel builds a model server whose upstream is a fake inference
 // worker served in process. Given episodes, it plays the scale scenario
-// (see benchModel); without, it is a fresh process for a restore.
+// (see benchModel), the first calls finishing in a random order; without,
+// it is a fresh process for a restore.
 //
 // The first call of ids[0] goes through the server's router and the
 // worker, which makes a realistic ledger row (about 60 prompt and 20
@@ -90,7 +104,7 @@ func newBenchModel(b testing.TB, ids []rollout.EpisodeID) *benchModel {
 			Tokens: openai.TokenFields{PromptTokenIDs: row.PromptTokenIDs, GenerationTokenIDs: row.GenerationTokenIDs, GenerationLogProbs: row.GenerationLogProbs},
 		}
 	}
-	for i := 1; i < len(ids); i++ {
+	for _, i := range benchCallOrder(len(ids))[1:] {
 		if err := modelproxy.RunCompletedCall(ctx, srv, ids[i], call(i)); err != nil {
 			b.Fatal(err)
 		}

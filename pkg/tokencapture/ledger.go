@@ -416,12 +416,15 @@ const rowsBatch = 4096
 // maxReadRun bounds one read of adjacent records (and the buffer it needs).
 const maxReadRun = 256 << 10
 
-// ReadRows calls fn once for each key in keys, in order, with what
-// Rows(keys[i]) returns: the key's rows, none for a key without a ledger,
-// or ErrRetired. It reads far faster than one Rows call per key (a
-// checkpoint exports 100,000 keys): keys are located in batches under one
-// lock, and each batch's records are read in file order, adjacent ones in
-// one read. ReadRows stops at the first error fn returns, and returns it.
+// ReadRows calls fn once for each key in keys with what Rows(keys[i])
+// returns: the key's rows, none for a key without a ledger, or ErrRetired.
+// It reads far faster than one Rows call per key (a checkpoint exports
+// 100,000 keys): keys without records come first, in the order given, then
+// the others in the order of their first records in the log, so that
+// records written one after another are read in one call; keys are
+// located in batches under one lock, and each batch's records are read in
+// file order, adjacent ones in one read. ReadRows stops at the first error
+// fn returns, and returns it.
 func (l *Ledger) ReadRows(keys []string, fn func(i int, rows []Row, err error) error) error {
 	return readRows(l, keys, decodeRows, fn, nil)
 }
@@ -436,18 +439,27 @@ func (l *Ledger) ReadRawRows(keys []string, fn func(i int, rows []codec.RawMessa
 	return readRows(l, keys, r.rows, fn, r.reset)
 }
 
-// readRows reads keys batch by batch; endBatch (if set) is called once fn
-// has been called for every key of a batch.
+// readRows reads keys batch by batch in log order (logOrder); endBatch (if
+// set) is called once fn has been called for every key of a batch.
 func readRows[T any](l *Ledger, keys []string, decode func(line []byte, e extent) ([]T, error), fn func(i int, rows []T, err error) error, endBatch func()) error {
+	order, err := l.logOrder(keys)
+	if err != nil {
+		return err
+	}
 	var buf []byte
-	for start := 0; start < len(keys); start += rowsBatch {
-		batch := keys[start:min(start+rowsBatch, len(keys))]
+	batch := make([]string, 0, min(rowsBatch, len(keys)))
+	for start := 0; start < len(order); start += rowsBatch {
+		at := order[start:min(start+rowsBatch, len(order))]
+		batch = batch[:0]
+		for _, i := range at {
+			batch = append(batch, keys[i])
+		}
 		rows, errs, err := readBatch(l, batch, &buf, decode)
 		if err != nil {
 			return err
 		}
-		for i := range batch {
-			if err := fn(start+i, rows[i], errs[i]); err != nil {
+		for j, i := range at {
+			if err := fn(int(i), rows[j], errs[j]); err != nil {
 				return err
 			}
 		}
@@ -456,6 +468,48 @@ func readRows[T any](l *Ledger, keys []string, decode func(line []byte, e extent
 		}
 	}
 	return nil
+}
+
+// logOrder returns the positions of keys in the order ReadRows reads
+// them: keys without records first, as given, then the others by where
+// their first record lies in the log. A checkpoint lists its keys sorted,
+// and each key's rows were written as its calls finished, so in that
+// order a batch's records lay scattered over the log: at 100,000 keys
+// reading them took 80,000 reads (and 0.44 of the model's 1.77 CPU-s in a
+// commit); in log order consecutive keys' records are adjacent and a read
+// takes hundreds of them. The order depends only on the log, which is
+// appended to and compacted only when opened, so the same state is always
+// read in the same order.
+func (l *Ledger) logOrder(keys []string) ([]int32, error) {
+	type placed struct {
+		seg uint64
+		off int64
+		i   int32
+	}
+	order := make([]int32, 0, len(keys))
+	found := make([]placed, 0, len(keys))
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, ErrClosed
+	}
+	for i, key := range keys {
+		ks := l.keys[key]
+		if ks == nil || ks.retired || len(ks.extents) == 0 {
+			order = append(order, int32(i))
+			continue
+		}
+		first := ks.extents[0]
+		found = append(found, placed{seg: first.seg, off: first.off, i: int32(i)})
+	}
+	l.mu.Unlock()
+	slices.SortFunc(found, func(a, b placed) int {
+		return cmp.Or(cmp.Compare(a.seg, b.seg), cmp.Compare(a.off, b.off), cmp.Compare(a.i, b.i))
+	})
+	for _, p := range found {
+		order = append(order, p.i)
+	}
+	return order, nil
 }
 
 // located is one record of a key ReadRows reads: the key's position in its
