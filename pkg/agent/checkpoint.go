@@ -417,8 +417,11 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 	// Sized for every session: grown one append at a time, it allocated
 	// about five times its final size.
 	out := make([]exportedSession, 0, len(s.sessions))
+	// at[k] is where the scope lists out[k]'s episode.
+	at := make([]int32, 0, len(s.sessions))
 	for _, sess := range s.sessions {
-		if sess.closed || sess.retired || !scope.Has(sess.episode) {
+		i, inScope := scope.Index(sess.episode)
+		if sess.closed || sess.retired || !inScope {
 			continue
 		}
 		obs := sess.observations
@@ -444,11 +447,10 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 			e.boundary = sess.restoredLoop.raw
 		}
 		out = append(out, e)
+		at = append(at, int32(i))
 	}
 	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b exportedSession) int {
-		return cmp.Or(rollout.CompareCaptureKeys(a.rec.EpisodeID, b.rec.EpisodeID), cmp.Compare(a.rec.SessionID, b.rec.SessionID))
-	})
+	inScopeOrder(out, at, scope.Len())
 	if err := emitWindows(out, emit); err != nil {
 		return ctlplane.Extras{}, err
 	}
@@ -460,6 +462,46 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 		return emit(ctlplane.Record{EpisodeID: r.EpisodeID, Data: data})
 	})
 	return ctlplane.Extras{}, err
+}
+
+// inScopeOrder puts out in the order of the scope's episodes, at[k] being
+// where the scope lists out[k]'s, and an episode's sessions by session id:
+// an export of the same state writes the same records. The sessions come
+// from a map, so they are placed by position (a counting sort, each moved
+// once by following the permutation's cycles) rather than compared: at
+// 100,000 episodes sorting them by capture key took 0.24 of the agent's
+// 2.26 CPU-s in a commit, before anything could be written. at is
+// permuted with out.
+func inScopeOrder(out []exportedSession, at []int32, episodes int) {
+	// start[i] is where episode i's first session goes.
+	start := make([]int32, episodes+1)
+	for _, i := range at {
+		start[i+1]++
+	}
+	for i := range episodes {
+		start[i+1] += start[i]
+	}
+	next := slices.Clone(start[:episodes])
+	dest := make([]int32, len(out))
+	for k, i := range at {
+		dest[k] = next[i]
+		next[i]++
+	}
+	for k := range out {
+		for int(dest[k]) != k {
+			d := dest[k]
+			out[k], out[d] = out[d], out[k]
+			at[k], at[d] = at[d], at[k]
+			dest[k], dest[d] = dest[d], dest[k]
+		}
+	}
+	for i := range episodes {
+		if start[i+1]-start[i] > 1 {
+			slices.SortFunc(out[start[i]:start[i+1]], func(a, b exportedSession) int {
+				return cmp.Compare(a.rec.SessionID, b.rec.SessionID)
+			})
+		}
+	}
 }
 
 // emitWindows encodes the records of out a window at a time on every core

@@ -182,16 +182,24 @@ func (s Scope) hash(id rollout.EpisodeID) uint64 {
 
 // Has reports whether the scope names this exact attempt.
 func (s Scope) Has(id rollout.EpisodeID) bool {
+	_, ok := s.Index(id)
+	return ok
+}
+
+// Index reports where IDs lists this exact attempt, if the scope names it:
+// an export can put its records in scope order by position, without
+// comparing ids.
+func (s Scope) Index(id rollout.EpisodeID) (int, bool) {
 	if len(s.slots) == 0 {
-		return false
+		return 0, false
 	}
 	mask := uint64(len(s.slots) - 1)
 	for h := s.hash(id) & mask; s.slots[h] != 0; h = (h + 1) & mask {
-		if s.sorted[s.slots[h]-1] == id {
-			return true
+		if i := int(s.slots[h] - 1); s.sorted[i] == id {
+			return i, true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // Len is the number of episodes in scope.

@@ -32,13 +32,19 @@ func TestNewScope_SortsAndDropsDuplicatesWhateverTheOrder(t *testing.T) {
 		if s.Len() != len(want) {
 			t.Errorf("NewScope(%v).Len() = %d, want %d", ids, s.Len(), len(want))
 		}
-		for _, id := range want {
+		for i, id := range want {
 			if !s.Has(id) {
 				t.Errorf("NewScope(%v) lacks %v", ids, id)
+			}
+			if at, ok := s.Index(id); !ok || at != i {
+				t.Errorf("NewScope(%v).Index(%v) = %d, %v; want %d, true", ids, id, at, ok, i)
 			}
 		}
 		if s.Has(ep("a", 1)) || s.Has(ep("d", 0)) {
 			t.Errorf("NewScope(%v) has an episode it was not given", ids)
+		}
+		if _, ok := s.Index(ep("a", 1)); ok {
+			t.Errorf("NewScope(%v) indexes an episode it was not given", ids)
 		}
 		if got := scopeDigest(s); got != digest {
 			t.Errorf("the digest of %v is %s, of the same set sorted %s", ids, got, digest)
@@ -60,6 +66,12 @@ func TestNewScope_SortsAndDropsDuplicatesWhateverTheOrder(t *testing.T) {
 	}
 	if empty := NewScope(nil); empty.Len() != 0 || len(empty.IDs()) != 0 {
 		t.Errorf("an empty scope lists %v", empty.IDs())
+	}
+	big := NewScope(many)
+	for i, id := range big.IDs() {
+		if at, ok := big.Index(id); !ok || at != i {
+			t.Fatalf("Index(%v) = %d, %v in a scope of 5,000; IDs lists it at %d", id, at, ok, i)
+		}
 	}
 }
 
