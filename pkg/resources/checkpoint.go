@@ -257,7 +257,9 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 		key  string // the episode's capture key
 		sess *session
 	}
-	var picked []pick
+	// Sized for a session per episode: grown one append at a time, the
+	// copies took 0.10 of the 0.56 CPU-s a 100,000-episode export cost.
+	picked := make([]pick, 0, scope.Len())
 	s.mu.Lock()
 	for _, id := range scope.IDs() {
 		var key string
