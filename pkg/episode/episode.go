@@ -19,10 +19,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
@@ -448,33 +446,39 @@ func (t *Tracker) Report(limit int) ctlplane.Report {
 // each encoded as it is emitted: the lock is held only to list them.
 func (t *Tracker) Export(scope ctlplane.Scope, emit func(ctlplane.Record) error) error {
 	type exported struct {
-		key string
-		id  rollout.EpisodeID
+		id rollout.EpisodeID
 		// rec is a live episode's *liveRecord, encoded outside the lock (a
 		// boundary never changes once recorded), or a pending *Record.
 		rec any
 	}
+	// Records go where the scope lists their episodes, which makes the
+	// file the same for the same state without sorting (an episode is
+	// either running or pending, never both): at 100,000 episodes sorting
+	// them by capture key took 0.06 of the 0.71 CPU-s an export cost.
+	byPos := make([]exported, scope.Len())
 	t.mu.Lock()
-	recs := make([]exported, 0, min(scope.Len(), len(t.episodes)+len(t.pending)))
-	for key, e := range t.episodes {
-		if e.retired || e.restart || !scope.Has(e.id) || (e.state != parked && e.state != inReplayStep) {
+	for _, e := range t.episodes {
+		at, inScope := scope.Index(e.id)
+		if e.retired || e.restart || !inScope || (e.state != parked && e.state != inReplayStep) {
 			continue
 		}
 		r := &liveRecord{EpisodeID: e.id, TaskDigest: e.taskDigest}
 		if e.hasBoundary {
 			r.Boundary = e.boundary
 		}
-		recs = append(recs, exported{key: key, id: e.id, rec: r})
+		byPos[at] = exported{id: e.id, rec: r}
 	}
-	for key, r := range t.pending {
-		if scope.Has(r.EpisodeID) {
-			recs = append(recs, exported{key: key, id: r.EpisodeID, rec: r})
+	for _, r := range t.pending {
+		if at, inScope := scope.Index(r.EpisodeID); inScope {
+			byPos[at] = exported{id: r.EpisodeID, rec: r}
 		}
 	}
 	t.mu.Unlock()
-	slices.SortFunc(recs, func(a, b exported) int { return strings.Compare(a.key, b.key) })
 	var buf []byte // emit does not retain Data: one buffer for every record
-	for _, r := range recs {
+	for _, r := range byPos {
+		if r.rec == nil {
+			continue
+		}
 		var err error
 		if buf, err = appendExported(buf[:0], r.rec); err != nil {
 			return fmt.Errorf("record of %s: %w", r.id, err)

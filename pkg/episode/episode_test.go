@@ -2,6 +2,7 @@ package episode_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -369,5 +370,87 @@ func TestExport_RecordsOfAppendingBoundariesAsMarshalWritesThem(t *testing.T) {
 		if string(r.Data) != want[r.EpisodeID] {
 			t.Errorf("record of %v =\n%s\ncodec.Marshal writes\n%s", r.EpisodeID, r.Data, want[r.EpisodeID])
 		}
+	}
+}
+
+// An export lists its records in the scope's order (by rollout id, then
+// attempt), running and pending episodes alike, whatever order the
+// episodes began in. Rollouts "q" (attempt 1) and "q-" (attempt 0) come in
+// the other order by capture key ("q-" before "q-a1").
+func TestExport_ListsRecordsInScopeOrder(t *testing.T) {
+	ctx := context.Background()
+	ids := func(attempt int, n ...int) []rollout.EpisodeID {
+		out := []rollout.EpisodeID{id("q", attempt+1), id("q-", attempt)}
+		for _, i := range n {
+			out = append(out, id(fmt.Sprintf("r%02d", i), attempt))
+		}
+		return out
+	}
+	exportedIDs := func(recs []ctlplane.Record) []rollout.EpisodeID {
+		var out []rollout.EpisodeID
+		for _, r := range recs {
+			out = append(out, r.EpisodeID)
+		}
+		return out
+	}
+	// park begins each episode and parks it at a boundary while admission
+	// is closed; the returned function reopens and ends them.
+	park := func(tr *episode.Tracker, begin []rollout.EpisodeID) func() {
+		t.Helper()
+		var eps []*episode.Episode
+		for _, i := range begin {
+			e, _, err := tr.Begin(i, "d", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps = append(eps, e)
+		}
+		tr.CloseAdmission()
+		done := make(chan error, len(eps))
+		for _, e := range eps {
+			go func() { done <- e.Boundary(ctx, boundary{Next: "invoke_agent"}) }()
+		}
+		waitUntil(t, func() bool { return tr.Report(100).Counts["parked"] == len(eps) })
+		return func() {
+			tr.OpenAdmission()
+			for range eps {
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
+			}
+			for _, e := range eps {
+				e.End()
+			}
+		}
+	}
+
+	tr := episode.NewTracker()
+	started := ids(0, 7, 2, 9, 0, 5, 3, 8, 1, 6, 4)
+	slices.Reverse(started)
+	reopen := park(tr, started)
+	var recs []ctlplane.Record
+	err := tr.Export(ctlplane.NewScope(ids(0, 9, 8, 7, 6, 5, 4, 3, 2, 1)), collect(&recs))
+	reopen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := exportedIDs(recs), ids(0, 1, 2, 3, 4, 5, 6, 7, 8, 9); !slices.Equal(got, want) {
+		t.Fatalf("exported %v, want %v", got, want)
+	}
+
+	// Restored, three of them running again and the others pending.
+	fresh := episode.NewTracker()
+	if _, err := fresh.Install(recs); err != nil {
+		t.Fatal(err)
+	}
+	reopen = park(fresh, ids(1, 8, 2, 5))
+	recs = nil
+	err = fresh.Export(ctlplane.NewScope(ids(1, 1, 2, 3, 4, 5, 6, 7, 8, 9)), collect(&recs))
+	reopen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := exportedIDs(recs), ids(1, 1, 2, 3, 4, 5, 6, 7, 8, 9); !slices.Equal(got, want) {
+		t.Fatalf("exported after a restore %v, want %v", got, want)
 	}
 }
