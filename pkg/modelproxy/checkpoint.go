@@ -668,41 +668,48 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	parallel.For(len(records), runtime.GOMAXPROCS(0), func(_, i int) {
 		each[i], errs[i] = decodeImportRecord(records[i].Data)
 	})
-	decoded := make(map[rollout.EpisodeID]*importRecord, len(records))
+	// decoded[i] is the record of the scope's i-th episode, if it has one.
+	decoded := make([]*importRecord, len(ids))
+	imports := make([]tokencapture.Import, 0, len(ids))
 	for i, r := range records {
 		if err := r.EpisodeID.Validate(); err != nil {
 			return nil, fmt.Errorf("record episode: %w", err)
 		}
-		if !scope.Has(r.EpisodeID) {
+		at, inScope := scope.Index(r.EpisodeID)
+		if !inScope {
 			return nil, fmt.Errorf("record of %s is outside the scope", r.EpisodeID)
 		}
-		if decoded[r.EpisodeID] != nil {
+		if decoded[at] != nil {
 			return nil, fmt.Errorf("two records of %s", r.EpisodeID)
 		}
 		if errs[i] != nil {
 			return nil, fmt.Errorf("record of %s: %w", r.EpisodeID, errs[i])
 		}
-		decoded[r.EpisodeID] = each[i]
+		decoded[at] = each[i]
+		// Ledgers with rows are imported in the records' order: their rows
+		// are slices of the records buffer, which the import then copies
+		// from start to end rather than in scope order (an export writes
+		// its records in the order of its own log).
+		imports = append(imports, tokencapture.Import{Key: r.EpisodeID.Next().CaptureKey(), Rows: each[i].Rows})
 	}
 
 	next := make([]rollout.EpisodeID, 0, len(ids))
 	restored := make(map[string]*restoredEpisode, len(ids))
-	imports := make([]tokencapture.Import, 0, len(ids))
-	for _, id := range ids {
+	for i, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		n := id.Next()
-		var rows []tokencapture.ImportRow
 		r := &restoredEpisode{id: n}
-		if m := decoded[id]; m != nil {
-			rows = m.Rows
+		if m := decoded[i]; m != nil {
 			if len(m.GenerationCuts) == 1 {
 				c := m.GenerationCuts[0]
 				r.cut = &c
 			}
+		} else {
+			// Without a record the next attempt's ledger starts empty.
+			imports = append(imports, tokencapture.Import{Key: n.CaptureKey()})
 		}
-		imports = append(imports, tokencapture.Import{Key: n.CaptureKey(), Rows: rows})
 		next = append(next, n)
 		restored[n.RolloutID] = r
 	}
