@@ -14,6 +14,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -333,7 +334,16 @@ func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
 
 // runTools runs function calls one by one, in output order, appending each
 // one's function_call_output.
-func (a *activation) runTools(ctx context.Context, calls []openai.Item) error {
+//
+// The calls run on a goroutine of their own: the path to a tool call is
+// deeper than the path to a model call, and a stack it grows stays grown
+// while the next model call is held (freshstack).
+func (a *activation) runTools(ctx context.Context, calls []openai.Item) (err error) {
+	freshstack.Run(func() { err = a.runToolsHere(ctx, calls) })
+	return err
+}
+
+func (a *activation) runToolsHere(ctx context.Context, calls []openai.Item) error {
 	st := a.state
 	for _, call := range calls {
 		output, status, err := a.callTool(ctx, call)

@@ -136,9 +136,9 @@ type episode struct {
 // recordBoundary is called after every completed stage: the boundary is
 // what a checkpoint exports for this episode, and while a checkpoint is open
 // the episode parks there until admission reopens.
-func (ep *episode) recordBoundary(ctx context.Context, b Boundary) error {
+func (ep *episode) recordBoundary(ctx context.Context, b *Boundary) error {
 	ep.mu.Lock()
-	ep.boundary = b
+	ep.boundary = *b
 	ep.mu.Unlock()
 	return ep.tracked.Boundary(ctx, b)
 }
@@ -146,8 +146,8 @@ func (ep *episode) recordBoundary(ctx context.Context, b Boundary) error {
 // step runs one stage in its mode: a wait step holds a checkpoint back until
 // it ends; a replay step does not, and after a crash runs again from the
 // boundary before it (SPEC §6).
-func (ep *episode) step(ctx context.Context, mode Mode, fn func(context.Context) (Boundary, error)) (Boundary, error) {
-	var out Boundary
+func (ep *episode) step(ctx context.Context, mode Mode, fn func(context.Context) (*Boundary, error)) (*Boundary, error) {
+	var out *Boundary
 	err := ep.tracked.Step(ctx, modeOf(mode), func(ctx context.Context) error {
 		var err error
 		out, err = fn(ctx)

@@ -23,6 +23,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
@@ -151,17 +152,34 @@ func (s *Server) Live() []LiveEpisode {
 }
 
 func (s *Server) handleRun(r *http.Request) (any, error) {
-	body, err := httpserver.ReadBody(r)
+	ctx, ep, err := s.openRun(r)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.cpu.enter(r.Context()); err != nil {
+	defer s.release(ep)
+	reply, err := s.runEpisode(ctx, ep)
+	s.countEpisode(ctx, ep, err)
+	if err != nil {
 		return nil, err
+	}
+	return reply, nil
+}
+
+// openRun decodes a /run and admits its episode. Apart from handleRun, whose
+// frame stays on the stack of a /run for as long as the episode runs
+// (runSingleAgentTurn says why that matters).
+func (s *Server) openRun(r *http.Request) (context.Context, *episode, error) {
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.cpu.enter(r.Context()); err != nil {
+		return nil, nil, err
 	}
 	req, digest, err := s.decodeRun(r.Context(), body)
 	s.cpu.leave()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	name := req.Agent
 	if name == "" {
@@ -169,13 +187,12 @@ func (s *Server) handleRun(r *http.Request) (any, error) {
 	}
 	agent, ok := s.agents[name]
 	if !ok {
-		return nil, apierror.New(apierror.InvalidRequest, "agent_ref.name %q is not an agent of environment %s (known: %s)", name, s.cfg.Name, strings.Join(s.agentNames(), ", "))
+		return nil, nil, apierror.New(apierror.InvalidRequest, "agent_ref.name %q is not an agent of environment %s (known: %s)", name, s.cfg.Name, strings.Join(s.agentNames(), ", "))
 	}
 
-	ctx := rollout.WithEpisode(r.Context(), req.Episode)
 	if s.ctl != nil {
 		if err := s.ctl.CheckFence(req.Episode); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	ep := &episode{
@@ -188,21 +205,22 @@ func (s *Server) handleRun(r *http.Request) (any, error) {
 		log:      s.log,
 	}
 	if err := s.admit(ep); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer s.release(ep)
+	return rollout.WithEpisode(r.Context(), req.Episode), ep, nil
+}
 
-	reply, err := s.runEpisode(ctx, ep)
+// countEpisode counts a finished episode by outcome and logs a failure. Not
+// inlined: its logging's arguments would widen handleRun's frame.
+//
+//go:noinline
+func (s *Server) countEpisode(ctx context.Context, ep *episode, err error) {
 	outcome := "ok"
 	if err != nil {
 		outcome = string(apierror.CodeOf(err))
-		s.log.WarnContext(ctx, "episode failed", "protocol", ep.protocol, "agent", agent.Name, "err", err)
+		s.log.WarnContext(ctx, "episode failed", "protocol", ep.protocol, "agent", ep.agent.Name, "err", err)
 	}
 	s.metrics.episodes.WithLabelValues(ep.protocol, outcome).Inc()
-	if err != nil {
-		return nil, err
-	}
-	return reply, nil
 }
 
 // decodeRun decodes a /run body and, with checkpointing on, digests its
@@ -252,7 +270,7 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 	epCtx, cancel := context.WithTimeout(ctx, s.cfg.EpisodeTimeout)
 	defer cancel()
 
-	start := Boundary{Next: StageSeed, Handles: newHandles()}
+	start := &Boundary{Next: StageSeed, Handles: newHandles()}
 	if s.tracker != nil {
 		tracked, restored, err := s.begin(ep, cancel)
 		if err != nil {
@@ -263,7 +281,7 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 		// waits for this episode.
 		defer tracked.End()
 		if restored != nil {
-			start = *restored
+			start = restored
 		}
 	}
 
@@ -301,7 +319,11 @@ func (s *Server) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episod
 		return tracked, nil, nil
 	}
 	var b Boundary
-	if err := codec.UnmarshalStrict(cont.Boundary, &b); err != nil || b.Next == "" {
+	// encoding/json recurses per level; this goroutine then waits for its
+	// agent (freshstack).
+	err = nil
+	freshstack.Run(func() { err = codec.UnmarshalStrict(cont.Boundary, &b) })
+	if err != nil || b.Next == "" {
 		tracked.End()
 		return nil, nil, apierror.New(apierror.InvalidCheckpointState, "the restored boundary of %s does not decode: %v", ep.id, err)
 	}

@@ -28,7 +28,7 @@ const (
 // caller-assigned ids; the agent continues from its own boundaries); closing
 // the agent returns the observations exactly once, so it is waited for;
 // verification runs in whatever mode the resources server announced.
-func stageMode(b Boundary) Mode {
+func stageMode(b *Boundary) Mode {
 	switch b.Next {
 	case StageSeed, StageInvokeAgent:
 		return ModeReplay
@@ -41,7 +41,12 @@ func stageMode(b Boundary) Mode {
 
 // runSingleAgentTurn runs the stages from b until the return stage and
 // returns the /run reply. Final cleanup is the caller's.
-func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b Boundary) (codec.RawMessage, error) {
+//
+// Boundaries go by pointer through the stages: a Boundary is 17 words, and
+// its copies in the frames of each function and closure on the way to the
+// agent's call made that path deeper than the 8 KB stack a /run parked in
+// it could otherwise keep (freshstack's package comment).
+func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b *Boundary) (codec.RawMessage, error) {
 	s.registerCleanup(ep, b)
 	if err := ep.recordBoundary(ctx, b); err != nil {
 		return nil, err
@@ -60,8 +65,8 @@ func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b Boundary
 }
 
 // runStage runs the stage b names, in its mode, timing it.
-func (s *Server) runStage(ctx context.Context, ep *episode, b Boundary) (Boundary, error) {
-	var fn func(context.Context, *episode, Boundary) (Boundary, error)
+func (s *Server) runStage(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+	var fn func(context.Context, *episode, *Boundary) (*Boundary, error)
 	switch b.Next {
 	case StageSeed:
 		fn = s.seed
@@ -72,13 +77,13 @@ func (s *Server) runStage(ctx context.Context, ep *episode, b Boundary) (Boundar
 	case StageVerify:
 		fn = s.verify
 	default:
-		return b, apierror.New(apierror.Internal, "boundary names unknown stage %q", b.Next)
+		return nil, apierror.New(apierror.Internal, "boundary names unknown stage %q", b.Next)
 	}
 	timer := s.metrics.stageTimer(b.Next)
 	defer timer()
-	out, err := ep.step(ctx, stageMode(b), func(ctx context.Context) (Boundary, error) { return fn(ctx, ep, b) })
+	out, err := ep.step(ctx, stageMode(b), func(ctx context.Context) (*Boundary, error) { return fn(ctx, ep, b) })
 	if err != nil {
-		return b, &stageError{stage: b.Next, err: err}
+		return nil, &stageError{stage: b.Next, err: err}
 	}
 	return out, nil
 }
@@ -87,7 +92,7 @@ func (s *Server) runStage(ctx context.Context, ep *episode, b Boundary) (Boundar
 // runs, so that a lost seed reply cannot hide the caller-assigned session
 // ids. An episode that starts past seed (a restored boundary) has its agent
 // session open already, and closed already once past close_agent.
-func (s *Server) registerCleanup(ep *episode, b Boundary) {
+func (s *Server) registerCleanup(ep *episode, b *Boundary) {
 	switch b.Next {
 	case StageInvokeAgent, StageCloseAgent:
 		ep.setAgentOpened()
@@ -110,19 +115,19 @@ func (s *Server) registerCleanup(ep *episode, b Boundary) {
 
 // seed seeds the resources session, reading the verify mode the resources
 // server announces, and opens the agent session bound to it.
-func (s *Server) seed(ctx context.Context, ep *episode, b Boundary) (Boundary, error) {
+func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
 	h := b.Handles
 	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/seed_session",
 		http.Header{HeaderSessionID: {h.ResourcesSessionID}}, ep.req.Row)
 	if err != nil {
-		return b, err
+		return nil, err
 	}
 	h.ResourcesVerify = verifyMode(rep.Header.Get(HeaderCheckpointVerify))
 	if rep.Header.Get(HeaderCheckpointRestart) == "1" {
 		// The resources server cannot capture this session: the episode
 		// never blocks or is exported, and starts over after a crash.
 		if err := ep.tracked.MarkRestart(ctx); err != nil {
-			return b, err
+			return nil, err
 		}
 	}
 
@@ -132,53 +137,53 @@ func (s *Server) seed(ctx context.Context, ep *episode, b Boundary) (Boundary, e
 		ResourcesSessionID: h.ResourcesSessionID,
 		Request:            ep.req.Row,
 	}); err != nil {
-		return b, err
+		return nil, err
 	}
-	return Boundary{Next: StageInvokeAgent, Handles: h}, nil
+	return &Boundary{Next: StageInvokeAgent, Handles: h}, nil
 }
 
 // invokeAgent runs activation 1 of the agent session on the row's
 // responses_create_params.
-func (s *Server) invokeAgent(ctx context.Context, ep *episode, b Boundary) (Boundary, error) {
+func (s *Server) invokeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
 	rep, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/responses", http.Header{
 		HeaderAgentSession: {b.Handles.AgentSessionID},
 		HeaderActivation:   {"1"},
 	}, ep.req.Params)
 	if err != nil {
-		return b, err
+		return nil, err
 	}
 	if !isObject(rep.Body) {
-		return b, apierror.New(apierror.UpstreamError, "agent /v1/responses answered a body that is not a JSON object")
+		return nil, apierror.New(apierror.UpstreamError, "agent /v1/responses answered a body that is not a JSON object")
 	}
-	return Boundary{Next: StageCloseAgent, Handles: b.Handles, Response: rep.Body}, nil
+	return &Boundary{Next: StageCloseAgent, Handles: b.Handles, Response: rep.Body}, nil
 }
 
 // closeAgent closes the agent session and keeps its observations.
-func (s *Server) closeAgent(ctx context.Context, ep *episode, b Boundary) (Boundary, error) {
+func (s *Server) closeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
 	rep, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: b.Handles.AgentSessionID})
 	if err != nil {
-		return b, err
+		return nil, err
 	}
 	ep.setAgentClosed()
 	obs := rep.Body
 	if !codec.Valid(obs) {
 		obs = nil
 	}
-	return Boundary{Next: StageVerify, Handles: b.Handles, Response: b.Response, Observations: obs}, nil
+	return &Boundary{Next: StageVerify, Handles: b.Handles, Response: b.Response, Observations: obs}, nil
 }
 
 // verify asks the resources server for the reward: the row plus the agent's
 // response.
-func (s *Server) verify(ctx context.Context, ep *episode, b Boundary) (Boundary, error) {
+func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
 	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/verify",
 		http.Header{HeaderSessionID: {b.Handles.ResourcesSessionID}}, ep.req.Row.with("response", b.Response))
 	if err != nil {
-		return b, err
+		return nil, err
 	}
 	if !isObject(rep.Body) {
-		return b, apierror.New(apierror.UpstreamError, "resources /verify answered a body that is not a JSON object")
+		return nil, apierror.New(apierror.UpstreamError, "resources /verify answered a body that is not a JSON object")
 	}
-	return Boundary{Next: StageReturn, Handles: b.Handles, Observations: b.Observations, Result: rep.Body}, nil
+	return &Boundary{Next: StageReturn, Handles: b.Handles, Observations: b.Observations, Result: rep.Body}, nil
 }
 
 func (s *Server) closeResources(ctx context.Context, ep *episode, h Handles) error {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/freshstack"
 )
 
 // DefaultH2CConnsPerHost bounds the h2c connections to one server. A
@@ -168,7 +169,9 @@ func Do(ctx context.Context, c *http.Client, method, url string, header http.Hea
 			b = v
 		default:
 			var err error
-			if b, err = codec.Marshal(v); err != nil {
+			// On a goroutine of its own: goccy's encoder would double the
+			// stack of a caller that then waits in the call (freshstack).
+			if b, err = freshstack.Call(func() ([]byte, error) { return codec.Marshal(v) }); err != nil {
 				return nil, fmt.Errorf("encoding request to %s: %w", url, err)
 			}
 		}
@@ -230,12 +233,22 @@ func PostJSON(ctx context.Context, c *http.Client, url string, header http.Heade
 	if err := rep.Err(url); err != nil {
 		return rep, err
 	}
-	if out != nil {
-		if err := codec.Unmarshal(rep.Body, out); err != nil {
-			return rep, &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
-		}
+	if err := decodeReply(rep.Body, out); err != nil {
+		return rep, &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
 	}
 	return rep, nil
+}
+
+// decodeReply decodes a reply's body into out (unless out is nil), on a
+// goroutine of its own: a caller may go on to a call it waits in for long
+// (freshstack).
+func decodeReply(body []byte, out any) error {
+	if out == nil {
+		return nil
+	}
+	var err error
+	freshstack.Run(func() { err = codec.Unmarshal(body, out) })
+	return err
 }
 
 // GetJSON gets url and decodes a 2xx reply into out.
@@ -247,10 +260,8 @@ func GetJSON(ctx context.Context, c *http.Client, url string, header http.Header
 	if err := rep.Err(url); err != nil {
 		return rep, err
 	}
-	if out != nil {
-		if err := codec.Unmarshal(rep.Body, out); err != nil {
-			return rep, &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
-		}
+	if err := decodeReply(rep.Body, out); err != nil {
+		return rep, &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
 	}
 	return rep, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/sse"
@@ -112,8 +113,14 @@ func encodeObject(f map[string]codec.RawMessage) ([]byte, error) {
 // requestDigest is sha256 over the canonical JSON (encoding/json, sorted
 // keys, numbers as written) of the upstream request's messages and tools.
 // The same conversation sent again, through either API, after a restore
-// digests the same.
+// digests the same. It runs on a goroutine of its own: encoding/json
+// recurses a frame per level, and the caller then waits in the upstream
+// call (freshstack).
 func requestDigest(messages, tools []byte) (string, error) {
+	return freshstack.Call(func() (string, error) { return digestRequest(messages, tools) })
+}
+
+func digestRequest(messages, tools []byte) (string, error) {
 	m, err := canonical(messages)
 	if err != nil {
 		return "", err

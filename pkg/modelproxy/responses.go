@@ -12,6 +12,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/sse"
@@ -120,8 +121,13 @@ func (s *Server) setTokenParams(c *openai.ChatRequest) {
 	c.ReturnTokensAsTokenIDs, c.ReturnTokenIDs = &yes, &yes
 }
 
-// chatDigest is requestDigest of a converted request.
+// chatDigest is requestDigest of a converted request, taken on a goroutine
+// of its own: the caller then waits in the upstream call (freshstack).
 func chatDigest(c *openai.ChatRequest) (string, error) {
+	return freshstack.Call(func() (string, error) { return digestChat(c) })
+}
+
+func digestChat(c *openai.ChatRequest) (string, error) {
 	m, err := codec.Marshal(c.Messages)
 	if err != nil {
 		return "", err
@@ -132,7 +138,7 @@ func chatDigest(c *openai.ChatRequest) (string, error) {
 			return "", err
 		}
 	}
-	return requestDigest(m, tools)
+	return digestRequest(m, tools)
 }
 
 // applyTokens puts usable token fields on choices[0].message (where
@@ -148,10 +154,17 @@ func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, er
 	}
 }
 
+// marshalUpstream encodes the request the upstream is sent, on a goroutine
+// of its own: goccy's encoder would double the stack of the handler, which
+// then waits in the upstream call (freshstack).
+func marshalUpstream(chat *openai.ChatRequest) ([]byte, error) {
+	return freshstack.Call(func() ([]byte, error) { return codec.Marshal(chat) })
+}
+
 // responsesOnce makes a non-streaming call and builds the Response.
 func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.ResponsesRequest, chat *openai.ChatRequest, digest string) reply {
 	chat.Stream = false
-	up, err := codec.Marshal(chat)
+	up, err := marshalUpstream(chat)
 	if err != nil {
 		return reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError}
 	}
@@ -194,7 +207,7 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	ctx := r.Context()
 	chat.Stream = true
 	chat.StreamOptions = &openai.StreamOptions{IncludeUsage: true}
-	up, err := codec.Marshal(chat)
+	up, err := marshalUpstream(chat)
 	if err != nil {
 		s.finish(w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
 		return
