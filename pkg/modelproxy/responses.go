@@ -104,6 +104,11 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		s.streamResponses(w, r, t, req, chat, digest)
 		return
 	}
+	// The input is in chat now, which is encoded for the upstream before the
+	// call; the reply echoes only the request's parameters. Dropped, the
+	// input's items and token ids are not kept while the call is held
+	// (2-3 KB per rollout parked at a model call).
+	req.Input = openai.Input{}
 	s.finish(w, r, t, s.responsesOnce(r.Context(), t, req, chat, digest))
 }
 
