@@ -138,18 +138,31 @@ const gcCountMetric = "go_gc_duration_seconds_count"
 
 // gcCount finds the collection count in a Prometheus text exposition.
 func gcCount(exposition []byte) (int64, error) {
+	f, err := metricValue(exposition, gcCountMetric)
+	if err != nil {
+		return 0, err
+	}
+	if f < 0 {
+		return 0, fmt.Errorf("%s %v: not a count", gcCountMetric, f)
+	}
+	return int64(f), nil
+}
+
+// metricValue finds an unlabelled metric's value in a Prometheus text
+// exposition.
+func metricValue(exposition []byte, metric string) (float64, error) {
 	for line := range bytes.Lines(exposition) {
 		name, value, ok := strings.Cut(strings.TrimSpace(string(line)), " ")
-		if !ok || name != gcCountMetric {
+		if !ok || name != metric {
 			continue
 		}
 		f, err := strconv.ParseFloat(value, 64)
-		if err != nil || f < 0 {
-			return 0, fmt.Errorf("%s %q: not a count", gcCountMetric, value)
+		if err != nil {
+			return 0, fmt.Errorf("%s %q: not a number", metric, value)
 		}
-		return int64(f), nil
+		return f, nil
 	}
-	return 0, fmt.Errorf("no %s in the exposition", gcCountMetric)
+	return 0, fmt.Errorf("no %s in the exposition", metric)
 }
 
 // since is the collections each server completed from before to now; a

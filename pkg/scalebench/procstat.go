@@ -325,6 +325,9 @@ func (b *bench) processStats(fleetLabel string, first bool) []ProcessStat {
 		ps.PeakRSSBytes = max(st.HWM, p.rss)
 		ps.PeakFDs = p.fds
 		ps.FDsAtBoundary = p.fdsAtBoundary
+		if rt, ok := b.atBoundary[t.name]; ok && t.fleet != "fresh" {
+			ps.StackBytesAtBoundary, ps.GoroutinesAtBoundary = rt.stackBytes, rt.goroutines
+		}
 		out = append(out, ps)
 	}
 	return out

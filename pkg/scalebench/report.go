@@ -157,9 +157,26 @@ type ProcessStat struct {
 	// count with every rollout in flight (first fleet).
 	PeakFDs       int `json:"peak_fds"`
 	FDsAtBoundary int `json:"fds_at_boundary"`
+	// StackBytesAtBoundary and GoroutinesAtBoundary are the runtime's
+	// figures with every rollout in flight (first fleet): goroutine stacks
+	// are memory a heap profile leaves out.
+	StackBytesAtBoundary uint64 `json:"stack_bytes_at_boundary,omitempty"`
+	GoroutinesAtBoundary int    `json:"goroutines_at_boundary,omitempty"`
 	// CPUSeconds is the process's user and system CPU time over its life.
 	CPUSeconds float64 `json:"cpu_seconds"`
 	Error      string  `json:"error,omitempty"`
+}
+
+// stacksAtBoundary is a process's goroutine stacks with every rollout in
+// flight, and per rollout in flight.
+func stacksAtBoundary(p ProcessStat, inFlight int) string {
+	if p.StackBytesAtBoundary == 0 {
+		return "-"
+	}
+	if inFlight == 0 {
+		return fmt.Sprintf("%s, %d goroutines", fmtBytes(int64(p.StackBytesAtBoundary)), p.GoroutinesAtBoundary)
+	}
+	return fmt.Sprintf("%s, %d goroutines (%.1f KiB per rollout)", fmtBytes(int64(p.StackBytesAtBoundary)), p.GoroutinesAtBoundary, float64(p.StackBytesAtBoundary)/float64(inFlight)/1024)
 }
 
 // FleetPeakRSS sums the peak resident memory of one fleet's processes
@@ -231,7 +248,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "originals: %d replied (want 0), %d cut off by the crash\n\n", r.OriginalsReplied, r.OriginalsCutOff)
 
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "process\tfleet\t%10s\t%15s\t%8s\t%11s\t\n", "peak RSS", "fds at boundary", "peak fds", "CPU seconds")
+	fmt.Fprintf(tw, "process\tfleet\t%10s\t%15s\t%8s\t%11s\t%s\t\n", "peak RSS", "fds at boundary", "peak fds", "CPU seconds", "stacks at boundary")
 	for _, p := range append(append([]ProcessStat(nil), r.Processes...), r.Bench) {
 		if p.Name == "" {
 			continue
@@ -240,7 +257,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if p.Fleet != "fresh" && p.FDsAtBoundary > 0 {
 			atBoundary = fmt.Sprint(p.FDsAtBoundary)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\n", p.Name, p.Fleet, fmtBytes(int64(p.PeakRSSBytes)), atBoundary, p.PeakFDs, p.CPUSeconds, p.Error)
+		fmt.Fprintf(tw, "%s\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t%s\n", p.Name, p.Fleet, fmtBytes(int64(p.PeakRSSBytes)), atBoundary, p.PeakFDs, p.CPUSeconds, stacksAtBoundary(p, r.InFlight), p.Error)
 	}
 	for _, f := range []string{"first", "fresh"} {
 		if sum := r.FleetPeakRSS(f); sum > 0 {

@@ -185,6 +185,8 @@ type bench struct {
 	sampler  *sampler
 	profiler *profiler
 	// fleetLabel names the fleet running now ("first", then "fresh");
+	// atBoundary is each server's runtime figures with every rollout held.
+	atBoundary map[string]runtimeStat
 	// statsTaken records whose process figures are in the result.
 	fleetLabel string
 	statsTaken map[string]bool
@@ -273,6 +275,7 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		return err
 	}
 	b.sampler.markBoundary()
+	b.atBoundary = b.readRuntimeStats(ctx)
 
 	coord, err := b.discover(ctx)
 	if err != nil {

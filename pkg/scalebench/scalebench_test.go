@@ -219,7 +219,8 @@ func sampleResult() *Result {
 		RestoreKinds:        []RestoreKind{{Kind: "agent", ReadSeconds: 0.125, InstallSeconds: 0.25}},
 		ReplacementsSeconds: 20, Replacements: 16000, OriginalsCutOff: 16000,
 		Processes: []ProcessStat{
-			{Name: "env", Fleet: "first", PID: 10, PeakRSSBytes: 800 << 20, FDsAtBoundary: 19, PeakFDs: 140, CPUSeconds: 12.5},
+			{Name: "env", Fleet: "first", PID: 10, PeakRSSBytes: 800 << 20, FDsAtBoundary: 19, PeakFDs: 140, CPUSeconds: 12.5,
+				StackBytesAtBoundary: 216 << 20, GoroutinesAtBoundary: 32075},
 			{Name: "fakeinference", Fleet: "kept", PID: 9, PeakRSSBytes: 600 << 20, FDsAtBoundary: 13, PeakFDs: 13},
 			{Name: "env", Fleet: "fresh", PID: 20, PeakRSSBytes: 500 << 20, PeakFDs: 30},
 		},
@@ -242,6 +243,24 @@ func TestPhaseCPU_Since(t *testing.T) {
 	}
 	if got, want := pc.detail(), "agents 0.00, env 0.50 (2k faults)"; got != want {
 		t.Errorf("detail = %q, want %q (faults named from 1,000)", got, want)
+	}
+}
+
+func TestParseRuntimeStat(t *testing.T) {
+	exposition := `# HELP go_goroutines Number of goroutines that currently exist.
+# TYPE go_goroutines gauge
+go_goroutines 32075
+# HELP go_memstats_stack_inuse_bytes Number of bytes obtained from system for stack allocator in non-CGO environments.
+# TYPE go_memstats_stack_inuse_bytes gauge
+go_memstats_stack_inuse_bytes 2.17186304e+08
+go_memstats_stack_sys_bytes 2.17186304e+08
+`
+	st, err := parseRuntimeStat([]byte(exposition))
+	if err != nil || st != (runtimeStat{stackBytes: 217186304, goroutines: 32075}) {
+		t.Fatalf("parseRuntimeStat = %+v, %v; want 217186304 bytes of stacks, 32075 goroutines", st, err)
+	}
+	if _, err := parseRuntimeStat([]byte("go_goroutines 12\n")); err == nil {
+		t.Fatal("an exposition without the stack figure parsed")
 	}
 }
 
@@ -296,6 +315,7 @@ func TestWriteTable(t *testing.T) {
 		"replacements: every one finished             20.000  16000 sent, 0 failed, 0 reward != 1.0",
 		"originals: 0 replied (want 0), 16000 cut off by the crash",
 		"first fleet, sum of peaks",
+		"216.0 MiB, 32075 goroutines (13.8 KiB per rollout)",
 		"CPU in commit                                 0.750  agents 0.38 (2 GC), bench 0.12, policy_model 0.25",
 		"contract: every rollout was exported",
 	} {
