@@ -321,7 +321,6 @@ func (s *Server) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episod
 	var b Boundary
 	// encoding/json recurses per level; this goroutine then waits for its
 	// agent (freshstack).
-	err = nil
 	freshstack.Run(func() { err = codec.UnmarshalStrict(cont.Boundary, &b) })
 	if err != nil || b.Next == "" {
 		tracked.End()
