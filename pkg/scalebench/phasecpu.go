@@ -121,16 +121,25 @@ func (b *bench) snapshotGC(ctx context.Context) gcSnapshot {
 }
 
 func (b *bench) scrapeGCCount(ctx context.Context, url string) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, gcScrapeTimeout)
-	defer cancel()
-	reply, err := httpclient.Do(ctx, b.ctl, http.MethodGet, url, nil, nil)
+	exposition, err := b.scrapeMetrics(ctx, url, gcScrapeTimeout)
 	if err != nil {
 		return 0, err
 	}
-	if err := reply.Err("GET " + url); err != nil {
-		return 0, err
+	return gcCount(exposition)
+}
+
+// scrapeMetrics GETs a server's /metrics exposition within timeout.
+func (b *bench) scrapeMetrics(ctx context.Context, url string, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	reply, err := httpclient.Do(ctx, b.ctl, http.MethodGet, url, nil, nil)
+	if err != nil {
+		return nil, err
 	}
-	return gcCount(reply.Body)
+	if err := reply.Err("GET " + url); err != nil {
+		return nil, err
+	}
+	return reply.Body, nil
 }
 
 // gcCountMetric is the Go collector's count of completed collections.

@@ -2,11 +2,8 @@ package scalebench
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"time"
-
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
 )
 
 // runtimeStat is what a server's Go runtime reports with every rollout in
@@ -46,16 +43,11 @@ func (b *bench) readRuntimeStats(ctx context.Context) map[string]runtimeStat {
 }
 
 func (b *bench) scrapeRuntimeStat(ctx context.Context, url string) (runtimeStat, error) {
-	ctx, cancel := context.WithTimeout(ctx, runtimeScrapeTimeout)
-	defer cancel()
-	reply, err := httpclient.Do(ctx, b.ctl, http.MethodGet, url, nil, nil)
+	exposition, err := b.scrapeMetrics(ctx, url, runtimeScrapeTimeout)
 	if err != nil {
 		return runtimeStat{}, err
 	}
-	if err := reply.Err("GET " + url); err != nil {
-		return runtimeStat{}, err
-	}
-	return parseRuntimeStat(reply.Body)
+	return parseRuntimeStat(exposition)
 }
 
 // parseRuntimeStat takes the figures from the exposition client_golang's
