@@ -128,3 +128,23 @@ func TestRun_KeepsTheCallersStackSmallWhileItParks(t *testing.T) {
 		t.Fatalf("through Run a parked goroutine holds %d bytes of stack, against %d with no work (and %d with the work on its own stack)", fresh, idle, direct)
 	}
 }
+
+// BenchmarkRun is the cost Run adds to a call: a goroutine's start, its
+// stack, and two switches.
+func BenchmarkRun(b *testing.B) {
+	b.Run("direct", func(b *testing.B) {
+		for b.Loop() {
+			deep(0)
+		}
+	})
+	b.Run("fresh", func(b *testing.B) {
+		for b.Loop() {
+			Run(func() { deep(0) })
+		}
+	})
+	b.Run("fresh-growing-to-16KB", func(b *testing.B) {
+		for b.Loop() {
+			Run(func() { deep(8) })
+		}
+	})
+}
