@@ -168,13 +168,11 @@ type ProcessStat struct {
 }
 
 // stacksAtBoundary is a process's goroutine stacks with every rollout in
-// flight, and per rollout in flight.
+// flight, and per rollout in flight. The bench reads them only once every
+// rollout is held, so inFlight is then the rollouts.
 func stacksAtBoundary(p ProcessStat, inFlight int) string {
-	if p.StackBytesAtBoundary == 0 {
+	if p.StackBytesAtBoundary == 0 || inFlight == 0 {
 		return "-"
-	}
-	if inFlight == 0 {
-		return fmt.Sprintf("%s, %d goroutines", fmtBytes(int64(p.StackBytesAtBoundary)), p.GoroutinesAtBoundary)
 	}
 	return fmt.Sprintf("%s, %d goroutines (%.1f KiB per rollout)", fmtBytes(int64(p.StackBytesAtBoundary)), p.GoroutinesAtBoundary, float64(p.StackBytesAtBoundary)/float64(inFlight)/1024)
 }

@@ -184,9 +184,9 @@ type bench struct {
 	ctl      *http.Client
 	sampler  *sampler
 	profiler *profiler
-	// fleetLabel names the fleet running now ("first", then "fresh");
 	// atBoundary is each server's runtime figures with every rollout held.
 	atBoundary map[string]runtimeStat
+	// fleetLabel names the fleet running now ("first", then "fresh");
 	// statsTaken records whose process figures are in the result.
 	fleetLabel string
 	statsTaken map[string]bool
