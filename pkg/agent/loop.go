@@ -421,7 +421,7 @@ func (s *Server) postStreaming(ctx context.Context, u string, req *openai.Respon
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/json" {
 		// A server that ignores stream: true answers one JSON object.
 		var out openai.Response
-		b, err := io.ReadAll(io.LimitReader(resp.Body, httpclient.MaxReplyBytes))
+		b, err := httpclient.ReadReply(resp)
 		if err != nil {
 			return nil, err
 		}

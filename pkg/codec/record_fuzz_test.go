@@ -10,6 +10,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/modelproxy"
 	"github.com/gymfleet/gymfleet/pkg/resources"
 )
@@ -132,4 +133,16 @@ func FuzzUnmarshalStrictFastRetireRequest(f *testing.F) {
 func FuzzUnmarshalStrictFastForgetRequest(f *testing.F) {
 	addSeeds(f, append(controlSeeds, append(strictSeeds, edgeSeeds...)...), "")
 	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[ctlplane.ForgetRequest](t, data) })
+}
+
+// A worker decodes a generation-cut request (every call in flight) through
+// gencut.ParseRequest, hence UnmarshalStrictFast.
+func FuzzUnmarshalStrictFastCutRequest(f *testing.F) {
+	addSeeds(f, append([]string{
+		`{"checkpoint_id":"ck-1","server_name":"policy_model","active":[{"model_call_id":"m1","capture_key":"r-a1"},{"model_call_id":"m2","capture_key":"q-a0"}]}`,
+		`{"checkpoint_id":"ck-1","server_name":"s","active":null}`,
+		`{"checkpoint_id":"ck-1","server_name":"s","active":[{"model_call_id":"m1","capture_key":"r-a1","extra":1}]}`,
+		`{"checkpoint_id":"ck-1","server_name":"s","active":[{"Model_Call_ID":"m1"}],"ACTIVE":[]}`,
+	}, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[gencut.Request](t, data) })
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 )
@@ -167,7 +168,7 @@ func (s *Server) handleGenerationCut(r *http.Request) (any, error) {
 	}
 	s.log.InfoContext(r.Context(), "generation cut", "checkpoint_id", req.CheckpointID, "server_name", req.ServerName,
 		"cut_id", rep.CutID, "listed", len(req.Active), "cut", len(round))
-	return rep, nil
+	return codec.RawMessage(gencut.EncodeReceipt(rep)), nil
 }
 
 // cuttableLocked returns the listed call if it can be cut now, or why not.

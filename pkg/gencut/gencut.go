@@ -114,7 +114,9 @@ func ParseRequest(body []byte) (Request, error) {
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return req, invalid("request body is empty; expected a JSON object")
 	}
-	if err := codec.UnmarshalStrict(body, &req); err != nil {
+	// The fast strict decoder: a cut round lists every call in flight, and
+	// at 100,000 encoding/json took ~110 ms of the worker's prepare to read it.
+	if err := codec.UnmarshalStrictFast(body, &req); err != nil {
 		return req, invalid("%s", codec.DescribeError(err))
 	}
 	if !rollout.ValidID(req.CheckpointID) {
@@ -148,9 +150,12 @@ var ErrMalformedReceipt = errors.New("malformed generation-cut receipt")
 // DecodeReceipt decodes a worker's receipt (the model server's side) and
 // checks every entry's shape: a durable_prefix needs a staging key, a
 // positive token count and a digest; a durable_failure carries none of
-// them. Which entries answer which calls is the caller's to check.
-func DecodeReceipt(body []byte) (*Receipt, error) {
-	var rc Receipt
+// them. Which entries answer which calls is the caller's to check. listed
+// is how many calls the request named, one entry each: the entries are
+// decoded into room made for that many (a 100,000-call receipt decoded a
+// third as fast into a slice grown as they came).
+func DecodeReceipt(body []byte, listed int) (*Receipt, error) {
+	rc := Receipt{Prefixes: make([]Prefix, 0, min(max(listed, 0), MaxActive))}
 	if err := codec.Unmarshal(body, &rc); err != nil {
 		return nil, fmt.Errorf("%w: not JSON of the expected shape: %s", ErrMalformedReceipt, codec.DescribeError(err))
 	}

@@ -36,7 +36,7 @@ func TestDecodeReceipt(t *testing.T) {
 	good := `{"checkpoint_id":"c1","cut_id":"x","prefixes":[` +
 		`{"model_call_id":"m1","capture_key":"r-a1","disposition":"durable_prefix","staging_key":"` + key + `","prefix_token_count":3,"prefix_digest":"d"},` +
 		`{"model_call_id":"m2","capture_key":"r","disposition":"durable_failure","reason":"held"}]}`
-	rc, err := gencut.DecodeReceipt([]byte(good))
+	rc, err := gencut.DecodeReceipt([]byte(good), 2)
 	if err != nil || len(rc.Prefixes) != 2 {
 		t.Fatalf("DecodeReceipt = %+v, %v", rc, err)
 	}
@@ -48,7 +48,7 @@ func TestDecodeReceipt(t *testing.T) {
 		`{"prefixes":[{"model_call_id":"m1","disposition":"maybe"}]}`,
 		`{"prefixes":[{"model_call_id":"","disposition":"durable_failure"}]}`,
 	} {
-		if _, err := gencut.DecodeReceipt([]byte(bad)); !errors.Is(err, gencut.ErrMalformedReceipt) {
+		if _, err := gencut.DecodeReceipt([]byte(bad), 1); !errors.Is(err, gencut.ErrMalformedReceipt) {
 			t.Errorf("DecodeReceipt(%s) = %v, want ErrMalformedReceipt", bad, err)
 		}
 	}

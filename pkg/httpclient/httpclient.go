@@ -26,6 +26,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/httpbody"
 )
 
 // DefaultH2CConnsPerHost bounds the h2c connections to one server. A
@@ -128,6 +129,17 @@ func New(opts Options) *http.Client {
 // MaxReplyBytes bounds a reply body the JSON helper reads.
 const MaxReplyBytes = 256 << 20
 
+// presizeReplyBytes is the most of a reply's declared length allocated
+// before its bytes arrive (httpbody.Read).
+const presizeReplyBytes = 1 << 20
+
+// ReadReply reads a reply's body whole, up to MaxReplyBytes (a longer one
+// is cut there and fails to decode), into a buffer sized from its
+// Content-Length.
+func ReadReply(resp *http.Response) ([]byte, error) {
+	return httpbody.Read(io.LimitReader(resp.Body, MaxReplyBytes), min(resp.ContentLength, MaxReplyBytes), presizeReplyBytes)
+}
+
 // Reply is a complete HTTP reply.
 type Reply struct {
 	Status int
@@ -192,7 +204,7 @@ func Do(ctx context.Context, c *http.Client, method, url string, header http.Hea
 		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxReplyBytes))
+	b, err := ReadReply(resp)
 	if err != nil {
 		return nil, fmt.Errorf("reading reply of %s %s: %w", method, url, err)
 	}

@@ -291,3 +291,19 @@ func TestIdempotentClient_StopsOnCancel(t *testing.T) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 }
+
+// A reply is read whole into one buffer of its declared length, and read
+// whole without one.
+func TestReadReply(t *testing.T) {
+	body := strings.Repeat("r", 300_000)
+	for _, declared := range []int64{int64(len(body)), -1} {
+		resp := &http.Response{Body: io.NopCloser(strings.NewReader(body)), ContentLength: declared}
+		got, err := httpclient.ReadReply(resp)
+		if err != nil || string(got) != body {
+			t.Fatalf("declared %d: read %d bytes, %v; want %d", declared, len(got), err, len(body))
+		}
+		if declared >= 0 && cap(got) != len(body)+1 {
+			t.Errorf("declared %d: a buffer of %d bytes", declared, cap(got))
+		}
+	}
+}

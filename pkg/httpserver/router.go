@@ -18,6 +18,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/httpbody"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -231,7 +232,7 @@ func ReadBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil {
 		return nil, nil
 	}
-	b, err := readDeclared(r.Body, r.ContentLength)
+	b, err := httpbody.Read(r.Body, r.ContentLength, presizeBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -243,40 +244,8 @@ func ReadBody(r *http.Request) ([]byte, error) {
 }
 
 // presizeBodyBytes is the most of a body's declared length allocated
-// before its bytes arrive: a client cannot make a server hold more than
-// this by declaring a length it does not send.
+// before its bytes arrive (httpbody.Read).
 const presizeBodyBytes = 1 << 20
-
-// readDeclared reads body to its end into a buffer sized from the length
-// the client declared (-1 if none), grown by doubling up to that length as
-// bytes arrive beyond the first allocation. io.ReadAll grows by a quarter
-// from 512 bytes: for a restore's body naming 16,000 episodes (0.6 MB) it
-// allocated ~5 times the body, every byte of it fresh memory in a fresh
-// process (~330 page faults of the ~3,500 each participant took).
-func readDeclared(body io.Reader, declared int64) ([]byte, error) {
-	if declared < 0 {
-		return io.ReadAll(body)
-	}
-	// One byte past the declared length sees the end without growing.
-	b := make([]byte, 0, min(declared, presizeBodyBytes)+1)
-	for {
-		if len(b) == cap(b) {
-			grown := 2 * int64(cap(b))
-			if end := declared + 1; end > int64(cap(b)) {
-				grown = min(grown, end)
-			}
-			b = append(make([]byte, 0, grown), b...)
-		}
-		n, err := body.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
-}
 
 // DecodeJSON reads and decodes a JSON request body into v, ignoring unknown
 // fields (data-plane bodies pass task fields through).

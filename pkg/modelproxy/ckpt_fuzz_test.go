@@ -11,8 +11,10 @@ import (
 
 var digest64 = strings.Repeat("ab", 32)
 
-// FuzzDecodeCutReceipt: a worker's receipt never panics the decoder, and an
-// accepted receipt has well-formed entries.
+// FuzzDecodeCutReceipt: a worker's receipt never panics the decoder, an
+// accepted receipt has well-formed entries, and the room made for the calls
+// listed changes nothing decoded, whether the receipt has fewer entries or
+// more.
 func FuzzDecodeCutReceipt(f *testing.F) {
 	for _, s := range []string{
 		`{"checkpoint_id":"c1","cut_id":"x","prefixes":[{"model_call_id":"a","capture_key":"r","disposition":"durable_prefix","staging_key":"__generation_cut__/r/a","prefix_token_count":3,"prefix_digest":"d"}]}`,
@@ -25,7 +27,15 @@ func FuzzDecodeCutReceipt(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		rc, err := modelproxy.DecodeCutReceipt(body)
+		rc, err := modelproxy.DecodeCutReceipt(body, 0)
+		for _, listed := range []int{1, 2, 5} {
+			again, err2 := modelproxy.DecodeCutReceipt(body, listed)
+			if (err == nil) != (err2 == nil) || err == nil && (len(rc.Prefixes) != len(again.Prefixes) ||
+				len(rc.Prefixes) > 0 && !reflect.DeepEqual(rc, again) ||
+				rc.CheckpointID != again.CheckpointID || rc.CutID != again.CutID) {
+				t.Fatalf("decoded for 0 calls listed: %+v, %v; for %d: %+v, %v", rc, err, listed, again, err2)
+			}
+		}
 		if err != nil {
 			return
 		}

@@ -46,8 +46,11 @@ type cutPrefix struct {
 func validStagingKey(k string) bool { return gencut.ValidStagingKey(k) }
 func validCallID(id string) bool    { return gencut.ValidCallID(id) }
 
-// DecodeCutReceipt decodes a worker's receipt and checks every entry's shape.
-func DecodeCutReceipt(body []byte) (*gencut.Receipt, error) { return gencut.DecodeReceipt(body) }
+// DecodeCutReceipt decodes a worker's receipt for listed calls and checks
+// every entry's shape.
+func DecodeCutReceipt(body []byte, listed int) (*gencut.Receipt, error) {
+	return gencut.DecodeReceipt(body, listed)
+}
 
 // cutRound asks the worker to cut the listed calls and records each one's
 // outcome. It runs on the participant's goroutine; any failure (transport,
@@ -94,10 +97,7 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 
 // postCut sends one cut request on the control client.
 func (p *participant) postCut(ctx context.Context, req gencut.Request) (*gencut.Receipt, error) {
-	body, err := codec.Marshal(req)
-	if err != nil {
-		return nil, err
-	}
+	body := gencut.EncodeRequest(req)
 	h := http.Header{"Authorization": {"Bearer " + p.s.cfg.GenerationCuts.ControlAuthToken}}
 	rep, err := httpclient.Do(ctx, p.cutClient, http.MethodPost, p.cutURL, h, body)
 	if err != nil {
@@ -109,7 +109,7 @@ func (p *participant) postCut(ctx context.Context, req gencut.Request) (*gencut.
 	if len(rep.Body) > maxReceiptBytes {
 		return nil, fmt.Errorf("the cut receipt is %d bytes, more than %d", len(rep.Body), maxReceiptBytes)
 	}
-	return DecodeCutReceipt(rep.Body)
+	return DecodeCutReceipt(rep.Body, len(req.Active))
 }
 
 // checkpointID names the round after the checkpoint being prepared. The

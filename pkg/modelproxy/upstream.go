@@ -83,7 +83,7 @@ func (s *Server) postChat(ctx context.Context, t *ticket, body []byte) ([]byte, 
 		return nil, "", err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, httpclient.MaxReplyBytes))
+	b, err := httpclient.ReadReply(resp)
 	if err != nil {
 		return nil, "", transportError(ctx, err)
 	}
