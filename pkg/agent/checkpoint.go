@@ -774,7 +774,7 @@ func recordType(data []byte) (string, error) {
 // most of a record's bytes, and the activation that continues it decodes
 // it (restoredLoop.decode).
 func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error) {
-	r, err := decodeSessionFields(rec.Data, scratch)
+	r, shape, err := decodeSessionFieldsShape(rec.Data, scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -800,7 +800,13 @@ func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error)
 	}
 	var loop *restoredLoop
 	if len(r.Boundary) > 0 && !isNull(r.Boundary) {
-		if err := checkLoopShape(r.Boundary); err != nil {
+		err := error(nil)
+		if shape != nil {
+			err = shape.invariants()
+		} else {
+			err = checkLoopShape(r.Boundary)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("session %s: %w", r.SessionID, err)
 		}
 		if st.Activations == st.CompletedActivation {
@@ -833,6 +839,14 @@ func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error)
 // stay where they are, in the buffer of the records file (Install's records
 // stay unchanged). scratch may be nil.
 func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, error) {
+	r, _, err := decodeSessionFieldsShape(data, scratch)
+	return r, err
+}
+
+// decodeSessionFieldsShape is decodeSessionFields, and also returns what
+// checkLoopShape reads of the record's loop boundary when the cut read it
+// (nil otherwise).
+func decodeSessionFieldsShape(data []byte, scratch *[]byte) (sessionRecord, *loopShape, error) {
 	if scratch == nil {
 		scratch = new([]byte)
 	}
@@ -847,14 +861,14 @@ func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, error) {
 				r.Session.CompletedReply = cut.completedReply
 			}
 			r.Boundary = cut.boundary
-			return r, nil
+			return r, cut.shape, nil
 		}
 	}
 	var r sessionRecord
 	if err := codec.UnmarshalStrictFast(data, &r); err != nil {
-		return sessionRecord{}, errors.New(codec.DescribeError(err))
+		return sessionRecord{}, nil, errors.New(codec.DescribeError(err))
 	}
-	return r, nil
+	return r, nil, nil
 }
 
 // loopShape is what Install decodes of a loop boundary: the fields its
@@ -900,6 +914,11 @@ func checkLoopShape(raw codec.RawMessage) error {
 			return err
 		}
 	}
+	return st.invariants()
+}
+
+// invariants are loopInvariants of the shape read.
+func (st *loopShape) invariants() error {
 	return loopInvariants(st.Step, st.ModelCalls, st.PendingTools, bool(st.LastModelResponse))
 }
 

@@ -11,6 +11,10 @@ import (
 // where the session has no such member.
 type sessionCut struct {
 	boundary, request, completedReply []byte
+	// shape is what checkLoopShape reads of the boundary, read while
+	// finding where the boundary ends (cutLoopShapeFront), or nil where
+	// that walk could not read it and CutValue found its end.
+	shape *loopShape
 }
 
 // cutSessionRecord splits a session record as Export writes it, with the
@@ -47,7 +51,19 @@ func cutSessionRecord(dst, data []byte) (head []byte, cut sessionCut, ok bool) {
 		return true
 	}
 	sawSession := false
-	rest, ok := eachMember(data, func(key, value []byte, last bool) bool {
+	// The loop state is most of a record's bytes: its shape is read in the
+	// walk that finds its end, rather than after, in a second walk.
+	var shape loopShape
+	valueOf := func(key, b []byte) (value, rest []byte, ok bool) {
+		if string(key) == "boundary" && cut.shape == nil {
+			if value, rest, ok = cutLoopShapeFront(&shape, b); ok {
+				cut.shape = &shape
+				return value, rest, true
+			}
+		}
+		return codec.CutValue(b)
+	}
+	rest, ok := eachMember(data, valueOf, func(key, value []byte, last bool) bool {
 		switch {
 		case bytes.EqualFold(key, []byte("boundary")):
 			return last && take(&cut.boundary, key, value, "boundary")
@@ -56,7 +72,7 @@ func cutSessionRecord(dst, data []byte) (head []byte, cut sessionCut, ok bool) {
 				return false
 			}
 			sawSession = true
-			inner, ok := eachMember(value, func(key, value []byte, _ bool) bool {
+			inner, ok := eachMember(value, nil, func(key, value []byte, _ bool) bool {
 				switch {
 				case bytes.EqualFold(key, []byte("request")):
 					return take(&cut.request, key, value, "request")
@@ -90,8 +106,13 @@ func offsetIn(data, sub []byte) int { return cap(data) - cap(sub) }
 // white space) as CutString and CutValue read them, calling fn with each
 // member's key and value (in b) and whether it is the object's last member,
 // and returns what follows the object. ok is false where they cannot read
-// it or fn returns false.
-func eachMember(b []byte, fn func(key, value []byte, last bool) bool) (rest []byte, ok bool) {
+// it or fn returns false. valueOf, if not nil, reads each value in place of
+// CutValue: given the member's key and what follows its ':', it returns
+// the value and what follows it, as CutValue does.
+func eachMember(b []byte, valueOf func(key, b []byte) (value, rest []byte, ok bool), fn func(key, value []byte, last bool) bool) (rest []byte, ok bool) {
+	if valueOf == nil {
+		valueOf = func(_, b []byte) ([]byte, []byte, bool) { return codec.CutValue(b) }
+	}
 	rest = codec.SkipSpace(b)
 	if len(rest) == 0 || rest[0] != '{' {
 		return nil, false
@@ -109,7 +130,7 @@ func eachMember(b []byte, fn func(key, value []byte, last bool) bool) (rest []by
 		if len(rest) == 0 || rest[0] != ':' {
 			return nil, false
 		}
-		if value, rest, ok = codec.CutValue(rest[1:]); !ok || len(value) == 0 {
+		if value, rest, ok = valueOf(key, rest[1:]); !ok || len(value) == 0 {
 			return nil, false
 		}
 		rest = codec.SkipSpace(rest)
@@ -156,39 +177,53 @@ var loopShapeFields = [...]string{
 // is not null or an array of objects. The caller then decodes the boundary
 // the general way, which also words its errors.
 func cutLoopShape(raw []byte) (st loopShape, ok bool) {
-	rest := codec.SkipSpace(raw)
-	if len(rest) == 0 || rest[0] != '{' {
+	_, rest, ok := cutLoopShapeFront(&st, raw)
+	if !ok || len(codec.SkipSpace(rest)) != 0 {
 		return loopShape{}, false
 	}
-	rest = codec.SkipSpace(rest[1:])
+	return st, true
+}
+
+// cutLoopShapeFront reads the loop boundary at the front of b (after white
+// space) into st as cutLoopShape does, and returns its bytes and what
+// follows them. st is left as it was where ok is false.
+func cutLoopShapeFront(st *loopShape, b []byte) (value, rest []byte, ok bool) {
+	start := codec.SkipSpace(b)
+	if len(start) == 0 || start[0] != '{' {
+		return nil, b, false
+	}
+	var read loopShape
+	rest = codec.SkipSpace(start[1:])
 	if len(rest) > 0 && rest[0] == '}' {
-		return st, true
+		*st = read
+		return start[:len(start)-len(rest)+1], rest[1:], true
 	}
 	for {
 		var key []byte
 		if key, rest, ok = codec.CutString(rest); !ok {
-			return loopShape{}, false
+			return nil, b, false
 		}
 		field := loopShapeField(key)
 		if field < -1 {
-			return loopShape{}, false
+			return nil, b, false
 		}
 		rest = codec.SkipSpace(rest)
 		if len(rest) == 0 || rest[0] != ':' {
-			return loopShape{}, false
+			return nil, b, false
 		}
 		rest = codec.SkipSpace(rest[1:])
-		if rest, ok = cutLoopShapeValue(&st, field, rest); !ok {
-			return loopShape{}, false
+		if rest, ok = cutLoopShapeValue(&read, field, rest); !ok {
+			return nil, b, false
 		}
 		rest = codec.SkipSpace(rest)
 		switch {
 		case len(rest) == 0:
-			return loopShape{}, false
+			return nil, b, false
 		case rest[0] == '}':
-			return st, len(codec.SkipSpace(rest[1:])) == 0
+			*st = read
+			return start[:len(start)-len(rest)+1], rest[1:], true
 		case rest[0] != ',':
-			return loopShape{}, false
+			return nil, b, false
 		}
 		rest = codec.SkipSpace(rest[1:])
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -140,6 +141,14 @@ func FuzzDecodeSessionFields(f *testing.F) {
 		case wantErr == nil && !reflect.DeepEqual(got, want):
 			t.Fatalf("the cut decode of %q is\n %+v\nthe strict one's\n %+v", data, got, want)
 		}
+		// The boundary's shape read while cutting it is what
+		// checkLoopShape would read of the boundary cut.
+		if _, shape, err := decodeSessionFieldsShape(data, nil); err == nil && shape != nil {
+			again, ok := cutLoopShape(got.Boundary)
+			if !ok || shapeRead(*shape) != shapeRead(again) {
+				t.Fatalf("the cut of %q read the boundary's shape as %+v; cutLoopShape of %s reads %+v, %v", data, *shape, got.Boundary, again, ok)
+			}
+		}
 	})
 }
 
@@ -185,6 +194,14 @@ func TestCutLoopShape(t *testing.T) {
 		got, ok := cutLoopShape([]byte(tc.raw))
 		if ok != tc.ok || (ok && shapeRead(got) != shapeRead(tc.want)) {
 			t.Errorf("cutLoopShape(%s) = %+v, %v; want %+v, %v", tc.raw, got, ok, tc.want, tc.ok)
+		}
+		// At the front of a record, followed by more of it: the same
+		// shape, its bytes, and what follows.
+		var front loopShape
+		value, rest, ok := cutLoopShapeFront(&front, []byte(tc.raw+`,"x":1}`))
+		if ok != tc.ok || (ok && (shapeRead(front) != shapeRead(tc.want) ||
+			string(value) != strings.TrimSpace(tc.raw) || string(rest) != strings.TrimLeft(tc.raw, " ")[len(strings.TrimSpace(tc.raw)):]+`,"x":1}`)) {
+			t.Errorf("cutLoopShapeFront(%s + more) = %+v, %q, %q, %v; want %+v, %v", tc.raw, front, value, rest, ok, tc.want, tc.ok)
 		}
 	}
 }
