@@ -800,7 +800,6 @@ func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error)
 	}
 	var loop *restoredLoop
 	if len(r.Boundary) > 0 && !isNull(r.Boundary) {
-		err := error(nil)
 		if shape != nil {
 			err = shape.invariants()
 		} else {
