@@ -774,7 +774,7 @@ func recordType(data []byte) (string, error) {
 // most of a record's bytes, and the activation that continues it decodes
 // it (restoredLoop.decode).
 func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error) {
-	r, shape, err := decodeSessionFieldsShape(rec.Data, scratch)
+	r, shape, err := decodeSessionFields(rec.Data, scratch)
 	if err != nil {
 		return nil, err
 	}
@@ -836,16 +836,9 @@ func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error)
 // which the decoded record does not retain. The raw values, parts of a
 // valid value that CutValue found the ends of, are valid themselves and
 // stay where they are, in the buffer of the records file (Install's records
-// stay unchanged). scratch may be nil.
-func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, error) {
-	r, _, err := decodeSessionFieldsShape(data, scratch)
-	return r, err
-}
-
-// decodeSessionFieldsShape is decodeSessionFields, and also returns what
-// checkLoopShape reads of the record's loop boundary when the cut read it
-// (nil otherwise).
-func decodeSessionFieldsShape(data []byte, scratch *[]byte) (sessionRecord, *loopShape, error) {
+// stay unchanged). scratch may be nil. It also returns what checkLoopShape
+// reads of the loop boundary when the cut read it (nil otherwise).
+func decodeSessionFields(data []byte, scratch *[]byte) (sessionRecord, *loopShape, error) {
 	if scratch == nil {
 		scratch = new([]byte)
 	}

@@ -123,13 +123,13 @@ func FuzzDecodeSessionFields(f *testing.F) {
 		if !codec.Valid(data) {
 			// Not a record as Install gets them (the store checks each is
 			// one JSON value); the cut decode must only not panic on it.
-			_, _ = decodeSessionFields(data, nil)
+			_, _, _ = decodeSessionFields(data, nil)
 			return
 		}
 		var want sessionRecord
 		wantErr := codec.UnmarshalStrictFast(data, &want)
 		scratch := []byte("a head from the record before")
-		got, err := decodeSessionFields(data, &scratch)
+		got, _, err := decodeSessionFields(data, &scratch)
 		for i := range scratch[:cap(scratch)] {
 			scratch[:cap(scratch)][i] = 'x'
 		}
@@ -143,7 +143,7 @@ func FuzzDecodeSessionFields(f *testing.F) {
 		}
 		// The boundary's shape read while cutting it is what
 		// checkLoopShape would read of the boundary cut.
-		if _, shape, err := decodeSessionFieldsShape(data, nil); err == nil && shape != nil {
+		if _, shape, err := decodeSessionFields(data, nil); err == nil && shape != nil {
 			again, ok := cutLoopShape(got.Boundary)
 			if !ok || shapeRead(*shape) != shapeRead(again) {
 				t.Fatalf("the cut of %q read the boundary's shape as %+v; cutLoopShape of %s reads %+v, %v", data, *shape, got.Boundary, again, ok)
@@ -237,7 +237,7 @@ func FuzzCutLoopShape(f *testing.F) {
 // into fresh memory was a sixth of an agent restore's CPU at 100,000.
 func TestDecodeSessionFields_KeepsRawValuesInTheRecord(t *testing.T) {
 	data := []byte(`{"type":"session","session":{"request":{"input":"hi"},"completed_reply":{"output":[]}},"boundary":` + cutBoundaryV + `}`)
-	r, err := decodeSessionFields(data, nil)
+	r, _, err := decodeSessionFields(data, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,5 +245,20 @@ func TestDecodeSessionFields_KeepsRawValuesInTheRecord(t *testing.T) {
 		if !inBuffer(data, raw) {
 			t.Errorf("%s %s is a copy, want it in the record's bytes", name, raw)
 		}
+	}
+}
+
+// Ensure a record as Export writes it has its loop state's shape read in
+// the walk that cuts the state off (no second walk over it), and that the
+// shape is the one checkLoopShape reads.
+func TestDecodeSessionFields_ReadsTheShapeInTheCut(t *testing.T) {
+	data := []byte(cutHead + `"boundary":` + cutBoundaryV + `}`)
+	_, shape, err := decodeSessionFields(data, nil)
+	if err != nil || shape == nil {
+		t.Fatalf("decodeSessionFields = shape %v, %v; want the boundary's shape", shape, err)
+	}
+	want, ok := cutLoopShape([]byte(cutBoundaryV))
+	if !ok || shapeRead(*shape) != shapeRead(want) {
+		t.Fatalf("the cut read the shape %+v, cutLoopShape %+v, %v", *shape, want, ok)
 	}
 }

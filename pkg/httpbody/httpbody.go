@@ -4,7 +4,7 @@
 //
 // io.ReadAll grows its buffer by a quarter from 512 bytes: a restore's body
 // naming 16,000 episodes (0.6 MB) cost ~5 times the body in allocations,
-// and a generation-cut receipt of 100,000 calls (15 MB) more, every byte
+// and a generation-cut receipt of 100,000 calls (~14 MB) more, every byte
 // of it fresh memory while a checkpoint holds the process's collections.
 package httpbody
 
