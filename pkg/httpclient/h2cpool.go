@@ -9,13 +9,16 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/h2client"
 )
 
 // h2cPool is the round tripper between our own servers: HTTP/2 without TLS
-// over connections it opens itself (http.Transport.NewClientConn) and
-// hands a request only after the server has answered on them.
+// over connections it opens itself (h2client: a request waiting for its
+// reply holds no goroutine of its own) and hands a request only after the
+// server has answered on them.
 //
-// net/http's own pool puts requests on a new connection as soon as it is
+// net/http's pool puts requests on a new connection as soon as it is
 // dialed. Its server closes a connection whose client SETTINGS it has not
 // read within a fixed 2 s, and on 2 cores with 100,000 goroutines runnable
 // it sometimes has not: at 50,000 rollouts in flight that dropped up to a
@@ -26,8 +29,8 @@ import (
 // SETTINGS; a connection dropped before that carried nothing of ours and is
 // simply opened again.
 type h2cPool struct {
-	t        *http.Transport // dials; its own connection cache is not used
-	maxConns int             // per host
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	maxConns int // per host
 	// handshakeTimeout bounds the first exchange on a new connection.
 	handshakeTimeout time.Duration
 	// handshakes bounds the connections opened for one request whose
@@ -40,15 +43,15 @@ type h2cPool struct {
 
 // hostConns is the pool's state for one host.
 type hostConns struct {
-	conns []*http.ClientConn
+	conns []*h2client.Conn
 	// opening is closed when the connection being opened is ready or has
 	// failed; nil when none is being opened. One at a time per host: a burst
 	// waits for it rather than dialing a connection per request.
 	opening chan struct{}
 }
 
-func newH2CPool(t *http.Transport, maxConns int) *h2cPool {
-	return &h2cPool{t: t, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, hosts: map[string]*hostConns{}}
+func newH2CPool(dial func(ctx context.Context, network, addr string) (net.Conn, error), maxConns int) *h2cPool {
+	return &h2cPool{dial: dial, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, hosts: map[string]*hostConns{}}
 }
 
 // RoundTrip sends req on a connection with a free stream, opening one when
@@ -83,7 +86,7 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 // pick returns a connection with a stream reserved for the caller, or the
 // channel of a connection being opened to wait for, or (nil, nil) when the
 // caller is to open one itself (p.open).
-func (p *h2cPool) pick(addr string) (*http.ClientConn, chan struct{}, error) {
+func (p *h2cPool) pick(addr string) (*h2client.Conn, chan struct{}, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	h := p.hosts[addr]
@@ -133,7 +136,7 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	defer context.AfterFunc(reqCtx, func() { cancel(context.Cause(reqCtx)) })()
-	var cc *http.ClientConn
+	var cc *h2client.Conn
 	defer func() {
 		p.mu.Lock()
 		h := p.hosts[addr]
@@ -145,7 +148,7 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 		p.mu.Unlock()
 	}()
 	for attempt := 1; ; attempt++ {
-		cc, err = p.t.NewClientConn(ctx, "http", addr)
+		cc, err = h2client.Dial(ctx, p.dial, addr)
 		if err != nil {
 			return err
 		}
@@ -165,7 +168,7 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 // then read the client's SETTINGS, so its first-SETTINGS timer cannot drop
 // the connection any more. Any status will do; a server that is not Go's
 // may answer 4xx.
-func (p *h2cPool) handshake(ctx context.Context, cc *http.ClientConn, addr string) error {
+func (p *h2cPool) handshake(ctx context.Context, cc *h2client.Conn, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, p.handshakeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodOptions, "http://"+addr, nil)

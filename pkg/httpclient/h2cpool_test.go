@@ -185,9 +185,9 @@ func TestH2CPool_RequestIsSentAfterAFailedDial(t *testing.T) {
 	url, conns := h2cServer(t, nil, 100, h)
 	c := poolClient(t, Options{H2C: true})
 	pool := c.Transport.(resendUnsent).next.(*h2cPool)
-	dial := pool.t.DialContext
+	dial := pool.dial
 	var dials atomic.Int64
-	pool.t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+	pool.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if dials.Add(1) == 1 {
 			return nil, &net.OpError{Op: "dial", Net: network, Err: os.ErrDeadlineExceeded}
 		}

@@ -55,8 +55,8 @@ type Transport interface {
 }
 
 // NewTransport returns a transport configured by opts: for H2C, a pool of
-// HTTP/2 connections that take requests only once the server has answered
-// on them (h2cPool); else net/http's HTTP/1.1 transport.
+// HTTP/2 connections (h2client) that take requests only once the server
+// has answered on them (h2cPool); else net/http's HTTP/1.1 transport.
 func NewTransport(opts Options) Transport {
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 10 * time.Second
@@ -71,6 +71,16 @@ func NewTransport(opts Options) Transport {
 	default:
 		opts.MaxConnsPerHost = 1024
 	}
+	if opts.H2C {
+		// No HTTP/2 PING health check: its answer must come from the
+		// peer's user space, and a peer with 100,000 goroutines runnable
+		// on 2 cores has gone more than 15 s without reading; net/http's
+		// check then closed the connection and failed every stream on it
+		// (26 and 4,000 rollouts in two runs at 100,000). A peer that is
+		// gone is seen by the kernel instead: its process's death closes
+		// the socket at once, its host's by TCP keepalive (dialer).
+		return newH2CPool(dialer(opts).DialContext, opts.MaxConnsPerHost)
+	}
 	t := &http.Transport{
 		Proxy:               nil,
 		DialContext:         dialer(opts).DialContext,
@@ -82,21 +92,7 @@ func NewTransport(opts Options) Transport {
 		// loopback and hides SSE framing.
 		DisableCompression: true,
 	}
-	if !opts.H2C {
-		return t
-	}
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	t.Protocols = &p
-	// No HTTP/2 PING health check (SendPingTimeout stays 0): its answer
-	// must come from the peer's user space, and a peer with 100,000
-	// goroutines runnable on 2 cores has gone more than 15 s without
-	// reading; the check then closed the connection and failed every
-	// stream on it (26 and 4,000 rollouts in two runs at 100,000). A peer
-	// that is gone is seen by the kernel instead: its process's death
-	// closes the socket at once, its host's by TCP keepalive (dialer).
-	t.HTTP2 = &http.HTTP2Config{}
-	return newH2CPool(t, opts.MaxConnsPerHost)
+	return t
 }
 
 // Probe timings of the kernel's TCP keepalive: a connection with nothing
@@ -121,7 +117,7 @@ func dialer(opts Options) *net.Dialer {
 }
 
 // New returns a client over NewTransport(opts) that sends again, a few
-// times, a request the server never processed (see notProcessed).
+// times, a request the server never processed (see neverProcessed).
 func New(opts Options) *http.Client {
 	return &http.Client{Transport: resendUnsent{next: NewTransport(opts), pause: unsentPause}}
 }

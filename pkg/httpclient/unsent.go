@@ -4,35 +4,17 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strings"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/h2client"
 )
-
-// notProcessed are how net/http's HTTP/2 client reports a request the
-// server never processed (the error values are unexported): a new
-// connection that closed before carrying any stream, a connection found
-// unusable when the stream was to open, a stream above the last one a
-// server's GOAWAY accepted, a stream the server refused. We saw the first
-// at 50k rollouts on 2 cores, where servers close fresh connections
-// (net/http's server drops one whose SETTINGS it has not read within a
-// fixed 2 s, which a CPU-starved pair of processes can miss). The server did
-// nothing with the request, so sending it again is safe, even a /run or a
-// control POST; RFC 9113 §8.7 says so of the last two.
-var notProcessed = []string{
-	notEstablished,
-	"http2: client conn not usable",
-	"http2: Transport received Server's graceful shutdown GOAWAY",
-	"REFUSED_STREAM",
-}
-
-const notEstablished = "http2: client conn could not be established"
 
 // unsentRetries bounds the sends of one request its connections never
 // carried.
 const unsentRetries = 5
 
 // resendUnsent sends again a request the server never processed (see
-// notProcessed), after a short pause, a bounded number of times. Every
+// neverProcessed), after a short pause, a bounded number of times. Every
 // other error, and every reply, is returned as it is.
 type resendUnsent struct {
 	next Transport
@@ -75,19 +57,24 @@ func (r resendUnsent) CloseIdleConnections() { r.next.CloseIdleConnections() }
 func unsentPause(n int) time.Duration { return 50 * time.Millisecond << (n - 1) }
 
 // neverProcessed reports whether err says the server never processed the
-// request: one of notProcessed, or a dial error, since a connection that
-// could not be opened carried nothing. (At 50,000 rollouts in flight the
-// model server's dial to the inference worker on loopback timed out after
-// its 10 s, both processes starved of CPU, and the rollout it was for
-// failed.)
+// request, so that sending it again is safe, even a /run or a control POST
+// (RFC 9113 §8.7):
+//   - h2client.ErrNotProcessed: a stream the server refused, one above the
+//     last stream a GOAWAY accepted, a request on a connection that had
+//     failed before the request's stream was written;
+//   - a dial error: a connection that could not be opened carried nothing.
+//     (At 50,000 rollouts in flight the model server's dial to the
+//     inference worker on loopback timed out after its 10 s, both processes
+//     starved of CPU, and the rollout it was for failed.)
+//
+// A new connection the server drops before answering (net/http's server
+// drops one whose SETTINGS it has not read within a fixed 2 s, which a
+// CPU-starved pair of processes can miss) carries no request: h2cPool
+// sends its own first and opens another.
 func neverProcessed(err error) bool {
-	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+	if errors.Is(err, h2client.ErrNotProcessed) {
 		return true
 	}
-	for _, s := range notProcessed {
-		if strings.Contains(err.Error(), s) {
-			return true
-		}
-	}
-	return false
+	op, ok := errors.AsType[*net.OpError](err)
+	return ok && op.Op == "dial"
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/h2client"
 )
 
 // scriptedTransport fails its first sends with the errors it is given and
@@ -32,7 +34,9 @@ func (s *scriptedTransport) RoundTrip(req *http.Request) (*http.Response, error)
 
 func (s *scriptedTransport) CloseIdleConnections() { s.closed++ }
 
-func unsentErr() error { return errors.New(notEstablished) }
+func unsentErr() error {
+	return fmt.Errorf("%w: stream refused (REFUSED_STREAM)", h2client.ErrNotProcessed)
+}
 
 func post(t *testing.T, ctx context.Context, rt http.RoundTripper) (*http.Response, error) {
 	t.Helper()
@@ -81,7 +85,7 @@ func TestResendUnsent(t *testing.T) {
 			next.errs[i] = unsentErr()
 		}
 		_, err := post(t, context.Background(), resendUnsent{next: next, pause: noPause})
-		if err == nil || !strings.Contains(err.Error(), notEstablished) || len(next.bodies) != unsentRetries+1 {
+		if !errors.Is(err, h2client.ErrNotProcessed) || len(next.bodies) != unsentRetries+1 {
 			t.Fatalf("err %v after %d sends, want it after %d", err, len(next.bodies), unsentRetries+1)
 		}
 	})
