@@ -251,7 +251,12 @@ func (c *Conn) fail(err error) {
 // error fails the connection.
 func (c *Conn) writeFrames(fn func() error) error {
 	c.wmu.Lock()
-	err := fn()
+	return c.endWriteLocked(fn())
+}
+
+// endWriteLocked ends a write begun under wmu: it flushes unless the write
+// failed (err), releases wmu, and fails the connection on an error.
+func (c *Conn) endWriteLocked(err error) error {
 	if err == nil {
 		err = c.bw.Flush()
 	}
@@ -384,14 +389,7 @@ func (c *Conn) openStream(req *http.Request, hasBody bool) (*stream, error) {
 	}
 	c.streams[st.id] = st
 	c.mu.Unlock()
-	err := c.writeHeadersLocked(st.id, req, !hasBody)
-	if err == nil {
-		err = c.bw.Flush()
-	}
-	c.wmu.Unlock()
-	if err != nil {
-		c.fail(fmt.Errorf("h2client: writing: %w", err))
-		c.nc.Close()
+	if err := c.endWriteLocked(c.writeHeadersLocked(st.id, req, !hasBody)); err != nil {
 		c.mu.Lock()
 		c.removeLocked(st)
 		c.mu.Unlock()

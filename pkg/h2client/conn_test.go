@@ -210,12 +210,19 @@ func TestRoundTrip_CancelWhileWaitingResetsTheStream(t *testing.T) {
 	waitFor(t, "the stream's slot to free", func() bool { return c.InFlight() == 0 })
 }
 
-func TestRoundTrip_CancelWhileReadingTheBody(t *testing.T) {
-	srv := h2cServer(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// partialReply writes "partial" and waits for its request to be canceled,
+// then closes canceled.
+func partialReply(canceled chan struct{}) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("partial"))
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
-	}))
+		close(canceled)
+	})
+}
+
+func TestRoundTrip_CancelWhileReadingTheBody(t *testing.T) {
+	srv := h2cServer(t, 0, partialReply(make(chan struct{})))
 	c := dial(t, srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -246,12 +253,7 @@ func TestRoundTrip_CancelWhileReadingTheBody(t *testing.T) {
 
 func TestRoundTrip_ClosingTheBodyEarlyResetsTheStream(t *testing.T) {
 	handlerCanceled := make(chan struct{})
-	srv := h2cServer(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte("partial"))
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-		close(handlerCanceled)
-	}))
+	srv := h2cServer(t, 0, partialReply(handlerCanceled))
 	c := dial(t, srv)
 	resp, err := c.RoundTrip(request(t, context.Background(), http.MethodGet, srv.URL, nil))
 	if err != nil {
