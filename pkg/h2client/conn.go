@@ -347,11 +347,7 @@ func (c *Conn) openStream(req *http.Request, hasBody bool) (*stream, error) {
 	}
 	full := func() bool { return c.slotsLocked() >= c.maxStreams }
 	if !reserved && full() && c.usableLocked() == nil {
-		stop := context.AfterFunc(req.Context(), func() {
-			c.mu.Lock()
-			c.cond.Broadcast()
-			c.mu.Unlock()
-		})
+		stop := context.AfterFunc(req.Context(), c.wake)
 		for full() && c.usableLocked() == nil && req.Context().Err() == nil {
 			c.cond.Wait()
 		}
@@ -457,6 +453,13 @@ func (c *Conn) writeHeadersLocked(id uint32, req *http.Request, endStream bool) 
 
 func (c *Conn) field(name, value string) {
 	c.henc.WriteField(hpack.HeaderField{Name: name, Value: value})
+}
+
+// wake wakes every goroutine waiting on cond, to look at its context.
+func (c *Conn) wake() {
+	c.mu.Lock()
+	c.cond.Broadcast()
+	c.mu.Unlock()
 }
 
 // removeLocked forgets a stream that has ended and frees its slot.

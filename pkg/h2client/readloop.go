@@ -75,11 +75,16 @@ func (c *Conn) readFrames() error {
 	}
 }
 
-// lookup is the open stream with id, or nil.
-func (c *Conn) lookup(id uint32) *stream {
+// lookup is the open stream with id (nil when there is none) and whether
+// its reply's headers arrived (headersIn) or it failed before they did.
+func (c *Conn) lookup(id uint32) (st *stream, headersIn, failed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.streams[id]
+	st = c.streams[id]
+	if st == nil {
+		return nil, false, false
+	}
+	return st, st.headersIn, st.headersIn && st.resp == nil
 }
 
 // resetStream fails stream id with err and tells the server.
@@ -100,13 +105,10 @@ func (c *Conn) resetStream(id uint32, code http2.ErrCode, err error) {
 
 // onHeaders takes a reply's headers (or trailers, which are dropped).
 func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) {
-	st := c.lookup(f.StreamID)
+	st, headersIn, _ := c.lookup(f.StreamID)
 	if st == nil {
 		return // a stream we reset
 	}
-	c.mu.Lock()
-	headersIn := st.headersIn
-	c.mu.Unlock()
 	if headersIn { // trailers
 		if f.StreamEnded() {
 			c.endReply(st)
@@ -179,13 +181,10 @@ func (c *Conn) onData(f *http2.DataFrame) error {
 			}
 		}
 	}
-	st := c.lookup(f.StreamID)
+	st, headersIn, failed := c.lookup(f.StreamID)
 	if st == nil {
 		return nil // a stream we reset
 	}
-	c.mu.Lock()
-	headersIn, failed := st.headersIn, st.resp == nil
-	c.mu.Unlock()
 	if !headersIn || failed {
 		c.resetStream(f.StreamID, http2.ErrCodeProtocol, errors.New("h2client: reply data before its headers"))
 		return nil
@@ -195,13 +194,8 @@ func (c *Conn) onData(f *http2.DataFrame) error {
 		c.resetStream(f.StreamID, http2.ErrCodeFlowControl, errors.New("h2client: the server sent past the stream's window"))
 		return nil
 	}
-	if !st.body.write(data) {
+	if !st.body.write(data, n-len(data)) {
 		return nil // the reader failed or closed it; the reset follows
-	}
-	if pad := n - len(data); pad > 0 {
-		st.body.mu.Lock()
-		st.body.unrefunded += pad
-		st.body.mu.Unlock()
 	}
 	if f.StreamEnded() {
 		c.endReply(st)

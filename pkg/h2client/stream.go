@@ -113,11 +113,7 @@ func (st *stream) sendBody(req *http.Request) error {
 			c.mu.Lock()
 			for len(data) > 0 && (st.sendWindow <= 0 || c.sendWindow <= 0) && !st.reset && !st.gotEnd && c.err == nil && st.ctx.Err() == nil {
 				if stopWake == nil {
-					stopWake = context.AfterFunc(st.ctx, func() {
-						c.mu.Lock()
-						c.cond.Broadcast()
-						c.mu.Unlock()
-					})
+					stopWake = context.AfterFunc(st.ctx, c.wake)
 				}
 				c.cond.Wait()
 			}
@@ -174,16 +170,27 @@ type pipe struct {
 	stopWake func() bool
 }
 
-// write appends received data; false when the body is no longer read.
-func (p *pipe) write(b []byte) bool {
+// write appends received data, and counts the frame's padding as taken
+// (it is credited back with the next refund); false when the body is no
+// longer read.
+func (p *pipe) write(b []byte, pad int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err != nil {
 		return false
 	}
 	p.buf.Write(b)
+	p.unrefunded += pad
 	p.cond.Broadcast()
 	return true
+}
+
+// stopWatchLocked unregisters the context watch a blocked read set up.
+func (p *pipe) stopWatchLocked() {
+	if p.stopWake != nil {
+		p.stopWake()
+		p.stopWake = nil
+	}
 }
 
 // fail sets what reads return after the buffered bytes (the first one stays).
@@ -221,10 +228,7 @@ func (b replyBody) Read(out []byte) (int, error) {
 	}
 	if p.buf.Len() == 0 {
 		err := p.err
-		if p.stopWake != nil {
-			p.stopWake()
-			p.stopWake = nil
-		}
+		p.stopWatchLocked()
 		p.mu.Unlock()
 		return 0, err
 	}
@@ -251,10 +255,7 @@ func (b replyBody) Close() error {
 	st := b.st
 	p := &st.body
 	p.mu.Lock()
-	if p.stopWake != nil {
-		p.stopWake()
-		p.stopWake = nil
-	}
+	p.stopWatchLocked()
 	p.buf = bytes.Buffer{}
 	p.mu.Unlock()
 	st.cancel(errBodyClosed)
