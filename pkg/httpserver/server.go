@@ -1,11 +1,13 @@
 // Package httpserver is what every fleet server is built on: a Server with
-// Listen/Serve/Close that speaks HTTP/1.1 and HTTP/2 without TLS on one port,
+// Listen/Serve/Close that speaks HTTP/1.1 (net/http) and HTTP/2 without TLS
+// (pkg/h2server, for the calls between our servers) on one port,
 // a router with the fleet's middleware (recovery, metrics by route pattern,
 // body limits, the /ng-rollout prefix), health and metrics routes, and the
 // JSON request/reply helpers that map every error through apierror.
 package httpserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +16,10 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/h2server"
 )
 
 // Defaults for Config.
@@ -43,13 +48,10 @@ type Config struct {
 	// handler bounds its own work with its request's context.
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
-	// MaxConcurrentStreams is the HTTP/2 streams one connection may carry.
-	// Thousands of rollouts in flight share a few connections only when it is
-	// large, but net/http's HTTP/2 write scheduler scans every open stream of
-	// a connection for each frame it writes, so very large values make every
-	// write slow once most streams sit idle (held calls). 2,000 per
-	// connection keeps that scan short; clients open more connections, up to
-	// their own bound (pkg/httpclient), instead of one per request.
+	// MaxConcurrentStreams is the HTTP/2 streams one connection may carry:
+	// thousands of rollouts in flight share a few connections (clients open
+	// more, up to their own bound in pkg/httpclient, rather than one per
+	// request).
 	MaxConcurrentStreams int
 }
 
@@ -68,10 +70,14 @@ func (c *Config) withDefaults() {
 	}
 }
 
-// Server is one listening HTTP server.
+// Server is one listening HTTP server. It reads the first bytes of every
+// connection it accepts: those opening with the HTTP/2 preface are served
+// by h2, the rest by srv (HTTP/1.1).
 type Server struct {
 	cfg    Config
 	srv    *http.Server
+	h2     *h2server.Server
+	h1     *connQueue // srv's listener
 	ln     net.Listener
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -84,6 +90,9 @@ type Server struct {
 	active  atomic.Int64
 	closing atomic.Bool
 	idle    chan struct{}
+	// conns are the goroutines of connections being sniffed or served
+	// over HTTP/2.
+	conns sync.WaitGroup
 }
 
 // New returns a server for handler; call Listen, then Serve.
@@ -92,34 +101,33 @@ func New(cfg Config, handler http.Handler) *Server {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	s := &Server{cfg: cfg, ctx: ctx, cancel: cancel, idle: make(chan struct{}, 1)}
+	s := &Server{cfg: cfg, ctx: ctx, cancel: cancel, idle: make(chan struct{}, 1), h1: newConnQueue()}
+	tracked := s.track(handler)
 	s.srv = &http.Server{
-		Handler:           s.track(handler),
+		Handler:           tracked,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		Protocols:         &protocols,
-		HTTP2: &http.HTTP2Config{
-			MaxConcurrentStreams:          cfg.MaxConcurrentStreams,
-			MaxReceiveBufferPerConnection: DefaultConnReceiveWindow,
-			// The protocol's least frame size, rather than net/http's 1 MiB:
-			// a peer then sends a large body (a commit's or restore's, naming
-			// every episode) in 16 KiB frames read through a 16 KiB buffer,
-			// where its 512 KiB frames grew the connection's read buffer to
-			// match, fresh memory for a process that has just started.
-			MaxReadFrameSize: 16 << 10,
-			// A protocol error a peer caused: most close a stream, some the
-			// whole connection (and every stream on it).
-			CountError: func(errType string) { cfg.Logger.Warn("http2 protocol error", "type", errType) },
-		},
 		// Handlers derive from the server's context, so Close cancels every
 		// request still running.
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		// What net/http reports here is a connection it closed or could not
-		// serve (an HTTP/2 handshake timeout, a flood limit): warnings an
-		// operator must see, since every stream on it failed.
+		// serve: warnings an operator must see.
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
+	s.h2 = h2server.New(h2server.Config{
+		Handler:              tracked,
+		BaseContext:          ctx,
+		Logger:               cfg.Logger,
+		MaxConcurrentStreams: uint32(cfg.MaxConcurrentStreams),
+		ConnReceiveWindow:    DefaultConnReceiveWindow,
+		// The protocol's least frame size: a peer then sends a large body
+		// (a commit's or restore's, naming every episode) in 16 KiB frames
+		// read through a 32 KiB buffer.
+		MaxReadFrameSize: 16 << 10,
+		PrefaceTimeout:   cfg.ReadHeaderTimeout,
+		IdleTimeout:      cfg.IdleTimeout,
+	})
 	return s
 }
 
@@ -173,11 +181,78 @@ func (s *Server) Serve() error {
 			return err
 		}
 	}
-	err := s.srv.Serve(s.listener())
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
+	var h1 sync.WaitGroup
+	h1.Go(func() { s.srv.Serve(s.h1) }) // returns when h1 closes
+	err := s.accept(s.listener())
+	s.h1.Close()
+	h1.Wait()
 	return err
+}
+
+// accept hands every connection to a goroutine that tells its protocol,
+// until the listener closes. Running out of files or memory is waited
+// out, as net/http does, rather than ending the server.
+func (s *Server) accept(ln net.Listener) error {
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err == nil {
+			delay = 0
+			s.conns.Go(func() { s.serveConn(nc) })
+			continue
+		}
+		if s.isClosed() {
+			return nil
+		}
+		if !transientAcceptError(err) {
+			return fmt.Errorf("accepting on %s: %w", s.Addr(), err)
+		}
+		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+		s.cfg.Logger.Warn("accept failed; retrying", "err", err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-s.ctx.Done():
+			t.Stop()
+			return nil
+		}
+	}
+}
+
+// transientAcceptError reports whether an Accept error passes on its own.
+func transientAcceptError(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// serveConn reads the connection's first bytes and serves it over HTTP/2
+// or hands it to net/http.
+func (s *Server) serveConn(nc net.Conn) {
+	stop := context.AfterFunc(s.ctx, func() { nc.Close() }) // a sniff outliving Close
+	conn, h2, err := sniff(nc, s.cfg.ReadHeaderTimeout)
+	stop()
+	if err != nil {
+		nc.Close()
+		return
+	}
+	if h2 {
+		s.h2.ServeConn(conn)
+		return
+	}
+	if !s.h1.push(conn) {
+		conn.Close()
+	}
 }
 
 // Close stops accepting, waits up to the context's deadline (or
@@ -190,7 +265,7 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	defer s.closeListener()
+	s.closeListener()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultShutdownTimeout)
@@ -198,19 +273,19 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	s.closing.Store(true)
 	done := make(chan error, 1)
-	go func() { done <- s.srv.Shutdown(ctx) }()
+	go func() { done <- s.shutdown(ctx) }()
 	var err error
 	select {
 	case err = <-done:
 	case <-s.idleOrDone():
 		// Nothing is in flight. The last replies may still be on their way
 		// out of the connection buffers, so give them a moment, then drop
-		// the idle connections rather than wait out HTTP/2's one-second
-		// GOAWAY grace per client.
+		// the idle connections rather than wait out clients that keep
+		// theirs open.
 		select {
 		case err = <-done:
 		case <-time.After(idleCloseGrace):
-			_ = s.srv.Close()
+			s.closeConns()
 			err = <-done
 			if errors.Is(err, http.ErrServerClosed) {
 				err = nil
@@ -220,12 +295,31 @@ func (s *Server) Close(ctx context.Context) error {
 	s.cancel(errors.New("server closed"))
 	if err != nil {
 		// Requests that outlived the grace period are cut off.
-		_ = s.srv.Close()
+		s.closeConns()
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil
 		}
+		return err
 	}
-	return err
+	// Every connection has closed: their goroutines are ending.
+	s.conns.Wait()
+	return nil
+}
+
+// shutdown closes both protocols' connections as their requests finish.
+func (s *Server) shutdown(ctx context.Context) error {
+	var h2 sync.WaitGroup
+	var h2Err error
+	h2.Go(func() { h2Err = s.h2.Shutdown(ctx) })
+	err := s.srv.Shutdown(ctx)
+	h2.Wait()
+	return cmp.Or(err, h2Err)
+}
+
+// closeConns closes every connection at once.
+func (s *Server) closeConns() {
+	s.h2.Close()
+	_ = s.srv.Close()
 }
 
 // idleOrDone returns a channel closed once no request is in flight.
@@ -265,7 +359,8 @@ func (s *Server) CloseNow() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
-	defer s.closeListener()
+	s.closeListener()
 	s.cancel(errors.New("server closed"))
-	return s.srv.Close()
+	s.closeConns()
+	return nil
 }

@@ -1,0 +1,363 @@
+package h2server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// readFrames dispatches the client's frames until the connection ends. A
+// connection error is sent as GOAWAY before it returns.
+func (c *conn) readFrames() error {
+	for {
+		f, err := c.fr.ReadFrame()
+		if err == nil {
+			err = c.dispatch(f)
+		}
+		if err == nil {
+			continue
+		}
+		if se, ok := errors.AsType[http2.StreamError](err); ok {
+			if err := c.resetStream(se.StreamID, se.Code, fmt.Errorf("h2server: %w", se)); err != nil {
+				return err
+			}
+			continue
+		}
+		if ce, ok := errors.AsType[http2.ConnectionError](err); ok {
+			c.mu.Lock()
+			last := c.maxID
+			c.mu.Unlock()
+			c.s.cfg.Logger.Warn("http2 connection error", "remote", c.remoteAddr, "code", http2.ErrCode(ce))
+			c.writeFrames(func() error { return c.fr.WriteGoAway(last, http2.ErrCode(ce), nil) })
+		}
+		return err
+	}
+}
+
+func (c *conn) dispatch(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		return c.onHeaders(f)
+	case *http2.DataFrame:
+		return c.onData(f)
+	case *http2.WindowUpdateFrame:
+		return c.onWindowUpdate(f)
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return nil
+		}
+		return c.onSettings(f)
+	case *http2.PingFrame:
+		if f.IsAck() {
+			return nil
+		}
+		data := f.Data
+		return c.writeFrames(func() error { return c.fr.WritePing(true, data) })
+	case *http2.RSTStreamFrame:
+		return c.onReset(f)
+	case *http2.GoAwayFrame:
+		// The client opens no more streams; those it has finish.
+		return nil
+	case *http2.PushPromiseFrame:
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	return nil // PRIORITY and unknown frames are ignored
+}
+
+// onHeaders opens a stream for a request, or takes a request's trailers.
+func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	if id%2 == 0 {
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	c.mu.Lock()
+	if id <= c.maxID {
+		st := c.streams[id]
+		c.mu.Unlock()
+		if st == nil {
+			return nil // a stream already ended or reset: dropped
+		}
+		if !f.StreamEnded() {
+			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
+		}
+		return c.endRequestBody(st) // trailers, dropped
+	}
+	c.maxID = id
+	refuse := c.goingAway || c.err != nil ||
+		c.open >= int(c.s.cfg.MaxConcurrentStreams) ||
+		len(c.streams) >= 2*int(c.s.cfg.MaxConcurrentStreams) // handlers still returning from resets
+	c.mu.Unlock()
+	if refuse {
+		return c.writeFrames(func() error { return c.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream) })
+	}
+	if f.Truncated {
+		return c.writeStatusOnly(id, http.StatusRequestHeaderFieldsTooLarge)
+	}
+	req, err := c.newRequest(f)
+	if err != nil {
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: err}
+	}
+	if req.Method == http.MethodOptions && req.RequestURI == "*" {
+		// As net/http answers it: a client's check that the server is up.
+		return c.writeStatusOnly(id, http.StatusOK)
+	}
+	st := c.newStream(id, req, f.StreamEnded())
+	c.handlers.Add(1)
+	go c.runHandler(st)
+	return nil
+}
+
+// writeStatusOnly answers stream id with a bodiless status, without a
+// handler.
+func (c *conn) writeStatusOnly(id uint32, status int) error {
+	return c.writeFrames(func() error {
+		c.hbuf.Reset()
+		c.henc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(status)})
+		c.henc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
+		return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: true, EndHeaders: true})
+	})
+}
+
+// newRequest builds a handler's request from its header block.
+func (c *conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, error) {
+	method := f.PseudoValue("method")
+	path := f.PseudoValue("path")
+	scheme := f.PseudoValue("scheme")
+	authority := f.PseudoValue("authority")
+	if f.PseudoValue("protocol") != "" {
+		return nil, errors.New("extended CONNECT is not supported")
+	}
+	if method == "" || path == "" || scheme == "" || !validMethod(method) {
+		return nil, fmt.Errorf("missing or invalid pseudo-headers (method %q, path %q, scheme %q)", method, path, scheme)
+	}
+	var u *url.URL
+	if path == "*" {
+		if method != http.MethodOptions {
+			return nil, errors.New(`path "*" on a method other than OPTIONS`)
+		}
+		u = &url.URL{Path: "*"}
+	} else {
+		if path[0] != '/' {
+			return nil, fmt.Errorf("path %q is not absolute", path)
+		}
+		var err error
+		if u, err = url.ParseRequestURI(path); err != nil {
+			return nil, err
+		}
+	}
+	fields := f.RegularFields()
+	header := make(http.Header, len(fields))
+	declared := int64(-1)
+	for _, hf := range fields {
+		switch hf.Name {
+		case "connection", "proxy-connection", "keep-alive", "transfer-encoding", "upgrade":
+			return nil, fmt.Errorf("connection-specific header %q", hf.Name)
+		case "te":
+			if hf.Value != "trailers" {
+				return nil, fmt.Errorf("te: %q", hf.Value)
+			}
+		case "content-length":
+			n, err := strconv.ParseInt(hf.Value, 10, 64)
+			if err != nil || n < 0 || (declared >= 0 && n != declared) {
+				return nil, fmt.Errorf("content-length %q", hf.Value)
+			}
+			declared = n
+		case "host":
+			if authority == "" {
+				authority = hf.Value
+			}
+		}
+		key := textproto.CanonicalMIMEHeaderKey(hf.Name)
+		header[key] = append(header[key], hf.Value)
+	}
+	if strings.ContainsAny(authority, " \t\r\n/") {
+		return nil, fmt.Errorf("authority %q", authority)
+	}
+	if f.StreamEnded() {
+		if declared > 0 {
+			return nil, fmt.Errorf("content-length %d on a request without a body", declared)
+		}
+		declared = 0
+	}
+	return &http.Request{
+		Method:        method,
+		URL:           u,
+		Proto:         "HTTP/2.0",
+		ProtoMajor:    2,
+		Header:        header,
+		ContentLength: declared,
+		Host:          authority,
+		RemoteAddr:    c.remoteAddr,
+		RequestURI:    path,
+	}, nil
+}
+
+// validMethod reports whether m is an HTTP token.
+func validMethod(m string) bool {
+	for i := 0; i < len(m); i++ {
+		b := m[i]
+		if b <= ' ' || b >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, b) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// onData takes request body bytes.
+func (c *conn) onData(f *http2.DataFrame) error {
+	id := f.StreamID
+	n := int64(f.Header().Length) // padding included: it counts against the windows
+	c.mu.Lock()
+	c.recvWindow -= n
+	if c.recvWindow < 0 {
+		c.mu.Unlock()
+		return http2.ConnectionError(http2.ErrCodeFlowControl)
+	}
+	st := c.streams[id]
+	if st == nil || st.reset || st.gotEnd {
+		credit := c.creditLocked(n) // nobody will read these bytes
+		closed := id <= c.maxID
+		c.mu.Unlock()
+		if err := c.sendCredit(0, credit); err != nil {
+			return err
+		}
+		switch {
+		case !closed:
+			return http2.ConnectionError(http2.ErrCodeProtocol) // DATA on a stream never opened
+		case st != nil && st.gotEnd && !st.reset:
+			return http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
+		}
+		return nil
+	}
+	st.recvWindow -= n
+	if st.recvWindow < 0 {
+		c.mu.Unlock()
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeFlowControl}
+	}
+	data := f.Data()
+	st.received += int64(len(data))
+	if st.declared >= 0 && (st.received > st.declared || (f.StreamEnded() && st.received != st.declared)) {
+		c.mu.Unlock()
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
+	}
+	// Padding is taken at once; the data when the handler reads it (or
+	// drops it, having closed the body).
+	credit := c.creditLocked(n - int64(len(data)))
+	if !st.body.write(data) {
+		credit += c.creditLocked(int64(len(data)))
+	}
+	c.mu.Unlock()
+	if err := c.sendCredit(0, credit); err != nil {
+		return err
+	}
+	if f.StreamEnded() {
+		return c.endRequestBody(st)
+	}
+	return nil
+}
+
+// endRequestBody takes a request's END_STREAM.
+func (c *conn) endRequestBody(st *stream) error {
+	c.mu.Lock()
+	st.gotEnd = true
+	if st.sentEnd {
+		st.closeLocked()
+	}
+	c.mu.Unlock()
+	st.body.fail(errEOF)
+	return nil
+}
+
+// sendCredit gives the client back credit bytes of window on stream id (0:
+// the connection).
+func (c *conn) sendCredit(id uint32, credit int64) error {
+	if credit <= 0 {
+		return nil
+	}
+	return c.writeFrames(func() error { return c.fr.WriteWindowUpdate(id, uint32(credit)) })
+}
+
+// onWindowUpdate grows a send window.
+func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	inc := int64(f.Increment)
+	if f.StreamID == 0 {
+		if c.sendWindow+inc > maxWindow {
+			return http2.ConnectionError(http2.ErrCodeFlowControl)
+		}
+		c.sendWindow += inc
+	} else if st := c.streams[f.StreamID]; st != nil {
+		if st.sendWindow+inc > maxWindow {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl}
+		}
+		st.sendWindow += inc
+	}
+	c.cond.Broadcast()
+	return nil
+}
+
+// onSettings applies the client's settings and acknowledges them.
+func (c *conn) onSettings(f *http2.SettingsFrame) error {
+	var tableSize uint32
+	tableSizeSet := false
+	c.mu.Lock()
+	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		switch s.ID {
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - c.peerStreamWindow
+			for _, st := range c.streams {
+				if st.sendWindow+delta > maxWindow {
+					return http2.ConnectionError(http2.ErrCodeFlowControl)
+				}
+				st.sendWindow += delta
+			}
+			c.peerStreamWindow = int64(s.Val)
+		case http2.SettingMaxFrameSize:
+			c.peerFrameSize = int(s.Val)
+		case http2.SettingHeaderTableSize:
+			tableSize, tableSizeSet = s.Val, true
+		}
+		return nil
+	})
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return c.writeFrames(func() error {
+		if tableSizeSet {
+			c.henc.SetMaxDynamicTableSizeLimit(tableSize)
+		}
+		return c.fr.WriteSettingsAck()
+	})
+}
+
+// errStreamReset is the cause of a request's context when its client
+// reset the stream.
+var errStreamReset = errors.New("h2server: stream reset by the client")
+
+// onReset takes the client's RST_STREAM: the handler's context is
+// cancelled and its writes fail.
+func (c *conn) onReset(f *http2.RSTStreamFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f.StreamID > c.maxID {
+		return http2.ConnectionError(http2.ErrCodeProtocol) // a stream never opened
+	}
+	if st := c.streams[f.StreamID]; st != nil {
+		st.resetLocked(fmt.Errorf("%w (%v)", errStreamReset, f.ErrCode))
+		c.cond.Broadcast()
+	}
+	return nil
+}

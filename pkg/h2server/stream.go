@@ -1,0 +1,309 @@
+package h2server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"sync"
+
+	"golang.org/x/net/http2"
+)
+
+// errEOF is what a request body's reads return after its last byte.
+var errEOF = io.EOF
+
+// stream is one request and its reply. Its fields but id, ctx, cancel,
+// req and body are under c.mu.
+type stream struct {
+	c      *conn
+	id     uint32
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	req    *http.Request
+
+	// recvWindow is what the client may still send on the stream; unacked
+	// what the handler read and the client has not been given back.
+	recvWindow, unacked int64
+	// declared is the request's content-length (-1 without one), received
+	// what arrived of its body.
+	declared, received int64
+	sendWindow         int64
+	// gotEnd: the request's END_STREAM arrived; sentEnd: the reply's is
+	// written or about to be; reset: either side reset the stream (or the
+	// connection failed). closed: the stream no longer counts as open.
+	gotEnd, sentEnd, reset, closed bool
+
+	body pipe
+}
+
+// newStream registers a stream for req and counts it open.
+func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
+	ctx, cancel := context.WithCancelCause(c.ctx)
+	st := &stream{
+		c:          c,
+		id:         id,
+		ctx:        ctx,
+		cancel:     cancel,
+		recvWindow: int64(c.s.cfg.StreamReceiveWindow),
+		declared:   req.ContentLength,
+		gotEnd:     ended,
+	}
+	st.body.cond.L = &st.body.mu
+	st.body.bufs = &c.s.bufs
+	if ended {
+		req.Body = http.NoBody
+		st.body.err = errEOF
+	} else {
+		req.Body = requestBody{st}
+	}
+	st.req = req.WithContext(ctx)
+	c.mu.Lock()
+	st.sendWindow = c.peerStreamWindow
+	c.streams[id] = st
+	c.open++
+	c.mu.Unlock()
+	return st
+}
+
+// closeLocked stops counting the stream as open (once).
+func (st *stream) closeLocked() {
+	if !st.closed {
+		st.closed = true
+		st.c.open--
+	}
+}
+
+// resetLocked ends the stream with err: the handler's context is
+// cancelled, its body reads fail after what was buffered, its writes fail.
+func (st *stream) resetLocked(err error) {
+	st.reset = true
+	st.closeLocked()
+	st.body.fail(err)
+	st.cancel(err)
+}
+
+// errHandlerPanicked resets the stream of a handler that panicked.
+var errHandlerPanicked = errors.New("h2server: handler panicked")
+
+// runHandler serves the stream's request on the goroutine it is started
+// on, then sends what is left of the reply and forgets the stream.
+func (c *conn) runHandler(st *stream) {
+	defer c.handlers.Done()
+	w := &responseWriter{st: st, head: st.req.Method == http.MethodHead}
+	defer func() {
+		if p := recover(); p != nil {
+			if p != http.ErrAbortHandler {
+				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", st.req.Method, "path", st.req.URL.Path, "panic", p, "stack", string(debug.Stack()))
+			}
+			c.resetStream(st.id, http2.ErrCodeInternal, errHandlerPanicked)
+		} else {
+			w.finish()
+		}
+		c.handlerDone(st)
+	}()
+	c.s.cfg.Handler.ServeHTTP(w, st.req)
+}
+
+// errHandlerDone cancels a request's context once its handler returned.
+var errHandlerDone = errors.New("h2server: handler returned")
+
+// handlerDone forgets a stream whose handler returned: request bytes it
+// left unread are credited back, and after GOAWAY the last stream closes
+// the connection.
+func (c *conn) handlerDone(st *stream) {
+	unread := st.body.close()
+	c.mu.Lock()
+	if !st.closed && !st.sentEnd { // the reply never ended: the stream cannot stay open
+		st.resetLocked(errHandlerDone)
+	}
+	credit := c.creditLocked(unread)
+	closeNow := c.closeStreamLocked(st)
+	c.mu.Unlock()
+	st.cancel(errHandlerDone)
+	c.sendCredit(0, credit)
+	if closeNow {
+		c.closeGracefully()
+	}
+}
+
+// endStreamLocked marks the reply's END_STREAM as about to be written, and
+// reports whether a RST_STREAM (NO_ERROR) must follow it: a reply that
+// comes before the whole request ends the request too (RFC 9113 §8.1).
+// The stream stops counting as open before the frame goes out, so that a
+// client opening its next stream on seeing it is within the limit.
+func (st *stream) endStreamLocked() (resetAfter bool) {
+	st.sentEnd = true
+	if !st.gotEnd {
+		resetAfter = true
+		st.reset = true // what the client still sends is dropped
+		st.body.fail(errReplied)
+	}
+	st.closeLocked()
+	return resetAfter
+}
+
+// errReplied is what a handler reading its request's body after its
+// reply ended gets.
+var errReplied = errors.New("h2server: request body read after the reply ended")
+
+// requestBody is a request's Body.
+type requestBody struct{ st *stream }
+
+// Read returns the body's bytes as they arrive. What it takes is given
+// back to the client as window in batches.
+func (b requestBody) Read(out []byte) (int, error) {
+	st := b.st
+	n, err := st.body.read(st.ctx, out)
+	if n == 0 {
+		return n, err
+	}
+	c := st.c
+	c.mu.Lock()
+	var streamCredit int64
+	st.unacked += int64(n)
+	if !st.gotEnd && !st.reset && st.unacked >= int64(c.s.cfg.StreamReceiveWindow)/4 {
+		streamCredit, st.unacked = st.unacked, 0
+		st.recvWindow += streamCredit
+	}
+	connCredit := c.creditLocked(int64(n))
+	c.mu.Unlock()
+	if streamCredit > 0 || connCredit > 0 {
+		// A handler reads its body before it waits: written on a fresh
+		// stack, the update does not grow the stack it waits on.
+		c.writeFramesFresh(func() error {
+			if connCredit > 0 {
+				if err := c.fr.WriteWindowUpdate(0, uint32(connCredit)); err != nil {
+					return err
+				}
+			}
+			if streamCredit > 0 {
+				return c.fr.WriteWindowUpdate(st.id, uint32(streamCredit))
+			}
+			return nil
+		})
+	}
+	return n, err
+}
+
+// Close drops what is left of the body; the handler's later reads fail.
+func (b requestBody) Close() error {
+	unread := b.st.body.close()
+	c := b.st.c
+	c.mu.Lock()
+	credit := c.creditLocked(unread)
+	c.mu.Unlock()
+	c.sendCredit(0, credit)
+	return nil
+}
+
+// errBodyClosed is what a read after Close returns.
+var errBodyClosed = errors.New("h2server: read on a closed request body")
+
+// pipe holds request bytes received and not read yet.
+type pipe struct {
+	mu   sync.Mutex
+	cond sync.Cond
+	bufs *buffers
+	buf  []byte // unread: buf[off:]; from bufs
+	off  int
+	err  error // what reads return once buf is drained: errEOF or a failure
+	// closed: the handler closed the body (or returned); bytes arriving
+	// are dropped.
+	closed   bool
+	stopWake func() bool
+}
+
+// write appends received bytes; false when nobody will read them.
+func (p *pipe) write(b []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.err != nil {
+		return false
+	}
+	if p.off == len(p.buf) {
+		p.buf, p.off = p.buf[:0], 0
+	}
+	if cap(p.buf)-len(p.buf) < len(b) {
+		// Moved to a larger buffer, without the bytes already read.
+		bigger := append(p.bufs.get(len(p.buf)-p.off+len(b)), p.buf[p.off:]...)
+		p.bufs.put(p.buf)
+		p.buf, p.off = bigger, 0
+	}
+	p.buf = append(p.buf, b...)
+	p.cond.Broadcast()
+	return true
+}
+
+// release gives the buffer back once nothing is left in it to read.
+func (p *pipe) releaseLocked() {
+	p.bufs.put(p.buf)
+	p.buf, p.off = nil, 0
+}
+
+// fail sets what reads return after the buffered bytes (the first stays).
+func (p *pipe) fail(err error) {
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// read takes buffered bytes, waiting for some while ctx allows.
+func (p *pipe) read(ctx context.Context, out []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.off == len(p.buf) && p.err == nil && !p.closed {
+		if err := ctx.Err(); err != nil {
+			return 0, context.Cause(ctx)
+		}
+		if p.stopWake == nil {
+			p.stopWake = context.AfterFunc(ctx, func() {
+				p.mu.Lock()
+				p.cond.Broadcast()
+				p.mu.Unlock()
+			})
+		}
+		p.cond.Wait()
+	}
+	if p.closed {
+		return 0, errBodyClosed
+	}
+	if p.off == len(p.buf) {
+		p.stopWatchLocked()
+		p.releaseLocked() // the handler may wait long after reading its body
+		return 0, p.err
+	}
+	n := copy(out, p.buf[p.off:])
+	p.off += n
+	if p.off == len(p.buf) && p.err != nil {
+		p.releaseLocked()
+		p.stopWatchLocked()
+		if p.err == errEOF {
+			return n, errEOF
+		}
+	}
+	return n, nil
+}
+
+func (p *pipe) stopWatchLocked() {
+	if p.stopWake != nil {
+		p.stopWake()
+		p.stopWake = nil
+	}
+}
+
+// close drops the buffered bytes and returns how many there were.
+func (p *pipe) close() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	unread := int64(len(p.buf) - p.off)
+	p.releaseLocked()
+	p.closed = true
+	p.stopWatchLocked()
+	p.cond.Broadcast()
+	return unread
+}
