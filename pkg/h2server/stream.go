@@ -226,8 +226,11 @@ func (p *pipe) write(b []byte) bool {
 		p.buf, p.off = p.buf[:0], 0
 	}
 	if cap(p.buf)-len(p.buf) < len(b) {
-		// Moved to a larger buffer, without the bytes already read.
-		bigger := append(p.bufs.get(len(p.buf)-p.off+len(b)), p.buf[p.off:]...)
+		// Moved to a buffer twice as large (a body its handler reads
+		// slower than it arrives is copied a bounded number of times),
+		// without the bytes already read.
+		unread := len(p.buf) - p.off
+		bigger := append(p.bufs.get(max(unread+len(b), 2*unread)), p.buf[p.off:]...)
 		p.bufs.put(p.buf)
 		p.buf, p.off = bigger, 0
 	}

@@ -3,13 +3,18 @@ package lifecycle
 import "runtime/debug"
 
 // ServerGCPercent is the GC goal our servers run at unless GOGC is set:
-// the next collection when the heap has grown by half, not doubled (Go's
-// default). A server's heap is mostly requests parked in held calls, all
-// live; at 16,000 rollouts in flight the default's headroom was ~400 MB of
-// the model server's 1.1 GB, and halving it cut the fleet's peak memory by
-// 13% (3.15 to 2.75 GiB) with no slower dispatch, commit or restore
-// (docs/ARCHITECTURE.md, Scale).
-const ServerGCPercent = 50
+// the next collection when the heap (and stacks) have grown by 35%, not
+// doubled (Go's default). A server's heap is mostly requests parked in
+// held calls, all live, and the headroom above them is what the goal
+// sets. At 16,000 rollouts in flight the default's headroom was ~400 MB of
+// the model server's 1.1 GB, and 50 cut the fleet's peak memory by 13%
+// (3.15 to 2.75 GiB) with no slower dispatch, commit or restore. 35, once
+// pkg/h2server had made dispatch faster, cut the peak at 50,000 by 10%
+// more (4.59 to 4.15 GiB, one run each) for a 14% slower dispatch (82.5 to
+// 93.8 s), still as fast as the build before h2server at 50 (91-96 s);
+// checkpoints do not collect (ctlplane's gcHolds), so prepare, commit and
+// restore do not pay for it (docs/ARCHITECTURE.md, Scale).
+const ServerGCPercent = 35
 
 // SetServerGC applies ServerGCPercent unless the environment's GOGC says
 // otherwise. It is for a server's main(), before anything allocates much.
