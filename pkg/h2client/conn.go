@@ -37,6 +37,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/gymfleet/gymfleet/pkg/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/h2frame"
 )
 
 const (
@@ -51,10 +52,6 @@ const (
 	maxReadFrameSize = 1 << 20
 	// maxHeaderListSize bounds a reply's decoded header block.
 	maxHeaderListSize = 1 << 20
-	// initialPeerWindow and friends are RFC 9113's values until the peer's
-	// SETTINGS say otherwise.
-	initialPeerWindow    = 65535
-	initialPeerFrameSize = 16384
 	// initialPeerStreams is the stream limit assumed before the peer's
 	// SETTINGS arrive (net/http's client assumes 100 too).
 	initialPeerStreams = 100
@@ -93,11 +90,8 @@ type Conn struct {
 	streams    map[uint32]*stream
 	reserved   int // slots promised by Reserve, not yet taken by a request
 	opening    int // slots taken by requests whose stream is not registered yet
-	maxStreams int // the peer's SETTINGS_MAX_CONCURRENT_STREAMS
 	sendWindow int64
-	// peerStreamWindow is the peer's SETTINGS_INITIAL_WINDOW_SIZE.
-	peerStreamWindow int64
-	peerFrameSize    int
+	peer       h2frame.Peer // the server's SETTINGS
 	// goAway is set when the peer sent GOAWAY: no new streams.
 	goAway   bool
 	goAwayID uint32
@@ -125,15 +119,13 @@ func Dial(ctx context.Context, dial func(ctx context.Context, network, addr stri
 // NewConn starts HTTP/2 on nc, which it owns from then on.
 func NewConn(nc net.Conn) (*Conn, error) {
 	c := &Conn{
-		nc:               nc,
-		bw:               bufio.NewWriterSize(nc, 64<<10),
-		nextID:           1,
-		streams:          map[uint32]*stream{},
-		maxStreams:       initialPeerStreams,
-		sendWindow:       initialPeerWindow,
-		peerStreamWindow: initialPeerWindow,
-		peerFrameSize:    initialPeerFrameSize,
-		readDone:         make(chan struct{}),
+		nc:         nc,
+		bw:         bufio.NewWriterSize(nc, 64<<10),
+		nextID:     1,
+		streams:    map[uint32]*stream{},
+		sendWindow: h2frame.InitialWindow,
+		peer:       h2frame.NewPeer(initialPeerStreams),
+		readDone:   make(chan struct{}),
 	}
 	c.cond.L = &c.mu
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
@@ -153,7 +145,7 @@ func NewConn(nc net.Conn) (*Conn, error) {
 		)
 	}
 	if err == nil {
-		err = c.fr.WriteWindowUpdate(0, connWindow-initialPeerWindow)
+		err = c.fr.WriteWindowUpdate(0, connWindow-h2frame.InitialWindow)
 	}
 	if err == nil {
 		err = c.bw.Flush()
@@ -190,7 +182,7 @@ func (c *Conn) usableLocked() error {
 // nextIDExhaustedLocked reports whether the connection is near the end of
 // its stream ids (the margin covers the streams being opened).
 func (c *Conn) nextIDExhaustedLocked() bool {
-	return c.nextID > math.MaxInt32-2*uint32(max(c.maxStreams, initialPeerStreams))-2
+	return c.nextID > math.MaxInt32-2*uint32(max(c.peer.MaxStreams, initialPeerStreams))-2
 }
 
 // InFlight is the number of requests open or reserved on the connection.
@@ -211,7 +203,7 @@ func (c *Conn) Reserve() error {
 	if err := c.usableLocked(); err != nil {
 		return err
 	}
-	if c.slotsLocked() >= c.maxStreams {
+	if c.slotsLocked() >= c.peer.MaxStreams {
 		return errors.New("h2client: no stream free")
 	}
 	c.reserved++
@@ -345,7 +337,7 @@ func (c *Conn) openStream(req *http.Request, hasBody bool) (*stream, error) {
 	if reserved {
 		c.reserved--
 	}
-	full := func() bool { return c.slotsLocked() >= c.maxStreams }
+	full := func() bool { return c.slotsLocked() >= c.peer.MaxStreams }
 	if !reserved && full() && c.usableLocked() == nil {
 		stop := context.AfterFunc(req.Context(), c.wake)
 		for full() && c.usableLocked() == nil && req.Context().Err() == nil {
@@ -365,7 +357,7 @@ func (c *Conn) openStream(req *http.Request, hasBody bool) (*stream, error) {
 		c.mu.Unlock()
 		return nil, context.Cause(req.Context())
 	}
-	st.sendWindow = c.peerStreamWindow
+	st.sendWindow = c.peer.StreamWindow
 	st.sentEnd = !hasBody
 	c.opening++
 	c.mu.Unlock()
@@ -428,27 +420,10 @@ func (c *Conn) writeHeadersLocked(id uint32, req *http.Request, endStream bool) 
 	if !endStream && req.ContentLength > 0 {
 		c.field("content-length", strconv.FormatInt(req.ContentLength, 10))
 	}
-	block := c.hbuf.Bytes()
 	c.mu.Lock()
-	frameSize := c.peerFrameSize
+	frameSize := c.peer.FrameSize
 	c.mu.Unlock()
-	first := true
-	for first || len(block) > 0 {
-		n := min(len(block), frameSize)
-		frag := block[:n]
-		block = block[n:]
-		var err error
-		if first {
-			err = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: frag, EndStream: endStream, EndHeaders: len(block) == 0})
-			first = false
-		} else {
-			err = c.fr.WriteContinuation(id, len(block) == 0, frag)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return h2frame.WriteHeaderBlock(c.fr, id, c.hbuf.Bytes(), frameSize, endStream)
 }
 
 func (c *Conn) field(name, value string) {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"golang.org/x/net/http2"
+
+	"github.com/gymfleet/gymfleet/pkg/h2frame"
 )
 
 // readLoop reads the connection's frames until it fails, then fails every
@@ -217,26 +219,13 @@ func (c *Conn) onWindowUpdate(f *http2.WindowUpdateFrame) {
 
 // onSettings applies the server's settings and acknowledges them.
 func (c *Conn) onSettings(f *http2.SettingsFrame) error {
-	var tableSize uint32
-	tableSizeSet := false
 	c.mu.Lock()
-	err := f.ForeachSetting(func(s http2.Setting) error {
-		if err := s.Valid(); err != nil {
-			return err
-		}
-		switch s.ID {
-		case http2.SettingMaxConcurrentStreams:
-			c.maxStreams = int(min(s.Val, 1<<20))
-		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.peerStreamWindow
-			for _, st := range c.streams {
-				st.sendWindow += delta
+	tableSize, tableSizeSet, err := c.peer.Apply(f, func(delta int64) error {
+		for _, st := range c.streams {
+			if st.sendWindow+delta > h2frame.MaxWindow {
+				return http2.ConnectionError(http2.ErrCodeFlowControl)
 			}
-			c.peerStreamWindow = int64(s.Val)
-		case http2.SettingMaxFrameSize:
-			c.peerFrameSize = int(s.Val)
-		case http2.SettingHeaderTableSize:
-			tableSize, tableSizeSet = s.Val, true
+			st.sendWindow += delta
 		}
 		return nil
 	})

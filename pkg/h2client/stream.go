@@ -133,7 +133,7 @@ func (st *stream) sendBody(req *http.Request) error {
 				c.mu.Unlock()
 				return context.Cause(st.ctx)
 			}
-			k := min(int64(len(data)), st.sendWindow, c.sendWindow, int64(c.peerFrameSize))
+			k := min(int64(len(data)), st.sendWindow, c.sendWindow, int64(c.peer.FrameSize))
 			st.sendWindow -= k
 			c.sendWindow -= k
 			last := end && k == int64(len(data))

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/gymfleet/gymfleet/pkg/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/h2frame"
 )
 
 // lingerTimeout bounds how long a connection closing gracefully waits for
@@ -48,11 +49,9 @@ type conn struct {
 	streams map[uint32]*stream
 	open    int    // streams neither side has ended (counted against the limit)
 	maxID   uint32 // the highest stream id the client has opened
-	// sendWindow is what the client's connection window lets us send;
-	// peerStreamWindow and peerFrameSize are its SETTINGS.
-	sendWindow       int64
-	peerStreamWindow int64
-	peerFrameSize    int
+	// sendWindow is what the client's connection window lets us send.
+	sendWindow int64
+	peer       h2frame.Peer // the client's SETTINGS
 	// recvWindow is what the client may still send on the connection, and
 	// unacked what handlers took (or the server dropped) and the client has
 	// not been given back yet.
@@ -68,17 +67,16 @@ type conn struct {
 func newConn(s *Server, nc net.Conn) *conn {
 	ctx, cancel := context.WithCancelCause(s.cfg.BaseContext)
 	c := &conn{
-		s:                s,
-		nc:               nc,
-		remoteAddr:       nc.RemoteAddr().String(),
-		ctx:              ctx,
-		cancel:           cancel,
-		bw:               bufio.NewWriterSize(nc, 32<<10),
-		streams:          map[uint32]*stream{},
-		sendWindow:       initialWindow,
-		peerStreamWindow: initialWindow,
-		peerFrameSize:    minMaxFrameSize,
-		recvWindow:       int64(s.cfg.ConnReceiveWindow),
+		s:          s,
+		nc:         nc,
+		remoteAddr: nc.RemoteAddr().String(),
+		ctx:        ctx,
+		cancel:     cancel,
+		bw:         bufio.NewWriterSize(nc, 32<<10),
+		streams:    map[uint32]*stream{},
+		sendWindow: h2frame.InitialWindow,
+		peer:       h2frame.NewPeer(0),
+		recvWindow: int64(s.cfg.ConnReceiveWindow),
 	}
 	c.cond.L = &c.mu
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 32<<10))
@@ -129,8 +127,8 @@ func (c *conn) start() error {
 			http2.Setting{ID: http2.SettingMaxFrameSize, Val: cfg.MaxReadFrameSize},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: cfg.MaxHeaderListSize},
 		)
-		if err == nil && cfg.ConnReceiveWindow > initialWindow {
-			err = c.fr.WriteWindowUpdate(0, uint32(cfg.ConnReceiveWindow-initialWindow))
+		if err == nil && cfg.ConnReceiveWindow > h2frame.InitialWindow {
+			err = c.fr.WriteWindowUpdate(0, uint32(cfg.ConnReceiveWindow-h2frame.InitialWindow))
 		}
 		return err
 	})

@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/gymfleet/gymfleet/pkg/h2frame"
 )
 
 // readFrames dispatches the client's frames until the connection ends. A
@@ -290,12 +292,12 @@ func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 	defer c.mu.Unlock()
 	inc := int64(f.Increment)
 	if f.StreamID == 0 {
-		if c.sendWindow+inc > maxWindow {
+		if c.sendWindow+inc > h2frame.MaxWindow {
 			return http2.ConnectionError(http2.ErrCodeFlowControl)
 		}
 		c.sendWindow += inc
 	} else if st := c.streams[f.StreamID]; st != nil {
-		if st.sendWindow+inc > maxWindow {
+		if st.sendWindow+inc > h2frame.MaxWindow {
 			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl}
 		}
 		st.sendWindow += inc
@@ -306,27 +308,13 @@ func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 
 // onSettings applies the client's settings and acknowledges them.
 func (c *conn) onSettings(f *http2.SettingsFrame) error {
-	var tableSize uint32
-	tableSizeSet := false
 	c.mu.Lock()
-	err := f.ForeachSetting(func(s http2.Setting) error {
-		if err := s.Valid(); err != nil {
-			return err
-		}
-		switch s.ID {
-		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.peerStreamWindow
-			for _, st := range c.streams {
-				if st.sendWindow+delta > maxWindow {
-					return http2.ConnectionError(http2.ErrCodeFlowControl)
-				}
-				st.sendWindow += delta
+	tableSize, tableSizeSet, err := c.peer.Apply(f, func(delta int64) error {
+		for _, st := range c.streams {
+			if st.sendWindow+delta > h2frame.MaxWindow {
+				return http2.ConnectionError(http2.ErrCodeFlowControl)
 			}
-			c.peerStreamWindow = int64(s.Val)
-		case http2.SettingMaxFrameSize:
-			c.peerFrameSize = int(s.Val)
-		case http2.SettingHeaderTableSize:
-			tableSize, tableSizeSet = s.Val, true
+			st.sendWindow += delta
 		}
 		return nil
 	})

@@ -9,6 +9,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/gymfleet/gymfleet/pkg/h2frame"
 )
 
 // errStreamClosed is what a handler's write returns once its stream is
@@ -153,7 +155,7 @@ func (w *responseWriter) writeHeaders(length int, end bool, body []byte, whole b
 	if end || sentBody {
 		resetAfter = st.endStreamLocked()
 	}
-	frameSize := c.peerFrameSize
+	frameSize := c.peer.FrameSize
 	c.mu.Unlock()
 	w.sentHeader = true
 	return sentBody, c.writeFrames(func() error {
@@ -173,22 +175,8 @@ func (w *responseWriter) writeHeaders(length int, end bool, body []byte, whole b
 		if length >= 0 && !lengthSet {
 			c.field("content-length", strconv.Itoa(length))
 		}
-		block := c.hbuf.Bytes()
-		first := true
-		for first || len(block) > 0 {
-			n := min(len(block), frameSize)
-			frag := block[:n]
-			block = block[n:]
-			var err error
-			if first {
-				err = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: frag, EndStream: end, EndHeaders: len(block) == 0})
-				first = false
-			} else {
-				err = c.fr.WriteContinuation(st.id, len(block) == 0, frag)
-			}
-			if err != nil {
-				return err
-			}
+		if err := h2frame.WriteHeaderBlock(c.fr, st.id, c.hbuf.Bytes(), frameSize, end); err != nil {
+			return err
 		}
 		for rest := body; sentBody && len(rest) > 0; {
 			n := min(len(rest), frameSize)
@@ -224,7 +212,7 @@ func (w *responseWriter) send(b []byte, end bool) (int, error) {
 			c.mu.Unlock()
 			return written, errStreamClosed
 		}
-		k := int(min(int64(len(b)), st.sendWindow, c.sendWindow, int64(c.peerFrameSize)))
+		k := int(min(int64(len(b)), st.sendWindow, c.sendWindow, int64(c.peer.FrameSize)))
 		st.sendWindow -= int64(k)
 		c.sendWindow -= int64(k)
 		last := end && k == len(b)

@@ -28,6 +28,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/h2frame"
 )
 
 // Defaults for Config.
@@ -91,7 +93,7 @@ func (c *Config) withDefaults() {
 	if c.StreamReceiveWindow <= 0 {
 		c.StreamReceiveWindow = DefaultStreamReceiveWindow
 	}
-	if c.ConnReceiveWindow < initialWindow {
+	if c.ConnReceiveWindow < h2frame.InitialWindow {
 		c.ConnReceiveWindow = DefaultConnReceiveWindow
 	}
 	if c.MaxReadFrameSize < minMaxFrameSize || c.MaxReadFrameSize > maxMaxFrameSize {
@@ -108,12 +110,10 @@ func (c *Config) withDefaults() {
 	}
 }
 
-// RFC 9113's fixed values.
+// The range RFC 9113 allows SETTINGS_MAX_FRAME_SIZE.
 const (
-	initialWindow   = 65535
 	minMaxFrameSize = 1 << 14
 	maxMaxFrameSize = 1<<24 - 1
-	maxWindow       = 1<<31 - 1
 )
 
 // Server serves HTTP/2 connections. Its methods are safe for concurrent use.
@@ -172,12 +172,7 @@ func (s *Server) closeDrainedLocked() {
 // finishes the streams it has, and closes. It returns when every
 // connection has closed, or with ctx's error first (Close then ends them).
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	s.shutdown = true
-	conns := s.snapshotLocked()
-	s.closeDrainedLocked()
-	s.mu.Unlock()
-	for _, c := range conns {
+	for _, c := range s.stop() {
 		c.goAway()
 	}
 	select {
@@ -191,17 +186,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // Close closes every connection at once: their handlers' contexts are
 // cancelled, and ServeConn returns as they do.
 func (s *Server) Close() {
-	s.mu.Lock()
-	s.shutdown = true
-	conns := s.snapshotLocked()
-	s.closeDrainedLocked()
-	s.mu.Unlock()
-	for _, c := range conns {
+	for _, c := range s.stop() {
 		c.abort(errServerClosed)
 	}
 }
 
-func (s *Server) snapshotLocked() []*conn {
+// stop refuses new connections and returns those being served.
+func (s *Server) stop() []*conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shutdown = true
+	s.closeDrainedLocked()
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)

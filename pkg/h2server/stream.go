@@ -60,7 +60,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
 	}
 	st.req = req.WithContext(ctx)
 	c.mu.Lock()
-	st.sendWindow = c.peerStreamWindow
+	st.sendWindow = c.peer.StreamWindow
 	c.streams[id] = st
 	c.open++
 	c.mu.Unlock()
