@@ -3,6 +3,7 @@ package h2server
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -273,7 +274,7 @@ func (c *conn) endRequestBody(st *stream) error {
 		st.closeLocked()
 	}
 	c.mu.Unlock()
-	st.body.fail(errEOF)
+	st.body.fail(io.EOF)
 	return nil
 }
 

@@ -11,9 +11,6 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// errEOF is what a request body's reads return after its last byte.
-var errEOF = io.EOF
-
 // stream is one request and its reply. Its fields but id, ctx, cancel,
 // req and body are under c.mu.
 type stream struct {
@@ -54,7 +51,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
 	st.body.bufs = &c.s.bufs
 	if ended {
 		req.Body = http.NoBody
-		st.body.err = errEOF
+		st.body.err = io.EOF
 	} else {
 		req.Body = requestBody{st}
 	}
@@ -208,7 +205,7 @@ type pipe struct {
 	bufs *buffers
 	buf  []byte // unread: buf[off:]; from bufs
 	off  int
-	err  error // what reads return once buf is drained: errEOF or a failure
+	err  error // what reads return once buf is drained: io.EOF or a failure
 	// closed: the handler closed the body (or returned); bytes arriving
 	// are dropped.
 	closed   bool
@@ -285,8 +282,8 @@ func (p *pipe) read(ctx context.Context, out []byte) (int, error) {
 	if p.off == len(p.buf) && p.err != nil {
 		p.releaseLocked()
 		p.stopWatchLocked()
-		if p.err == errEOF {
-			return n, errEOF
+		if p.err == io.EOF {
+			return n, io.EOF
 		}
 	}
 	return n, nil
