@@ -33,6 +33,23 @@ import (
 // the hold's limit is widened to suit them (installHeadroom), not the
 // little the process held before.
 //
+// A checkpoint's hold defers collections rather than turning them off: it
+// sets GOGC to heldGCPercent, a goal thousands of times the live heap. Off
+// (a negative GOGC) would make the prepare wait for a mark under way to end
+// (runtime/debug.SetGCPercent waits only when turning collections off), and
+// a mark at 100,000 rollouts, two cores shared with the rest of the fleet,
+// takes seconds: with GOGC=25 a model server that began one just before the
+// prepare took 4.19 s to prepare against 1.0-1.4 s without one. The mark
+// under way then
+// finishes beside the checkpoint instead of before it, and no new one
+// starts below the limit. The idle sampler (IdleCollections) does turn them
+// off (holdOff): a positive GOGC leaves the runtime's forced collection
+// every two minutes in place, which is what a parked process is held
+// against, and the sampler's goroutine can wait for a mark. The first hold
+// sets the mode for all until the last ends: a checkpoint prepared in a
+// parked process keeps collections off, and an idle hold taken during a
+// checkpoint only counts.
+//
 // The runtime's GC settings belong to the process, so this does too: one
 // package-level holder, counted, since a process can run several servers,
 // each with its own controller (the one global of the package, mirroring
@@ -50,6 +67,12 @@ var processGC gcHolds
 // gcHoldHeadroom is the least growth allowed before the runtime collects
 // during a hold.
 const gcHoldHeadroom = 256 << 20
+
+// heldGCPercent is the GOGC of a hold that defers collections: the heap
+// would have to grow ten-thousandfold before the next one, so only the
+// memory limit starts it. Small enough that the runtime's goal (live heap
+// times the percent, in 64 bits) cannot overflow below 16 TB of heap.
+const heldGCPercent = 1 << 20
 
 // installGrowth is how many bytes a restore may allocate per byte of
 // records it installs before the runtime collects during its hold. The
@@ -84,16 +107,33 @@ func installHeapGrowth(recordBytes int64) int64 {
 // quarter of what the process holds, if more) before the runtime collects;
 // every hold must be released once. A hold that needs more room than the
 // holds before it raises the limit, never above a limit set before them.
-func (g *gcHolds) hold(minHeadroom int64) {
+// It does not wait for a mark under way.
+func (g *gcHolds) hold(minHeadroom int64) { g.take(minHeadroom, false) }
+
+// holdOff is hold that, taken first, turns collections off, the runtime's
+// forced one included, until the last hold ends; it then waits for a mark
+// under way to end. Taken during a hold, it only counts: waiting there
+// would hold up the other holds' widen and release behind the mark.
+func (g *gcHolds) holdOff(minHeadroom int64) { g.take(minHeadroom, true) }
+
+func (g *gcHolds) take(minHeadroom int64, off bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.holders++
-	if g.holders == 1 {
+	first := g.holders == 1
+	if first {
 		g.limit = debug.SetMemoryLimit(-1) // a negative limit reads it
-		g.percent = debug.SetGCPercent(-1)
 		g.asked = 0
 	}
+	// The limit first: collections are never deferred without it.
 	g.widenLocked(minHeadroom)
+	if first {
+		if off {
+			g.percent = debug.SetGCPercent(-1)
+		} else {
+			g.percent = debug.SetGCPercent(heldGCPercent)
+		}
+	}
 }
 
 // widen lets a hold already taken grow by at least minHeadroom from what

@@ -110,3 +110,43 @@ func TestInstallHeapGrowth(t *testing.T) {
 		}
 	}
 }
+
+// Ensure a checkpoint's hold defers collections (a positive GOGC, which
+// never waits for a mark under way) and the idle sampler's turns them off,
+// the first hold deciding for all until the last release. (Not parallel:
+// GC settings belong to the process.)
+func TestGCHolds_TheFirstHoldDecidesWhetherCollectionsAreDeferredOrOff(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	var g gcHolds
+	gogc := func() int {
+		p := debug.SetGCPercent(100)
+		debug.SetGCPercent(p)
+		return p
+	}
+	for _, c := range []struct {
+		name          string
+		first, second func(int64)
+		want          int
+	}{
+		{"a checkpoint first", g.hold, g.holdOff, heldGCPercent},
+		{"the idle sampler first", g.holdOff, g.hold, -1},
+	} {
+		c.first(gcHoldHeadroom)
+		if p := gogc(); p != c.want {
+			t.Fatalf("%s: GOGC = %d after the first hold, want %d", c.name, p, c.want)
+		}
+		c.second(gcHoldHeadroom)
+		if p := gogc(); p != c.want {
+			t.Fatalf("%s: GOGC = %d after the second hold, want %d", c.name, p, c.want)
+		}
+		g.release()
+		if p := gogc(); p != c.want {
+			t.Fatalf("%s: GOGC = %d with one hold left, want %d", c.name, p, c.want)
+		}
+		g.release()
+		if p := gogc(); p != 100 {
+			t.Fatalf("%s: GOGC = %d after the last release, want 100", c.name, p)
+		}
+	}
+}

@@ -27,12 +27,15 @@ func gcSettings() (gogc int64, limit int64) {
 	return int64(s[0].Value.Uint64()), int64(s[1].Value.Uint64())
 }
 
-// wantHeld fails t unless collections are off (GOGC=off reads as a negative
-// percent, stored as a uint64).
+// deferred reports whether GOGC is the one a checkpoint's hold sets:
+// collections deferred until the hold's memory limit.
+func deferred(gogc int64) bool { return gogc == ctlplane.HeldGCPercent }
+
+// wantHeld fails t unless a checkpoint's hold defers collections.
 func wantHeld(t *testing.T, when string) {
 	t.Helper()
-	if gogc, _ := gcSettings(); gogc >= 0 {
-		t.Fatalf("GOGC = %d %s, want off", gogc, when)
+	if gogc, _ := gcSettings(); !deferred(gogc) {
+		t.Fatalf("GOGC = %d %s, want %d (deferred)", gogc, when, ctlplane.HeldGCPercent)
 	}
 }
 
@@ -61,9 +64,8 @@ func TestController_HoldsCollectionsWhilePrepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	gogc, limit := gcSettings()
-	// GOGC=off reads as a negative percent, stored as a uint64.
-	if gogc >= 0 {
-		t.Fatalf("GOGC = %d while prepared, want off", gogc)
+	if !deferred(gogc) {
+		t.Fatalf("GOGC = %d while prepared, want %d (deferred)", gogc, ctlplane.HeldGCPercent)
 	}
 	if limit == math.MaxInt64 || limit <= 0 {
 		t.Fatalf("memory limit = %d while collections are held, want a bound", limit)
@@ -167,8 +169,8 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	if _, err := newController(t, failing, ctlplane.RealClock{}, nil).Restore(ctx, restore); err == nil {
 		t.Fatal("restore with a failing install succeeded")
 	}
-	if gogcDuring >= 0 {
-		t.Fatalf("GOGC = %d during a failing install, want off", gogcDuring)
+	if !deferred(gogcDuring) {
+		t.Fatalf("GOGC = %d during a failing install, want deferred", gogcDuring)
 	}
 	wantReleased(t, "a failed install")
 
@@ -180,12 +182,12 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	if _, err := fresh.Restore(ctx, restore); err != nil {
 		t.Fatal(err)
 	}
-	if gogcReading >= 0 {
-		t.Fatalf("GOGC = %d while the records were read, want off", gogcReading)
+	if !deferred(gogcReading) {
+		t.Fatalf("GOGC = %d while the records were read, want deferred", gogcReading)
 	}
 	// The records are a few bytes: the limit allows the least headroom.
-	if gogcDuring >= 0 || limitDuring == math.MaxInt64 || limitDuring < 256<<20 {
-		t.Fatalf("during install GOGC = %d, limit = %d; want off under a limit of 256 MiB or more", gogcDuring, limitDuring)
+	if !deferred(gogcDuring) || limitDuring == math.MaxInt64 || limitDuring < 256<<20 {
+		t.Fatalf("during install GOGC = %d, limit = %d; want deferred under a limit of 256 MiB or more", gogcDuring, limitDuring)
 	}
 	wantHeld(t, "between restore and resume")
 	if _, err := fresh.Resume(req); err != nil {
@@ -230,8 +232,8 @@ func TestRoutes_RestoreHoldsCollectionsWhileItReadsTheBody(t *testing.T) {
 	if rec.Code < 400 {
 		t.Fatalf("restore with a deadline long past answered %d, want a refusal", rec.Code)
 	}
-	if gogcReading >= 0 {
-		t.Fatalf("GOGC = %d while the restore's body was read, want off (reply %d %s)", gogcReading, rec.Code, rec.Body)
+	if !deferred(gogcReading) {
+		t.Fatalf("GOGC = %d while the restore's body was read, want deferred (reply %d %s)", gogcReading, rec.Code, rec.Body)
 	}
 	wantReleased(t, "a refused restore")
 }

@@ -21,14 +21,14 @@ import (
 // waits for one under way): 2.7-3.6 s of a 100,000-rollout prepare that
 // takes 1.3 s without it (gctrace, bench-scale).
 //
-// The hold is the one a checkpoint takes (gcHolds), so a prepare arriving
-// during it only counts another hold and waits for nothing, and its memory
-// limit keeps the deferral safe: past the headroom the runtime collects
-// anyway. The first period that allocates more than QuietBytes, leaves
+// The hold is the one a checkpoint takes (gcHolds), with collections off
+// rather than deferred (holdOff), so a prepare arriving during it only
+// counts another hold and waits for nothing, and its memory limit keeps
+// the deferral safe: past the headroom the runtime collects anyway. The first period that allocates more than QuietBytes, leaves
 // fewer than ParkedGoroutines, or in which a collection ran (the process
 // reached the hold's limit: it is not parked) ends it; the next parked
 // period takes it again, its limit set from what the process holds then. A
-// checkpoint's own hold, if taken, keeps collections off until its reopen.
+// checkpoint's own hold, if taken, keeps collections held until its reopen.
 // Garbage made before a quiet spell stays until it ends or the limit is
 // reached.
 type IdleCollections struct {
@@ -103,7 +103,7 @@ func (ic IdleCollections) next(held bool, prev, cur idleSample) idleAction {
 
 // collectionHolder is gcHolds as the idle sampler uses it.
 type collectionHolder interface {
-	hold(minHeadroom int64)
+	holdOff(minHeadroom int64)
 	release()
 }
 
@@ -124,7 +124,7 @@ func (ic IdleCollections) run(ctx context.Context, ticks <-chan time.Time, sampl
 		cur := sample()
 		switch ic.next(held, prev, cur) {
 		case idleHold:
-			g.hold(gcHoldHeadroom)
+			g.holdOff(gcHoldHeadroom)
 			held = true
 			// Taking the hold waits for a collection under way to end; the
 			// next period starts after it.

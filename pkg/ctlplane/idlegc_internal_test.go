@@ -45,8 +45,8 @@ func TestIdleCollections_Next(t *testing.T) {
 // recordingHolder records what the idle sampler asks of the holds.
 type recordingHolder struct{ calls []string }
 
-func (h *recordingHolder) hold(int64) { h.calls = append(h.calls, "hold") }
-func (h *recordingHolder) release()   { h.calls = append(h.calls, "release") }
+func (h *recordingHolder) holdOff(int64) { h.calls = append(h.calls, "hold") }
+func (h *recordingHolder) release()      { h.calls = append(h.calls, "release") }
 
 // Ensure run acts on each period's decision and releases the hold it took
 // when its context ends.
