@@ -40,9 +40,8 @@ import (
 // a mark at 100,000 rollouts, two cores shared with the rest of the fleet,
 // takes seconds: with GOGC=25 a model server that began one just before the
 // prepare took 4.19 s to prepare against 1.0-1.4 s without one. The mark
-// under way then
-// finishes beside the checkpoint instead of before it, and no new one
-// starts below the limit. The idle sampler (IdleCollections) does turn them
+// under way then finishes beside the checkpoint instead of before it, and
+// no new one starts below the limit. The idle sampler (IdleCollections) does turn them
 // off (holdOff): a positive GOGC leaves the runtime's forced collection
 // every two minutes in place, which is what a parked process is held
 // against, and the sampler's goroutine can wait for a mark. The first hold

@@ -21,11 +21,12 @@ import (
 // waits for one under way): 2.7-3.6 s of a 100,000-rollout prepare that
 // takes 1.3 s without it (gctrace, bench-scale).
 //
-// The hold is the one a checkpoint takes (gcHolds), with collections off
-// rather than deferred (holdOff), so a prepare arriving during it only
+// The hold is the checkpoints' (gcHolds), taken turning collections off
+// rather than deferring them (holdOff), so a prepare arriving during it only
 // counts another hold and waits for nothing, and its memory limit keeps
-// the deferral safe: past the headroom the runtime collects anyway. The first period that allocates more than QuietBytes, leaves
-// fewer than ParkedGoroutines, or in which a collection ran (the process
+// the deferral safe: past the headroom the runtime collects anyway. The
+// first period that allocates more than QuietBytes, leaves fewer than
+// ParkedGoroutines, or in which a collection ran (the process
 // reached the hold's limit: it is not parked) ends it; the next parked
 // period takes it again, its limit set from what the process holds then. A
 // checkpoint's own hold, if taken, keeps collections held until its reopen.
@@ -126,8 +127,8 @@ func (ic IdleCollections) run(ctx context.Context, ticks <-chan time.Time, sampl
 		case idleHold:
 			g.holdOff(gcHoldHeadroom)
 			held = true
-			// Taking the hold waits for a collection under way to end; the
-			// next period starts after it.
+			// Taking the hold first waits for a collection under way to
+			// end; the next period starts after it.
 			cur = sample()
 		case idleRelease:
 			g.release()
