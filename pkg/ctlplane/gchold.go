@@ -119,20 +119,19 @@ func (g *gcHolds) take(minHeadroom int64, off bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.holders++
-	first := g.holders == 1
-	if first {
-		g.limit = debug.SetMemoryLimit(-1) // a negative limit reads it
-		g.asked = 0
+	if g.holders > 1 {
+		g.widenLocked(minHeadroom)
+		return
 	}
+	g.limit = debug.SetMemoryLimit(-1) // a negative limit reads it
+	g.asked = 0
 	// The limit first: collections are never deferred without it.
 	g.widenLocked(minHeadroom)
-	if first {
-		if off {
-			g.percent = debug.SetGCPercent(-1)
-		} else {
-			g.percent = debug.SetGCPercent(heldGCPercent)
-		}
+	percent := heldGCPercent
+	if off {
+		percent = -1
 	}
+	g.percent = debug.SetGCPercent(percent)
 }
 
 // widen lets a hold already taken grow by at least minHeadroom from what

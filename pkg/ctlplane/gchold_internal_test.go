@@ -119,15 +119,14 @@ func TestGCHolds_TheFirstHoldDecidesWhetherCollectionsAreDeferredOrOff(t *testin
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 	var g gcHolds
-	gogc := func() int {
-		p := debug.SetGCPercent(100)
-		debug.SetGCPercent(p)
+	gogc := func() int64 {
+		p, _ := gcSettingsNow()
 		return p
 	}
 	for _, c := range []struct {
 		name          string
 		first, second func(int64)
-		want          int
+		want          int64
 	}{
 		{"a checkpoint first", g.hold, g.holdOff, heldGCPercent},
 		{"the idle sampler first", g.holdOff, g.hold, -1},

@@ -87,11 +87,6 @@ func TestIdleCollections_RunReleasesItsHoldWhenItEnds(t *testing.T) {
 func TestIdleCollections_RunHoldsTheProcessCollections(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
-	settings := func() (gogc int64, limit uint64) {
-		s := []runtimemetrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
-		runtimemetrics.Read(s)
-		return int64(s[0].Value.Uint64()), s[1].Value.Uint64()
-	}
 	ic := IdleCollections{Every: 5 * time.Millisecond, QuietBytes: math.MaxUint64, ParkedGoroutines: 1}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -105,7 +100,7 @@ func TestIdleCollections_RunHoldsTheProcessCollections(t *testing.T) {
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		gogc, limit := settings()
+		gogc, limit := gcSettingsNow()
 		if gogc < 0 { // off reads as a negative percent
 			if limit == math.MaxInt64 {
 				t.Fatal("collections held without a memory limit")
@@ -119,7 +114,15 @@ func TestIdleCollections_RunHoldsTheProcessCollections(t *testing.T) {
 	}
 	cancel()
 	<-done
-	if gogc, limit := settings(); gogc != 100 || limit != math.MaxInt64 {
+	if gogc, limit := gcSettingsNow(); gogc != 100 || limit != math.MaxInt64 {
 		t.Fatalf("after Run ended GOGC = %d and limit = %d, want 100 and none", gogc, limit)
 	}
+}
+
+// gcSettingsNow reads GOGC (off reads as a negative percent) and the memory
+// limit without changing them.
+func gcSettingsNow() (gogc int64, limit uint64) {
+	s := []runtimemetrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	runtimemetrics.Read(s)
+	return int64(s[0].Value.Uint64()), s[1].Value.Uint64()
 }
