@@ -3,7 +3,7 @@ package lifecycle
 import "runtime/debug"
 
 // ServerGCPercent is the GC goal our servers run at unless GOGC is set:
-// the next collection when the heap (and stacks) have grown by 25%, not
+// the next collection when the heap (and stacks) have grown by 15%, not
 // doubled (Go's default). A server's heap is mostly requests parked in
 // held calls, all live, and the headroom above them is what the goal
 // sets. At 16,000 rollouts in flight the default's headroom was ~400 MB of
@@ -16,10 +16,12 @@ import "runtime/debug"
 // inside a checkpoint (RSS sampled every 0.2 s: each server's at the end of
 // the commit within 0.07 GiB of its RSS when the last rollout was held),
 // so the goal is what sets it: 25 took one run to 7.73 GiB against
-// 8.37-8.64 at 35, dispatch 247 s against 197-236. Checkpoints defer
+// 8.37-8.64 at 35, dispatch 247 s against 197-236. 15 took one run to
+// 7.36 GiB (7.54 in the fresh fleet) against 8.23 (8.72) at 25 the same
+// evening, dispatch 249 s against 316. Checkpoints defer
 // collections (ctlplane's gcHolds), so prepare, commit and restore do not
 // pay for it (docs/ARCHITECTURE.md, Scale).
-const ServerGCPercent = 25
+const ServerGCPercent = 15
 
 // SetServerGC applies ServerGCPercent unless the environment's GOGC says
 // otherwise. It is for a server's main(), before anything allocates much.
