@@ -18,9 +18,10 @@ import "runtime/debug"
 // so the goal is what sets it: 25 took one run to 7.73 GiB against
 // 8.37-8.64 at 35, dispatch 247 s against 197-236. 15 took one run to
 // 7.36 GiB (7.54 in the fresh fleet) against 8.23 (8.72) at 25 the same
-// evening, dispatch 249 s against 316. Checkpoints defer
-// collections (ctlplane's gcHolds), so prepare, commit and restore do not
-// pay for it (docs/ARCHITECTURE.md, Scale).
+// evening, dispatch 249 s against 316; three runs at 15 peaked at
+// 7.45-7.75 GiB (fresh fleet 7.08-7.67), dispatch 225-231 s. Checkpoints
+// defer collections (ctlplane's gcHolds), so prepare, commit and restore
+// do not pay for it (docs/ARCHITECTURE.md, Scale).
 const ServerGCPercent = 15
 
 // SetServerGC applies ServerGCPercent unless the environment's GOGC says
