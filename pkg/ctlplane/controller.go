@@ -169,13 +169,26 @@ func (c *Controller) Phase() (Phase, string) {
 
 func (c *Controller) now() time.Time { return c.clock.Now() }
 
+// MaxDeadlineAhead bounds how far ahead of now a deadline_ts may be. The
+// lease runs to the deadline plus the grace, so an unbounded deadline would
+// let one control call keep admission closed long after its controller died.
+const MaxDeadlineAhead = 24 * time.Hour
+
 // deadline converts and checks deadline_ts.
 func (c *Controller) deadline(ts float64) (time.Time, error) {
 	if math.IsNaN(ts) || math.IsInf(ts, 0) || ts <= 0 {
 		return time.Time{}, apierror.New(apierror.InvalidRequest, "deadline_ts must be a positive finite Unix time in seconds")
 	}
-	d := time.Unix(0, int64(ts*1e9))
-	if !d.After(c.now()) {
+	now := c.now()
+	// Compared in float seconds before converting: ts*1e9 overflows int64
+	// past the year 2262 and would wrap into the past.
+	nowTS := float64(now.UnixNano()) / 1e9
+	if ts > nowTS+MaxDeadlineAhead.Seconds() {
+		return time.Time{}, apierror.New(apierror.InvalidRequest, "deadline_ts %g is more than %s ahead of the server's clock (%.3f)", ts, MaxDeadlineAhead, nowTS)
+	}
+	sec, frac := math.Modf(ts)
+	d := time.Unix(int64(sec), int64(frac*1e9))
+	if !d.After(now) {
 		return time.Time{}, apierror.New(apierror.DeadlineExceeded, "deadline_ts %.3f is in the past", ts)
 	}
 	return d, nil

@@ -1,7 +1,6 @@
 package ctlplane
 
 import (
-	"crypto/subtle"
 	"net/http"
 	"time"
 
@@ -132,10 +131,8 @@ func (r *codeRecorder) code() apierror.Code {
 }
 
 func (c *Controller) auth(next http.Handler) http.Handler {
-	want := []byte("Bearer " + c.cfg.ControlAuthToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		if !httpserver.BearerMatches(r, c.cfg.ControlAuthToken) {
 			c.metrics.refusal(apierror.Unauthorized)
 			apierror.Write(w, r, nil, apierror.New(apierror.Unauthorized, "missing or wrong bearer token for the checkpoint control API"))
 			return

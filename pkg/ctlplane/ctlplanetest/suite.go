@@ -74,8 +74,10 @@ func RunDisabled(t *testing.T, url string) {
 type client struct {
 	url, token string
 	prefix     string
-	t          *testing.T
-	http       *http.Client
+	// scheme of the Authorization header; empty means "Bearer".
+	scheme string
+	t      *testing.T
+	http   *http.Client
 }
 
 // newClient returns a client of the control API whose connections close
@@ -90,7 +92,11 @@ func (c client) do(method, path string, body any) (int, string, map[string]any) 
 	c.t.Helper()
 	h := http.Header{}
 	if c.token != "" {
-		h.Set("Authorization", "Bearer "+c.token)
+		scheme := c.scheme
+		if scheme == "" {
+			scheme = "Bearer"
+		}
+		h.Set("Authorization", scheme+" "+c.token)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -160,6 +166,15 @@ func testAuth(t *testing.T, s Subject) {
 			}
 		}
 	}
+	// RFC 7235: the scheme is case-insensitive.
+	for _, scheme := range []string{"bearer", "BEARER"} {
+		c := newClient(t, s.URL, "")
+		c.scheme = scheme
+		c.token = Token
+		if st, code, m := c.op("status", nil); st != http.StatusOK {
+			t.Errorf("status with scheme %q: got %d %q (%v), want 200", scheme, st, code, m)
+		}
+	}
 	c := newClient(t, s.URL, Token)
 	m := c.want("status", nil, http.StatusOK, "")
 	if m["kind"] != s.Kind || m["instance"] != s.Instance || m["phase"] != "idle" {
@@ -189,6 +204,8 @@ func testBadInput(t *testing.T, s Subject) {
 		{"empty id", "prepare", map[string]any{"checkpoint_id": "", "deadline_ts": future(30)}, 400, "invalid_request"},
 		{"deadline in the past", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": past}, 409, "deadline_exceeded"},
 		{"missing deadline", "prepare", map[string]any{"checkpoint_id": "c1"}, 400, "invalid_request"},
+		{"deadline past int64 nanoseconds", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 9999999999}, 400, "invalid_request"},
+		{"deadline far in the future", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 1e23}, 400, "invalid_request"},
 		{"commit in idle", "commit", commitReq("c1", dir, nil), 409, "invalid_phase"},
 		{"commit without scope", "commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir}, 400, "invalid_request"},
 		{"relative dir", "commit", commitReq("c1", "relative/dir", nil), 400, "invalid_request"},
