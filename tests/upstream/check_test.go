@@ -114,16 +114,20 @@ func (r *run) check(e Expect, ex *exchange) error {
 		}
 		return nil
 	case "no_event":
-		vals, _ := selectPath(ex.reply, "events[*].data.type")
-		for _, v := range vals {
-			if v == e.Arg {
-				return fmt.Errorf("the stream has a %s event", e.Arg)
-			}
+		// No value at Path (by default every event's type and name) is Arg.
+		paths := []string{"events[*].data.type", "events[*].event"}
+		if e.Path != "" {
+			paths = []string{e.Path}
 		}
-		evs, _ := selectPath(ex.reply, "events[*].event")
-		for _, v := range evs {
-			if v == e.Arg {
-				return fmt.Errorf("the stream has a %s event", e.Arg)
+		for _, p := range paths {
+			vals, err := selectPath(ex.reply, p)
+			if err != nil {
+				return err
+			}
+			for _, v := range vals {
+				if v == e.Arg {
+					return fmt.Errorf("the stream has %s %q", p, e.Arg)
+				}
 			}
 		}
 		return nil
