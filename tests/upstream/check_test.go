@@ -253,6 +253,23 @@ func (r *run) checkValue(e Expect, v any) error {
 		return checkNeMoGymResponse(v)
 	case "nemo_rl_trainable":
 		return checkNeMoRLTrainable(v)
+	case "text_of":
+		// Chat message content as a string, or as parts whose first is
+		// the text (what Gym's vllm_model test compares).
+		if str, ok := v.(string); ok {
+			if str != e.Arg {
+				return fmt.Errorf("%q, want %q", str, e.Arg)
+			}
+			return nil
+		}
+		parts, _ := v.([]any)
+		if len(parts) == 0 {
+			return fmt.Errorf("%s is neither text nor content parts", short(v))
+		}
+		first, _ := parts[0].(map[string]any)
+		if first == nil || first["text"] != e.Arg {
+			return fmt.Errorf("%s, want text %q", short(v), e.Arg)
+		}
 	case "no_delivered_records":
 		if m, ok := v.(map[string]any); ok {
 			if recs, ok := m["records"].([]any); ok && len(recs) > 0 {
