@@ -429,7 +429,7 @@ func asArray(v any) []any { a, _ := v.([]any); return a }
 var routedExpertsEnvelope = regexp.MustCompile(`^nrlre1:(int8|int16|int32):\d+x\d+x\d+:[A-Za-z0-9+/=]*$`)
 
 // checkNeMoRLTrainable is NeMo RL's read of response.output
-// (nemo_rl/environments/nemo_gym.py 359-367 and 856-966): every item with
+// (nemo_rl/environments/nemo_gym.py 359-367 and 830-996): every item with
 // non-empty generation_token_ids is a trainable turn carrying
 // prompt_token_ids and generation_log_probs; each turn's prompt extends
 // the previous turns' prompt and generation token for token; routed_experts,
