@@ -136,6 +136,14 @@ func (r *run) check(e Expect, ex *exchange) error {
 	if err != nil {
 		return err
 	}
+	if e.Check == "any_eq" {
+		for _, v := range vals {
+			if v == e.Arg {
+				return nil
+			}
+		}
+		return fmt.Errorf("no value is %q (%d values)", e.Arg, len(vals))
+	}
 	if e.Check == "not_true" {
 		for _, v := range vals {
 			if v == true {

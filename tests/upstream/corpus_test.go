@@ -123,8 +123,8 @@ type Expect struct {
 	In []any `json:"in,omitempty"`
 	// Check names a property implemented in check_test.go:
 	// nemogym_response, nemo_rl_trainable, set_cookie, no_delivered_records,
-	// no_event (Arg: a value that must not appear), not_true, text_of (Arg:
-	// the text).
+	// no_event (Arg: a value that must not appear), any_eq (Arg: a value
+	// one of the selected must be), not_true, text_of (Arg: the text).
 	Check string `json:"check,omitempty"`
 	Arg   string `json:"arg,omitempty"`
 }
