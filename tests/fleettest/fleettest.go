@@ -75,6 +75,9 @@ type Options struct {
 	// Client talks to the fake inference server's /_ctl routes (nil: a
 	// default client).
 	Client *http.Client
+	// Resources replaces our resources server of a type with the server at
+	// this URL (e.g. a NeMo Gym-shaped one), for its agent and environments.
+	Resources map[string]string
 }
 
 // StartModelServer starts a policy model server in front of upstream (a base
@@ -115,6 +118,10 @@ func Start(t testing.TB, opts Options) *Fleet {
 	f.ModelURL = StartModelServer(t, f.FakeURL+"/v1", fcfg.Model, true)
 
 	for _, typ := range []string{resources.TypeWeather, resources.TypeCounter} {
+		if u, ok := opts.Resources[typ]; ok {
+			f.ResourcesURLs[typ] = u
+			continue
+		}
 		rcfg := resources.DefaultConfig()
 		rcfg.Name, rcfg.Type, rcfg.Listen = typ, typ, "127.0.0.1:0"
 		rs, err := resources.New(rcfg, resources.Deps{})

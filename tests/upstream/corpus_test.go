@@ -64,7 +64,11 @@ type Fixture struct {
 	// of a stub vLLM serving these replies, in order, per path (the last
 	// one repeats).
 	Upstream map[string][]StubReply `json:"upstream,omitempty"`
-	Steps    []Step                 `json:"steps"`
+	// GymResources replaces our resources servers of these types with
+	// NeMo Gym-shaped ones that keep sessions only in cookies (counter:
+	// gymcounter_test.go).
+	GymResources []string `json:"gym_resources,omitempty"`
+	Steps        []Step   `json:"steps"`
 }
 
 // StubReply is one reply of the stub vLLM.
@@ -79,8 +83,9 @@ type StubReply struct {
 // Step is one HTTP exchange.
 type Step struct {
 	Name string `json:"name"`
-	// Server is env, env_legacy, agent:<name>, resources:<type>, model,
-	// fake, or upstream_log (the requests the stub vLLM received on Path).
+	// Server is env, env_legacy, agent:<name>, resources:<type>,
+	// gym_resources:<type>, model, fake, or upstream_log (the requests the
+	// stub vLLM received on Path).
 	Server string `json:"server"`
 	Method string `json:"method,omitempty"`
 	Path   string `json:"path"`
@@ -227,7 +232,15 @@ func newRun(t *testing.T, f *Fixture) *run {
 		r.urls["model"] = fleettest.StartModelServer(t, r.stub.srv.URL+"/v1", "upstream-model", false)
 		return r
 	}
-	fl := fleettest.Start(t, fleettest.Options{})
+	override := map[string]string{}
+	for _, typ := range f.GymResources {
+		if typ != "counter" {
+			t.Fatalf("no NeMo Gym-shaped %q resources server in this test", typ)
+		}
+		override[typ] = newGymCounter(t).srv.URL
+		r.urls["gym_resources:"+typ] = override[typ]
+	}
+	fl := fleettest.Start(t, fleettest.Options{Resources: override})
 	r.urls["env"] = fl.EnvURLs[environment.ProtocolSingleAgentTurn]
 	r.urls["env_legacy"] = fl.EnvURLs[environment.ProtocolLegacy]
 	for name, u := range fl.AgentURLs {
