@@ -11,45 +11,11 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/agent"
-	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/modelproxy"
-	"github.com/gymfleet/gymfleet/pkg/resources"
+	"github.com/gymfleet/gymfleet/tests/fleettest"
 )
-
-// server is what every fleet server provides.
-type server interface {
-	Listen() error
-	Serve() error
-	Close(ctx context.Context) error
-	URL() string
-}
-
-// serve listens and serves s until the test ends; servers close in reverse
-// start order (t.Cleanup is LIFO), so callers close before callees.
-func serve(t *testing.T, name string, s server) string {
-	t.Helper()
-	if err := s.Listen(); err != nil {
-		t.Fatalf("%s: listen: %v", name, err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("%s: close: %v", name, err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("%s: serve: %v", name, err)
-		}
-	})
-	return s.URL()
-}
 
 // testFleet is one in-process fleet.
 type testFleet struct {
@@ -63,70 +29,10 @@ type testFleet struct {
 // startFleet starts every server; stream sets the agents' streaming.
 func startFleet(t *testing.T, stream bool) *testFleet {
 	t.Helper()
-	f := &testFleet{envURLs: map[string]string{}, client: httpclient.New(httpclient.Options{H2C: true})}
-	t.Cleanup(f.client.CloseIdleConnections)
-
-	fcfg := fakeinference.DefaultConfig()
-	fcfg.Listen = "127.0.0.1:0"
-	// Fast generation: the test is about the wiring, not pacing.
-	fcfg.TokensPerSecond = 0
-	fcfg.MinCallSeconds = 0
-	fake, err := fakeinference.New(fcfg, fakeinference.Deps{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.fakeURL = serve(t, "fakeinference", fake)
-	f.ctl = fakeinference.NewControl(f.fakeURL, f.client)
-
-	mcfg := modelproxy.DefaultConfig()
-	mcfg.Listen = "127.0.0.1:0"
-	mcfg.Upstream.BaseURL = f.fakeURL + "/v1"
-	mcfg.Upstream.Model = fcfg.Model
-	mcfg.Upstream.H2C = true
-	mcfg.ReturnTokenIDs = true
-	mcfg.Capture.Dir = t.TempDir()
-	model, err := modelproxy.New(mcfg, modelproxy.Deps{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.modelURL = serve(t, "policy_model", model)
-
-	resURLs := map[string]string{}
-	for _, typ := range []string{resources.TypeWeather, resources.TypeCounter} {
-		rcfg := resources.DefaultConfig()
-		rcfg.Name, rcfg.Type, rcfg.Listen = typ, typ, "127.0.0.1:0"
-		rs, err := resources.New(rcfg, resources.Deps{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		resURLs[typ] = serve(t, typ, rs)
-	}
-
-	var agents []environment.AgentConfig
-	for _, a := range []struct{ name, res string }{{"weather_agent", resources.TypeWeather}, {"counter_agent", resources.TypeCounter}} {
-		acfg := agent.DefaultConfig()
-		acfg.Name, acfg.Listen = a.name, "127.0.0.1:0"
-		acfg.ModelServerURL, acfg.ResourcesServerURL = f.modelURL, resURLs[a.res]
-		acfg.Stream = stream
-		acfg.MaxSteps = 10
-		as, err := agent.New(acfg, agent.Deps{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		url := serve(t, a.name, as)
-		agents = append(agents, environment.AgentConfig{Name: a.name, URL: url, ResourcesURL: resURLs[a.res]})
-	}
-
-	for _, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
-		ecfg := environment.DefaultConfig()
-		ecfg.Listen, ecfg.Name, ecfg.Protocol, ecfg.Agents = "127.0.0.1:0", "env_"+protocol, protocol, agents
-		env, err := environment.New(ecfg, environment.Deps{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.envURLs[protocol] = serve(t, "env_"+protocol, env)
-	}
-	return f
+	client := httpclient.New(httpclient.Options{H2C: true})
+	t.Cleanup(client.CloseIdleConnections)
+	fl := fleettest.Start(t, fleettest.Options{Stream: stream, Client: client})
+	return &testFleet{fakeURL: fl.FakeURL, modelURL: fl.ModelURL, envURLs: fl.EnvURLs, ctl: fl.Ctl, client: client}
 }
 
 // get GETs url and returns the body of a 200.
