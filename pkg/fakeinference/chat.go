@@ -49,11 +49,11 @@ func ParseChatRequest(body []byte) (*ChatInput, error) {
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return nil, badRequest("", "request body is empty; expected a JSON object")
 	}
-	if err := checkIntegerFields(body); err != nil {
-		return nil, err
-	}
 	var req openai.ChatRequest
 	if err := codec.Unmarshal(body, &req); err != nil {
+		if rerr := checkIntegerFields(body); rerr != nil {
+			return nil, rerr
+		}
 		return nil, badRequest("", "invalid request body: %s", codec.DescribeError(err))
 	}
 	if len(req.Messages) == 0 {
@@ -89,10 +89,10 @@ func ParseChatRequest(body []byte) (*ChatInput, error) {
 	return in, nil
 }
 
-// checkIntegerFields refuses a token limit that is not a JSON integer with
-// a message naming the field, where decoding would only say the body is
-// invalid. (vLLM's pydantic model also takes 5.0 and "5"; the stand-in does
-// not.)
+// checkIntegerFields names the token limit that made a body fail to
+// decode, when one is not a JSON integer, where the decoding error would
+// only say the body is invalid. (vLLM's pydantic model also takes 5.0 and "5";
+// the stand-in does not.)
 func checkIntegerFields(body []byte) *RequestError {
 	var probe struct {
 		MaxTokens           codec.RawMessage `json:"max_tokens"`
@@ -111,7 +111,7 @@ func checkIntegerFields(body []byte) *RequestError {
 		if raw == "" || raw == "null" {
 			continue
 		}
-		if _, err := strconv.ParseInt(raw, 10, 32); err == nil {
+		if _, err := strconv.ParseInt(raw, 10, 64); err == nil {
 			continue
 		}
 		if f.name == "top_logprobs" {
@@ -193,7 +193,7 @@ func (s *Server) completionLimit(promptLen int, req *openai.ChatRequest) (int, *
 	if mt == nil {
 		return maxCtx - promptLen, nil
 	}
-	if promptLen+*mt > maxCtx {
+	if *mt > maxCtx-promptLen { // not promptLen+*mt: that can overflow
 		return 0, badRequest("max_tokens", "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", *mt, maxCtx, promptLen, *mt, maxCtx, promptLen)
 	}
 	return *mt, nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -260,6 +261,10 @@ func TestChat_ContextOverflow(t *testing.T) {
 				t.Errorf("got %d %s\nwant 400 %s", r.status, r.body, tt.want)
 			}
 		})
+	}
+	huge := f.chat(map[string]any{"messages": []any{userMsg("hi")}, "max_tokens": int64(math.MaxInt64)}, nil)
+	if e := vllmError(t, huge, 400); !strings.Contains(e.Message, "is too large: 9223372036854775807.") {
+		t.Errorf("max_tokens MaxInt64: %s", huge.body)
 	}
 	if r := f.chat(with(short, "max_tokens", 26), nil); r.status != 200 {
 		t.Errorf("a request that fits: %d %s", r.status, r.body)
