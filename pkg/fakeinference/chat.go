@@ -1,6 +1,7 @@
 package fakeinference
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -74,6 +75,9 @@ func ParseChatRequest(body []byte) (*ChatInput, error) {
 	if req.StreamOptions != nil && !req.Stream {
 		return nil, badRequest("stream_options", "Stream options can only be defined when `stream=True`.")
 	}
+	if rerr := checkToolUsage(&req); rerr != nil {
+		return nil, rerr
+	}
 	in.opts.asTokenIDs = req.ReturnTokensAsTokenIDs != nil && *req.ReturnTokensAsTokenIDs
 	in.opts.returnTokenIDs = req.ReturnTokenIDs != nil && *req.ReturnTokenIDs
 	in.opts.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
@@ -87,6 +91,68 @@ func ParseChatRequest(body []byte) (*ChatInput, error) {
 		}
 	}
 	return in, nil
+}
+
+// checkToolUsage makes vLLM's checks of tools and tool_choice
+// (check_tool_usage in vllm/entrypoints/openai/chat_completion/protocol.py,
+// vLLM commit 002032ee2b18e1f7bd924ec47b62504ba3866063): no empty tools
+// list, no tool_choice but "none" without tools, and a named choice names
+// an offered tool.
+func checkToolUsage(req *openai.ChatRequest) *RequestError {
+	if req.Tools != nil && len(req.Tools) == 0 {
+		return badRequest("tools", "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.")
+	}
+	choice := bytes.TrimSpace(req.ToolChoice)
+	if len(choice) == 0 || string(choice) == "null" || string(choice) == `"none"` {
+		return nil
+	}
+	if req.Tools == nil {
+		return badRequest("tool_choice", "When using `tool_choice`, `tools` must be set.")
+	}
+	if string(choice) == `"auto"` || string(choice) == `"required"` {
+		return nil
+	}
+	if choice[0] != '{' {
+		shown := string(choice)
+		var str string
+		if codec.Unmarshal(choice, &str) == nil {
+			shown = str
+		}
+		return badRequest("tool_choice", `Invalid value for `+"`tool_choice`"+`: %s! Only named tools, "none", "auto" or "required" are supported.`, truncateForMessage(shown))
+	}
+	const usage = "Correct usage: `{\"type\": \"function\", \"function\": {\"name\": \"my_function\"}}`"
+	var named struct {
+		Function codec.RawMessage `json:"function"`
+	}
+	if codec.Unmarshal(choice, &named) != nil {
+		return badRequest("tool_choice", "Invalid value for `tool_choice`! %s", usage)
+	}
+	fn := bytes.TrimSpace(named.Function)
+	if len(fn) == 0 || fn[0] != '{' {
+		shown := string(fn)
+		if len(fn) == 0 || shown == "null" {
+			shown = "None" // as Python prints the missing value
+		}
+		return badRequest("tool_choice.function", "Invalid value for `function`: `%s` in `tool_choice`! %s", truncateForMessage(shown), usage)
+	}
+	var fields map[string]codec.RawMessage
+	if codec.Unmarshal(fn, &fields) != nil {
+		return badRequest("tool_choice.function", "Invalid value for `function` in `tool_choice`! %s", usage)
+	}
+	rawName, ok := fields["name"]
+	if !ok {
+		return badRequest("tool_choice.function.name", "Expected field `name` in `function` in `tool_choice`! %s", usage)
+	}
+	var name string
+	if codec.Unmarshal(rawName, &name) != nil || name == "" {
+		return badRequest("tool_choice.function.name", "Invalid `name` in `function`: `%s` in `tool_choice`! %s", truncateForMessage(string(rawName)), usage)
+	}
+	for _, t := range req.Tools {
+		if t.Function.Name == name {
+			return nil
+		}
+	}
+	return badRequest("tool_choice", "The tool specified in `tool_choice` does not match any of the specified `tools`")
 }
 
 // checkIntegerFields names the token limit that made a body fail to

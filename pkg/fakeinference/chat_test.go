@@ -305,6 +305,12 @@ func TestChat_BadRequests(t *testing.T) {
 		{"top_logprobs not an integer", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":"2"}`, "`top_logprobs` must be an integer.", "top_logprobs"},
 		{"top_logprobs without logprobs", map[string]any{"messages": msgs, "top_logprobs": 2}, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"},
 		{"stream_options without stream", map[string]any{"messages": msgs, "stream_options": map[string]any{"include_usage": true}}, "Stream options can only be defined when `stream=True`.", "stream_options"},
+		{"tools empty", map[string]any{"messages": msgs, "tools": []any{}}, "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools"},
+		{"tool_choice without tools", map[string]any{"messages": msgs, "tool_choice": "auto"}, "When using `tool_choice`, `tools` must be set.", "tool_choice"},
+		{"tool_choice any", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": "any"}, `Invalid value for ` + "`tool_choice`" + `: any! Only named tools, "none", "auto" or "required" are supported.`, "tool_choice"},
+		{"named tool not offered", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "g"}}}, "The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice"},
+		{"named tool without a name", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{}}}, "Expected field `name` in `function` in `tool_choice`!", "tool_choice.function.name"},
+		{"named tool, Responses shape", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "name": "f"}}, "Invalid value for `function`: `None` in `tool_choice`!", "tool_choice.function"},
 		{"bad fake_script", map[string]any{"messages": msgs, "metadata": map[string]any{"fake_script": `{"x":1}`}}, "metadata.fake_script: ", "metadata"},
 		{"bad stream_error", map[string]any{"messages": msgs, "metadata": map[string]any{"fake_script": `{"stream_error":{"after_tokens":-1}}`}}, "metadata.fake_script: stream_error.after_tokens must be >= 0, got -1", "metadata"},
 		{"metadata not strings", map[string]any{"messages": msgs, "metadata": map[string]any{"a": 1}}, "invalid request body: ", ""},
@@ -323,6 +329,16 @@ func TestChat_BadRequests(t *testing.T) {
 	}
 	if c := f.count(); c.Received != 0 {
 		t.Errorf("refused calls are not calls: %+v", c)
+	}
+	for _, ok := range []map[string]any{
+		{"messages": msgs, "tool_choice": "none"},
+		{"messages": msgs, "tool_choice": nil, "tools": nil},
+		{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": "required"},
+		{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "f"}}},
+	} {
+		if r := f.chat(ok, nil); r.status != 200 {
+			t.Errorf("%v: %d %s", ok, r.status, r.body)
+		}
 	}
 }
 
