@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"gopkg.in/yaml.v3"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
@@ -40,6 +41,30 @@ func TestShippedConfigLoads(t *testing.T) {
 	want := fakeinference.DefaultConfig()
 	if cfg != want {
 		t.Errorf("shipped config %+v, want the defaults %+v", cfg, want)
+	}
+}
+
+// The shipped model server asks for the model the shipped stand-in serves:
+// any other name is a 404, as from vLLM.
+func TestShippedModelServerAsksForTheServedModel(t *testing.T) {
+	cfg, err := loadConfig(configload.Flags{Config: "../../configs/fakeinference.yaml"}, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("../../configs/modelserver.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms struct {
+		Upstream struct {
+			Model string `yaml:"model"`
+		} `yaml:"upstream"`
+	}
+	if err := yaml.Unmarshal(b, &ms); err != nil {
+		t.Fatal(err)
+	}
+	if ms.Upstream.Model != cfg.Model {
+		t.Errorf("configs/modelserver.yaml upstream.model %q, configs/fakeinference.yaml model %q", ms.Upstream.Model, cfg.Model)
 	}
 }
 

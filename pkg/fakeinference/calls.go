@@ -34,6 +34,13 @@ type call struct {
 	reused        int        // leading tokens continued from a staged prefix
 	continuedFrom string
 	sched         schedule // paces tokens[reused:]
+	script        *Script  // the script the call was planned with, if any
+	// failure, when set, is the error the call ends with after its tokens
+	// (a scripted stream_error).
+	failure *RequestError
+	// cutShort ends a stream after its tokens without a finish_reason (a
+	// scripted truncate_stream).
+	cutShort bool
 
 	// ----
 	index            int

@@ -1,6 +1,7 @@
 package fakeinference
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,45 +19,9 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/sse"
 )
 
-// MaxTopLogprobs is the most alternatives a request may ask for.
+// MaxTopLogprobs is the most alternatives a request may ask for: vLLM's
+// default max_logprobs.
 const MaxTopLogprobs = 20
-
-// VLLMError is the error shape vLLM's OpenAI server answers with. The
-// OpenAI-compatible routes of this server imitate vLLM, so they use it; the
-// server's own routes use the fleet's apierror envelope.
-type VLLMError struct {
-	Object  string  `json:"object"`
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    int     `json:"code"`
-}
-
-// RequestError is a refused OpenAI-compatible request: its status and the
-// message of the VLLMError it is answered with.
-type RequestError struct {
-	Status  int
-	Message string
-}
-
-func (e *RequestError) Error() string { return e.Message }
-
-func badRequest(format string, args ...any) *RequestError {
-	return &RequestError{Status: http.StatusBadRequest, Message: fmt.Sprintf(format, args...)}
-}
-
-func writeVLLMError(w http.ResponseWriter, status int, msg string) {
-	typ := "BadRequestError"
-	switch {
-	case status == http.StatusNotFound:
-		typ = "NotFoundError"
-	case status == http.StatusServiceUnavailable:
-		typ = "ServiceUnavailableError"
-	case status >= 500:
-		typ = "InternalServerError"
-	}
-	httpserver.WriteJSON(w, status, VLLMError{Object: "error", Message: msg, Type: typ, Code: status})
-}
 
 // errorStatus maps a body-reading error (an apierror) onto a status.
 func errorStatus(err error) int {
@@ -75,41 +40,43 @@ type ChatInput struct {
 	opts   replyOptions
 }
 
-// ParseChatRequest decodes and validates a chat completions body. Its error
-// is a *RequestError (always a 4xx).
+// ParseChatRequest decodes a chat completions body and makes the checks
+// vLLM's request model makes (ChatCompletionRequest's validators in
+// vllm/entrypoints/openai/chat_completion/protocol.py, vLLM commit
+// 002032ee2b18e1f7bd924ec47b62504ba3866063). The server then checks, in
+// vLLM's order, the model name, the context length and the sampling limits
+// (CheckSampling). Its error is a *RequestError (always a 4xx).
 func ParseChatRequest(body []byte) (*ChatInput, error) {
 	if len(strings.TrimSpace(string(body))) == 0 {
-		return nil, badRequest("request body is empty; expected a JSON object")
+		return nil, badRequest("", "request body is empty; expected a JSON object")
 	}
 	var req openai.ChatRequest
 	if err := codec.Unmarshal(body, &req); err != nil {
-		return nil, badRequest("invalid request body: %s", codec.DescribeError(err))
+		if rerr := checkIntegerFields(body); rerr != nil {
+			return nil, rerr
+		}
+		return nil, badRequest("", "invalid request body: %s", codec.DescribeError(err))
 	}
 	if len(req.Messages) == 0 {
-		return nil, badRequest("messages must be a non-empty list")
-	}
-	if req.N != nil && *req.N != 1 {
-		return nil, badRequest("n must be 1, got %d", *req.N)
-	}
-	for _, mt := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
-		if mt != nil && *mt < 1 {
-			return nil, badRequest("max_tokens must be at least 1, got %d", *mt)
-		}
+		return nil, badRequest("messages", "messages must be a non-empty list")
 	}
 	in := &ChatInput{Request: &req}
 	in.opts.logprobs = req.Logprobs != nil && *req.Logprobs
 	if req.TopLogprobs != nil {
 		k := *req.TopLogprobs
-		if k < 0 || k > MaxTopLogprobs {
-			return nil, badRequest("top_logprobs must be between 0 and %d, got %d", MaxTopLogprobs, k)
+		if k < 0 && k != -1 {
+			return nil, badRequest("top_logprobs", "`top_logprobs` must be a positive value or -1.")
 		}
-		if k > 0 && !in.opts.logprobs {
-			return nil, badRequest("when using top_logprobs, logprobs must be set to true")
+		if k != 0 && !in.opts.logprobs {
+			return nil, badRequest("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")
 		}
 		in.opts.topLogprobs = k
 	}
 	if req.StreamOptions != nil && !req.Stream {
-		return nil, badRequest("stream_options can only be defined when stream=true")
+		return nil, badRequest("stream_options", "Stream options can only be defined when `stream=True`.")
+	}
+	if rerr := checkToolUsage(&req); rerr != nil {
+		return nil, rerr
 	}
 	in.opts.asTokenIDs = req.ReturnTokensAsTokenIDs != nil && *req.ReturnTokensAsTokenIDs
 	in.opts.returnTokenIDs = req.ReturnTokenIDs != nil && *req.ReturnTokenIDs
@@ -117,7 +84,7 @@ func ParseChatRequest(body []byte) (*ChatInput, error) {
 	if text, ok := req.Metadata[MetadataScriptKey]; ok {
 		sc, err := ParseScript(text)
 		if err != nil {
-			return nil, badRequest("metadata.%s: %v", MetadataScriptKey, err)
+			return nil, badRequest("metadata", "metadata.%s: %v", MetadataScriptKey, err)
 		}
 		if !sc.IsZero() {
 			in.Script = sc
@@ -126,22 +93,174 @@ func ParseChatRequest(body []byte) (*ChatInput, error) {
 	return in, nil
 }
 
+// checkToolUsage makes vLLM's checks of tools and tool_choice
+// (check_tool_usage in vllm/entrypoints/openai/chat_completion/protocol.py,
+// vLLM commit 002032ee2b18e1f7bd924ec47b62504ba3866063): no empty tools
+// list, no tool_choice but "none" without tools, and a named choice names
+// an offered tool.
+func checkToolUsage(req *openai.ChatRequest) *RequestError {
+	if req.Tools != nil && len(req.Tools) == 0 {
+		return badRequest("tools", "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.")
+	}
+	choice := bytes.TrimSpace(req.ToolChoice)
+	if len(choice) == 0 || string(choice) == "null" || string(choice) == `"none"` {
+		return nil
+	}
+	if req.Tools == nil {
+		return badRequest("tool_choice", "When using `tool_choice`, `tools` must be set.")
+	}
+	if string(choice) == `"auto"` || string(choice) == `"required"` {
+		return nil
+	}
+	if choice[0] != '{' {
+		shown := string(choice)
+		var str string
+		if codec.Unmarshal(choice, &str) == nil {
+			shown = str
+		}
+		return badRequest("tool_choice", `Invalid value for `+"`tool_choice`"+`: %s! Only named tools, "none", "auto" or "required" are supported.`, truncateForMessage(shown))
+	}
+	const usage = "Correct usage: `{\"type\": \"function\", \"function\": {\"name\": \"my_function\"}}`"
+	var named struct {
+		Function codec.RawMessage `json:"function"`
+	}
+	if codec.Unmarshal(choice, &named) != nil {
+		return badRequest("tool_choice", "Invalid value for `tool_choice`! %s", usage)
+	}
+	fn := bytes.TrimSpace(named.Function)
+	if len(fn) == 0 || fn[0] != '{' {
+		shown := string(fn)
+		if len(fn) == 0 || shown == "null" {
+			shown = "None" // as Python prints the missing value
+		}
+		return badRequest("tool_choice.function", "Invalid value for `function`: `%s` in `tool_choice`! %s", truncateForMessage(shown), usage)
+	}
+	var fields map[string]codec.RawMessage
+	if codec.Unmarshal(fn, &fields) != nil {
+		return badRequest("tool_choice.function", "Invalid value for `function` in `tool_choice`! %s", usage)
+	}
+	rawName, ok := fields["name"]
+	if !ok {
+		return badRequest("tool_choice.function.name", "Expected field `name` in `function` in `tool_choice`! %s", usage)
+	}
+	var name string
+	if codec.Unmarshal(rawName, &name) != nil || name == "" {
+		return badRequest("tool_choice.function.name", "Invalid `name` in `function`: `%s` in `tool_choice`! %s", truncateForMessage(string(rawName)), usage)
+	}
+	for _, t := range req.Tools {
+		if t.Function.Name == name {
+			return nil
+		}
+	}
+	return badRequest("tool_choice", "The tool specified in `tool_choice` does not match any of the specified `tools`")
+}
+
+// checkIntegerFields names the token limit that made a body fail to
+// decode, when one is not a JSON integer, where the decoding error would
+// only say the body is invalid. (vLLM's pydantic model also takes 5.0 and "5";
+// the stand-in does not.)
+func checkIntegerFields(body []byte) *RequestError {
+	var probe struct {
+		MaxTokens           codec.RawMessage `json:"max_tokens"`
+		MaxCompletionTokens codec.RawMessage `json:"max_completion_tokens"`
+		N                   codec.RawMessage `json:"n"`
+		TopLogprobs         codec.RawMessage `json:"top_logprobs"`
+	}
+	if codec.Unmarshal(body, &probe) != nil {
+		return nil // the full decode says what is wrong
+	}
+	for _, f := range []struct {
+		name string
+		raw  codec.RawMessage
+	}{{"max_tokens", probe.MaxTokens}, {"max_completion_tokens", probe.MaxCompletionTokens}, {"n", probe.N}, {"top_logprobs", probe.TopLogprobs}} {
+		raw := strings.TrimSpace(string(f.raw))
+		if raw == "" || raw == "null" {
+			continue
+		}
+		if _, err := strconv.ParseInt(raw, 10, 64); err == nil {
+			continue
+		}
+		if f.name == "top_logprobs" {
+			return badRequest(f.name, "`top_logprobs` must be an integer.")
+		}
+		return badRequest(f.name, "%s: Input should be a valid integer, got %s", f.name, truncateForMessage(raw))
+	}
+	return nil
+}
+
+func truncateForMessage(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// CheckModel answers vLLM's 404 for a model name the server does not serve
+// (_check_model in vllm/entrypoints/openai/engine/serving.py, vLLM commit
+// 00bd1493b3e82d6c13c68ee8a0e1c5a96707e190); like vLLM, no name at all is
+// the served model.
+func (s *Server) CheckModel(name string) *RequestError {
+	if name == "" || name == s.cfg.Model {
+		return nil
+	}
+	return &RequestError{Status: http.StatusNotFound, Param: "model", Message: fmt.Sprintf("The model `%s` does not exist.", name)}
+}
+
+// maxTokens is the request's token limit: max_completion_tokens when set,
+// else max_tokens, as vLLM reads them.
+func maxTokens(req *openai.ChatRequest) *int {
+	if req.MaxCompletionTokens != nil {
+		return req.MaxCompletionTokens
+	}
+	return req.MaxTokens
+}
+
+// CheckSampling makes the checks vLLM's SamplingParams makes of n, the token
+// limit and the logprobs asked for (_verify_args and _validate_logprobs in
+// vllm/sampling_params.py, vLLM commit
+// 00388f6573ccfcffad607b8c9ecdf341a4669ceb), with the server's vocabulary
+// size for top_logprobs -1 (every token). The stand-in generates one choice,
+// so n above 1 is refused too.
+func CheckSampling(req *openai.ChatRequest, vocabSize int) *RequestError {
+	if req.N != nil {
+		switch n := *req.N; {
+		case n < 1:
+			return badRequest("", "n must be at least 1, got %d.", n)
+		case n > 1:
+			return badRequest("n", "n must be 1 on this stand-in (it generates one choice), got %d.", n)
+		}
+	}
+	if mt := maxTokens(req); mt != nil && *mt < 1 {
+		return badRequest("max_tokens", "max_tokens must be at least 1, got %d.", *mt)
+	}
+	if req.Logprobs != nil && *req.Logprobs && req.TopLogprobs != nil && *req.TopLogprobs != 0 {
+		n := *req.TopLogprobs
+		if n == -1 {
+			n = vocabSize
+		}
+		if n > MaxTopLogprobs {
+			return badRequest("logprobs", "Requested sample logprobs of %d, which is greater than max allowed: %d", n, MaxTopLogprobs)
+		}
+	}
+	return nil
+}
+
 // completionLimit is how many tokens the call may generate, or vLLM's
-// context-length refusal.
+// context-length refusal (_validate_input in
+// vllm/entrypoints/openai/engine/serving.py, vLLM commit
+// 00bd1493b3e82d6c13c68ee8a0e1c5a96707e190). Proxies match these messages
+// on "maximum context length" and "max_tokens".
 func (s *Server) completionLimit(promptLen int, req *openai.ChatRequest) (int, *RequestError) {
 	maxCtx := s.cfg.MaxContextTokens
-	mt := req.MaxTokens
-	if mt == nil {
-		mt = req.MaxCompletionTokens
+	if promptLen >= maxCtx {
+		return 0, badRequest("input_tokens", "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxCtx, promptLen)
 	}
+	mt := maxTokens(req)
 	if mt == nil {
-		if promptLen >= maxCtx {
-			return 0, badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxCtx, promptLen)
-		}
 		return maxCtx - promptLen, nil
 	}
-	if promptLen+*mt > maxCtx {
-		return 0, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", maxCtx, promptLen+*mt, promptLen, *mt)
+	if *mt > maxCtx-promptLen { // not promptLen+*mt: that can overflow
+		return 0, badRequest("max_tokens", "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", *mt, maxCtx, promptLen, *mt, maxCtx, promptLen)
 	}
 	return *mt, nil
 }
@@ -149,7 +268,7 @@ func (s *Server) completionLimit(promptLen int, req *openai.ChatRequest) (int, *
 func (s *Server) reject(w http.ResponseWriter, r *http.Request, e *RequestError) {
 	s.metrics.calls.WithLabelValues("rejected").Inc()
 	s.log.DebugContext(r.Context(), "chat request refused", "status", e.Status, "err", e.Message)
-	writeVLLMError(w, e.Status, e.Message)
+	writeVLLMError(w, e)
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -162,9 +281,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var re *RequestError
 		if !errors.As(err, &re) {
-			re = badRequest("%v", err)
+			re = badRequest("", "%v", err)
 		}
 		s.reject(w, r, re)
+		return
+	}
+	if rerr := s.CheckModel(parsed.Request.Model); rerr != nil {
+		s.reject(w, r, rerr)
 		return
 	}
 	c, rerr := s.newCall(r, parsed)
@@ -202,6 +325,9 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 	if rerr != nil {
 		return nil, rerr
 	}
+	if rerr := CheckSampling(req, s.cfg.VocabSize); rerr != nil {
+		return nil, rerr
+	}
 	tokens := s.tok.generation(digest, Decide(req, script))
 
 	var reused []genToken
@@ -222,6 +348,20 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 	if truncated {
 		tokens = tokens[:limit]
 	}
+	// A scripted failure ends the generation early: the call produces the
+	// tokens before it, then fails (or, streaming, ends without a finish).
+	var failure *RequestError
+	cutShort := false
+	if script != nil {
+		switch {
+		case script.StreamError != nil:
+			failure = script.StreamError.callError()
+			tokens = tokens[:min(len(tokens), script.StreamError.AfterTokens)]
+		case script.TruncateStream != nil && req.Stream:
+			cutShort = true
+			tokens = tokens[:min(len(tokens), script.TruncateStream.AfterTokens)]
+		}
+	}
 	if len(reused) > len(tokens) {
 		reused = reused[:len(tokens)]
 	}
@@ -237,6 +377,9 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 		reused:        len(reused),
 		continuedFrom: continuedFrom,
 		sched:         schedule{m: len(tokens) - len(reused), tps: s.cfg.TokensPerSecond, minCall: s.cfg.MinCallSeconds},
+		script:        script,
+		failure:       failure,
+		cutShort:      cutShort,
 	}
 	if key := r.Header.Get(HeaderCaptureKey); key != "" {
 		if id, err := rollout.ParseCaptureKey(key); err == nil {
@@ -256,12 +399,15 @@ var errClosing = errors.New("the server is shutting down")
 
 func (s *Server) writeCallError(w http.ResponseWriter, err error) {
 	if errors.Is(err, errClosing) {
-		writeVLLMError(w, http.StatusServiceUnavailable, err.Error())
+		writeVLLMError(w, &RequestError{Status: http.StatusServiceUnavailable, Message: err.Error()})
 		return
 	}
 	// The client is gone; the reply is for the log of any proxy in between.
-	writeVLLMError(w, 499, "client closed the request")
+	writeVLLMError(w, &RequestError{Status: 499, Message: "client closed the request"})
 }
+
+// finishFailed is the call-log finish reason of a call a script failed.
+const finishFailed = "error"
 
 // completeReply generates a non-streaming reply. Only the end of the
 // generation (or a cut, or a cancellation) wakes it: how many tokens were
@@ -291,26 +437,41 @@ func (s *Server) completeReply(w http.ResponseWriter, r *http.Request, c *call, 
 		s.mu.Unlock()
 		s.writeCallError(w, why)
 		return
+	case c.failure != nil:
+		s.finishLocked(c, StatusFailed, finishFailed, len(c.tokens))
+		s.mu.Unlock()
+		writeVLLMError(w, c.failure)
+		return
 	default:
 		tokens, finish = c.tokens, finishReason(c.tokens, c.truncated)
 		s.finishLocked(c, StatusReturned, finish, len(tokens))
 	}
 	s.mu.Unlock()
 
-	resp := openai.ChatCompletion{
+	resp := chatCompletion{
 		ID:      "chatcmpl-" + strconv.Itoa(c.seq),
 		Object:  "chat.completion",
 		Created: time.Now().Unix(),
 		Model:   s.cfg.Model,
-		Choices: []openai.ChatChoice{{Index: 0, Message: renderMessage(tokens), FinishReason: finish}},
+		Choices: []chatChoice{{Index: 0, Message: replyMessage{ChatMessage: renderMessage(tokens)}, FinishReason: finish}},
 		Usage:   &openai.Usage{PromptTokens: len(c.promptIDs), CompletionTokens: len(tokens), TotalTokens: len(c.promptIDs) + len(tokens)},
 	}
+	ch := &resp.Choices[0]
 	if opts.logprobs {
-		resp.Choices[0].Logprobs = &openai.ChoiceLogprobs{Content: s.tok.logprobEntries(tokens, opts)}
+		ch.Logprobs = &openai.ChoiceLogprobs{Content: s.tok.logprobEntries(tokens, opts)}
 	}
 	if opts.returnTokenIDs {
 		resp.PromptTokenIDs = c.promptIDs
-		resp.Choices[0].TokenIDs = tokenIDs(tokens)
+		ch.TokenIDs = tokenIDs(tokens)
+	}
+	if inMessage, inChoice := c.script.routedExpertsPlaces(); inMessage || inChoice {
+		re := c.script.routedExperts(c.promptIDs, tokens)
+		if inMessage {
+			ch.Message.RoutedExperts = re
+		}
+		if inChoice {
+			ch.RoutedExperts = re
+		}
 	}
 	if cutKey != "" {
 		w.Header().Set(HeaderGenerationCut, cutKey)
@@ -323,14 +484,14 @@ func (s *Server) completeReply(w http.ResponseWriter, r *http.Request, c *call, 
 func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, opts replyOptions) {
 	ctx := r.Context()
 	sw := sse.NewWriter(w)
-	base := openai.ChatChunk{ID: "chatcmpl-" + strconv.Itoa(c.seq), Object: "chat.completion.chunk", Created: time.Now().Unix(), Model: s.cfg.Model}
+	base := chatChunk{ID: "chatcmpl-" + strconv.Itoa(c.seq), Object: "chat.completion.chunk", Created: time.Now().Unix(), Model: s.cfg.Model}
 	emitted := 0
 	fail := func() {
 		s.mu.Lock()
 		s.finishLocked(c, StatusFailed, "", emitted)
 		s.mu.Unlock()
 	}
-	write := func(ch openai.ChatChunk) error {
+	write := func(ch chatChunk) error {
 		b, err := codec.Marshal(ch)
 		if err != nil {
 			return err
@@ -340,7 +501,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 
 	empty := ""
 	first := base
-	first.Choices = []openai.ChunkChoice{{Index: 0, Delta: openai.ChunkDelta{Role: "assistant", Content: &empty}}}
+	first.Choices = []chunkChoice{{Index: 0, Delta: chunkDelta{ChunkDelta: openai.ChunkDelta{Role: "assistant", Content: &empty}}}}
 	if opts.returnTokenIDs {
 		first.PromptTokenIDs = c.promptIDs
 	}
@@ -355,7 +516,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 			return nil
 		}
 		ch := base
-		ch.Choices = []openai.ChunkChoice{{Index: 0, Delta: delta}}
+		ch.Choices = []chunkChoice{{Index: 0, Delta: chunkDelta{ChunkDelta: delta}}}
 		if opts.logprobs {
 			ch.Choices[0].Logprobs = &openai.ChoiceLogprobs{Content: []openai.TokenLogprob{s.tok.logprobEntry(g, opts)}}
 		}
@@ -400,16 +561,32 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 			}
 		}
 	}
+	if c.failure != nil || c.cutShort {
+		s.endStreamEarly(sw, c, emitted)
+		return
+	}
 	finish := finishReason(c.tokens, c.truncated)
 	last := base
-	last.Choices = []openai.ChunkChoice{{Index: 0, Delta: openai.ChunkDelta{}, FinishReason: &finish}}
+	last.Choices = []chunkChoice{{Index: 0, FinishReason: &finish}}
+	if inMessage, inChoice := c.script.routedExpertsPlaces(); inMessage || inChoice {
+		// No upstream streams routed_experts; the stand-in puts it on the
+		// finish chunk, in the delta or the choice as it would place it on
+		// the message or the choice of a non-streaming reply.
+		re := c.script.routedExperts(c.promptIDs, c.tokens)
+		if inMessage {
+			last.Choices[0].Delta.RoutedExperts = re
+		}
+		if inChoice {
+			last.Choices[0].RoutedExperts = re
+		}
+	}
 	if err := write(last); err != nil {
 		fail()
 		return
 	}
 	if opts.includeUsage {
 		u := base
-		u.Choices = []openai.ChunkChoice{}
+		u.Choices = []chunkChoice{}
 		u.Usage = &openai.Usage{PromptTokens: len(c.promptIDs), CompletionTokens: len(c.tokens), TotalTokens: len(c.promptIDs) + len(c.tokens)}
 		if err := write(u); err != nil {
 			fail()
@@ -422,6 +599,22 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 	}
 	s.mu.Lock()
 	s.finishLocked(c, StatusReturned, finish, len(c.tokens))
+	s.mu.Unlock()
+}
+
+// endStreamEarly ends a stream a script fails: vLLM's error event (when the
+// script asks for an error) and [DONE], with no finish chunk and no usage,
+// as vLLM's stream generator ends when generation raises. The call counts
+// as failed.
+func (s *Server) endStreamEarly(sw *sse.Writer, c *call, emitted int) {
+	finish := ""
+	if c.failure != nil {
+		finish = finishFailed
+		_ = sw.Event("", streamErrorData(c.failure.Info()))
+	}
+	_ = sw.Event("", []byte(sse.Done))
+	s.mu.Lock()
+	s.finishLocked(c, StatusFailed, finish, emitted)
 	s.mu.Unlock()
 }
 
@@ -448,16 +641,20 @@ type TokenizeReply struct {
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
-		writeVLLMError(w, errorStatus(err), apierror.From(err).Detail)
+		writeVLLMError(w, &RequestError{Status: errorStatus(err), Message: apierror.From(err).Detail})
 		return
 	}
 	var req TokenizeRequest
 	if len(strings.TrimSpace(string(body))) == 0 {
-		writeVLLMError(w, http.StatusBadRequest, "request body is empty; expected a JSON object")
+		writeVLLMError(w, badRequest("", "request body is empty; expected a JSON object"))
 		return
 	}
 	if err := codec.Unmarshal(body, &req); err != nil {
-		writeVLLMError(w, http.StatusBadRequest, "invalid request body: "+codec.DescribeError(err))
+		writeVLLMError(w, badRequest("", "invalid request body: %s", codec.DescribeError(err)))
+		return
+	}
+	if rerr := s.CheckModel(req.Model); rerr != nil {
+		writeVLLMError(w, rerr)
 		return
 	}
 	var ids []int
@@ -467,7 +664,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Messages != nil && req.Prompt == nil:
 		ids = s.tok.ChatPromptIDs(req.Messages, req.Tools, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 	default:
-		writeVLLMError(w, http.StatusBadRequest, "send either messages or prompt")
+		writeVLLMError(w, badRequest("", "send either messages or prompt"))
 		return
 	}
 	if ids == nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -48,7 +49,7 @@ func TestChat_NonStreamingGolden(t *testing.T) {
 				map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": "call_1", "type": "function", "function": map[string]any{"name": "get_weather", "arguments": `{"city":"Paris"}`}}}},
 				map[string]any{"role": "tool", "tool_call_id": "call_1", "content": "sunny"}},
 			"logprobs", true, "top_logprobs", 2)},
-		{"chat_plain.golden.json", map[string]any{"model": "x", "messages": []any{userMsg("hi")}}},
+		{"chat_plain.golden.json", map[string]any{"model": "fake-model", "messages": []any{userMsg("hi")}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,7 +72,7 @@ func TestChat_StreamingGolden(t *testing.T) {
 		body map[string]any
 	}{
 		{"stream_tool_call.golden.txt", with(tokenRequest(weatherRequest()), "stream", true, "stream_options", map[string]any{"include_usage": true})},
-		{"stream_plain.golden.txt", map[string]any{"model": "x", "messages": []any{userMsg("hi")}, "stream": true}},
+		{"stream_plain.golden.txt", map[string]any{"model": "fake-model", "messages": []any{userMsg("hi")}, "stream": true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -238,6 +239,8 @@ func TestChat_MaxTokens(t *testing.T) {
 	}
 }
 
+// Context overflow is refused with vLLM's messages, which proxies match on
+// "maximum context length" and "max_tokens".
 func TestChat_ContextOverflow(t *testing.T) {
 	f := start(t, func(c *fakeinference.Config) { c.MaxContextTokens = 32 })
 	short := map[string]any{"messages": []any{userMsg("hi")}}
@@ -247,8 +250,9 @@ func TestChat_ContextOverflow(t *testing.T) {
 		body map[string]any
 		want string
 	}{
-		{"prompt plus max_tokens", with(short, "max_tokens", 30), `{"object":"error","message":"This model's maximum context length is 32 tokens. However, you requested 36 tokens (6 in the messages, 30 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`},
-		{"prompt alone", long, `{"object":"error","message":"This model's maximum context length is 32 tokens. However, your request has 45 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}`},
+		{"prompt plus max_tokens", with(short, "max_tokens", 30), `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 30. This model's maximum context length is 32 tokens and your request has 6 input tokens (30 \u003e 32 - 6).","type":"BadRequestError","param":"max_tokens","code":400}}`},
+		{"prompt plus max_completion_tokens", with(short, "max_completion_tokens", 27, "max_tokens", 1), `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 27. This model's maximum context length is 32 tokens and your request has 6 input tokens (27 \u003e 32 - 6).","type":"BadRequestError","param":"max_tokens","code":400}}`},
+		{"prompt alone", long, `{"error":{"message":"This model's maximum context length is 32 tokens. However, your request has 45 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":"input_tokens","code":400}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -258,10 +262,18 @@ func TestChat_ContextOverflow(t *testing.T) {
 			}
 		})
 	}
-	if r := f.chat(with(short, "max_tokens", 25), nil); r.status != 200 {
+	huge := f.chat(map[string]any{"messages": []any{userMsg("hi")}, "max_tokens": int64(math.MaxInt64)}, nil)
+	if e := vllmError(t, huge, 400); !strings.Contains(e.Message, "is too large: 9223372036854775807.") {
+		t.Errorf("max_tokens MaxInt64: %s", huge.body)
+	}
+	if r := f.chat(with(short, "max_tokens", 26), nil); r.status != 200 {
 		t.Errorf("a request that fits: %d %s", r.status, r.body)
 	}
-	if c := f.count(); c.Received != 1 {
+	// max_completion_tokens wins over max_tokens, as vLLM reads them.
+	if r := f.chat(with(short, "max_tokens", 30, "max_completion_tokens", 26), nil); r.status != 200 {
+		t.Errorf("max_completion_tokens that fits beside a max_tokens that does not: %d %s", r.status, r.body)
+	}
+	if c := f.count(); c.Received != 2 {
 		t.Errorf("refused calls are not calls: %+v", c)
 	}
 }
@@ -270,34 +282,63 @@ func TestChat_BadRequests(t *testing.T) {
 	f := start(t, nil)
 	msgs := []any{userMsg("hi")}
 	tests := []struct {
-		name string
-		body any
-		want string
+		name  string
+		body  any
+		want  string // the message's start
+		param string // "" for null
 	}{
-		{"empty body", "", "request body is empty; expected a JSON object"},
-		{"malformed", `{"messages": [`, "invalid request body: "},
-		{"not an object", `[1]`, ""},
-		{"no messages", map[string]any{"messages": []any{}}, "messages must be a non-empty list"},
-		{"n 2", map[string]any{"messages": msgs, "n": 2}, "n must be 1, got 2"},
-		{"max_tokens 0", map[string]any{"messages": msgs, "max_tokens": 0}, "max_tokens must be at least 1, got 0"},
-		{"top_logprobs 21", map[string]any{"messages": msgs, "logprobs": true, "top_logprobs": 21}, "top_logprobs must be between 0 and 20, got 21"},
-		{"top_logprobs without logprobs", map[string]any{"messages": msgs, "top_logprobs": 2}, "when using top_logprobs, logprobs must be set to true"},
-		{"stream_options without stream", map[string]any{"messages": msgs, "stream_options": map[string]any{"include_usage": true}}, "stream_options can only be defined when stream=true"},
-		{"bad fake_script", map[string]any{"messages": msgs, "metadata": map[string]any{"fake_script": `{"x":1}`}}, ""},
-		{"metadata not strings", map[string]any{"messages": msgs, "metadata": map[string]any{"a": 1}}, ""},
+		{"empty body", "", "request body is empty; expected a JSON object", ""},
+		{"malformed", `{"messages": [`, "invalid request body: ", ""},
+		{"not an object", `[1]`, "invalid request body: ", ""},
+		{"no messages", map[string]any{"messages": []any{}}, "messages must be a non-empty list", "messages"},
+		{"n 2", map[string]any{"messages": msgs, "n": 2}, "n must be 1 on this stand-in (it generates one choice), got 2.", "n"},
+		{"n 0", map[string]any{"messages": msgs, "n": 0}, "n must be at least 1, got 0.", ""},
+		{"max_tokens 0", map[string]any{"messages": msgs, "max_tokens": 0}, "max_tokens must be at least 1, got 0.", "max_tokens"},
+		{"max_tokens -5", map[string]any{"messages": msgs, "max_tokens": -5}, "max_tokens must be at least 1, got -5.", "max_tokens"},
+		{"max_completion_tokens -1", map[string]any{"messages": msgs, "max_completion_tokens": -1, "max_tokens": 10}, "max_tokens must be at least 1, got -1.", "max_tokens"},
+		{"max_tokens 1.5", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1.5}`, "max_tokens: Input should be a valid integer, got 1.5", "max_tokens"},
+		{"max_tokens string", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":"ten"}`, `max_tokens: Input should be a valid integer, got "ten"`, "max_tokens"},
+		{"max_completion_tokens too big for an int", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1e99}`, "max_completion_tokens: Input should be a valid integer, got 1e99", "max_completion_tokens"},
+		{"top_logprobs 21", map[string]any{"messages": msgs, "logprobs": true, "top_logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed: 20", "logprobs"},
+		{"top_logprobs -1 (every token)", map[string]any{"messages": msgs, "logprobs": true, "top_logprobs": -1}, "Requested sample logprobs of 32000, which is greater than max allowed: 20", "logprobs"},
+		{"top_logprobs -2", map[string]any{"messages": msgs, "logprobs": true, "top_logprobs": -2}, "`top_logprobs` must be a positive value or -1.", "top_logprobs"},
+		{"top_logprobs not an integer", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":"2"}`, "`top_logprobs` must be an integer.", "top_logprobs"},
+		{"top_logprobs without logprobs", map[string]any{"messages": msgs, "top_logprobs": 2}, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"},
+		{"stream_options without stream", map[string]any{"messages": msgs, "stream_options": map[string]any{"include_usage": true}}, "Stream options can only be defined when `stream=True`.", "stream_options"},
+		{"tools empty", map[string]any{"messages": msgs, "tools": []any{}}, "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools"},
+		{"tool_choice without tools", map[string]any{"messages": msgs, "tool_choice": "auto"}, "When using `tool_choice`, `tools` must be set.", "tool_choice"},
+		{"tool_choice any", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": "any"}, `Invalid value for ` + "`tool_choice`" + `: any! Only named tools, "none", "auto" or "required" are supported.`, "tool_choice"},
+		{"named tool not offered", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "g"}}}, "The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice"},
+		{"named tool without a name", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{}}}, "Expected field `name` in `function` in `tool_choice`!", "tool_choice.function.name"},
+		{"named tool, Responses shape", map[string]any{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "name": "f"}}, "Invalid value for `function`: `None` in `tool_choice`!", "tool_choice.function"},
+		{"bad fake_script", map[string]any{"messages": msgs, "metadata": map[string]any{"fake_script": `{"x":1}`}}, "metadata.fake_script: ", "metadata"},
+		{"bad stream_error", map[string]any{"messages": msgs, "metadata": map[string]any{"fake_script": `{"stream_error":{"after_tokens":-1}}`}}, "metadata.fake_script: stream_error.after_tokens must be >= 0, got -1", "metadata"},
+		{"metadata not strings", map[string]any{"messages": msgs, "metadata": map[string]any{"a": 1}}, "invalid request body: ", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := f.chat(tt.body, nil)
-			var e fakeinference.VLLMError
-			mustJSON(t, r.body, &e)
-			if r.status != 400 || e.Object != "error" || e.Type != "BadRequestError" || e.Code != 400 || e.Param != nil || e.Message == "" {
-				t.Errorf("got %d %s, want a vLLM-shaped 400", r.status, r.body)
+			e := vllmError(t, r, 400)
+			if !strings.HasPrefix(e.Message, tt.want) || e.Type != "BadRequestError" {
+				t.Errorf("%s %q, want BadRequestError %q", e.Type, e.Message, tt.want)
 			}
-			if !strings.HasPrefix(e.Message, tt.want) {
-				t.Errorf("message %q, want %q", e.Message, tt.want)
+			if got := deref(e.Param); got != tt.param || (tt.param == "") != (e.Param == nil) {
+				t.Errorf("param %v, want %q", e.Param, tt.param)
 			}
 		})
+	}
+	if c := f.count(); c.Received != 0 {
+		t.Errorf("refused calls are not calls: %+v", c)
+	}
+	for _, ok := range []map[string]any{
+		{"messages": msgs, "tool_choice": "none"},
+		{"messages": msgs, "tool_choice": nil, "tools": nil},
+		{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": "required"},
+		{"messages": msgs, "tools": []any{tool("f")}, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "f"}}},
+	} {
+		if r := f.chat(ok, nil); r.status != 200 {
+			t.Errorf("%v: %d %s", ok, r.status, r.body)
+		}
 	}
 }
 
@@ -356,9 +397,7 @@ func TestTokenize(t *testing.T) {
 		t.Errorf("tokenize without generation prompt = %v, want %v", got.Tokens, want)
 	}
 	for _, bad := range []string{``, `{`, `{}`, `{"prompt":"a","messages":[]}`} {
-		if r := f.post(context.Background(), "/tokenize", bad, nil); r.status != 400 || !strings.Contains(string(r.body), `"object":"error"`) {
-			t.Errorf("tokenize %q = %d %s", bad, r.status, r.body)
-		}
+		vllmError(t, f.post(context.Background(), "/tokenize", bad, nil), 400)
 	}
 }
 

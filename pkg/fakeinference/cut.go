@@ -99,10 +99,10 @@ func (s *Server) lookupStaged(key, promptDigest string) (*stagedPrefix, *Request
 	st, ok := s.staged[key]
 	s.mu.Unlock()
 	if !ok {
-		return nil, badRequest("generation cut %s is not staged", key)
+		return nil, badRequest("", "generation cut %s is not staged", key)
 	}
 	if st.promptDigest != promptDigest {
-		return nil, badRequest("generation cut %s was staged for a different prompt", key)
+		return nil, badRequest("", "generation cut %s was staged for a different prompt", key)
 	}
 	return st, nil
 }

@@ -268,9 +268,9 @@ func TestContinue_Errors(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := f.chat(tt.body, map[string]string{fakeinference.HeaderContinueCut: tt.key})
-			var e fakeinference.VLLMError
+			var e fakeinference.ErrorResponse
 			mustJSON(t, r.body, &e)
-			if r.status != 400 || e.Message != tt.want || e.Type != "BadRequestError" {
+			if r.status != 400 || e.Error.Message != tt.want || e.Error.Type != "BadRequestError" || e.Error.Code != 400 {
 				t.Errorf("got %d %s, want 400 %q", r.status, r.body, tt.want)
 			}
 		})

@@ -40,7 +40,12 @@ func serve(srv *fakeinference.Server, path string, body []byte, header map[strin
 
 func FuzzChatRequest(f *testing.F) {
 	for _, seed := range []string{
+		`{"model":"fake-model","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":-5,"max_completion_tokens":"x"}`,
+		`{"messages":[{"role":"user","content":"hi"}],"stream":true,"metadata":{"fake_script":"{\"stream_error\":{\"after_tokens\":2,\"code\":503}}"}}`,
+		`{"messages":[{"role":"user","content":"hi"}],"metadata":{"fake_script":"{\"stream_error\":{\"after_tokens\":2,\"code\":503}}"}}`,
+		`{"messages":[{"role":"user","content":"hi"}],"stream":true,"metadata":{"fake_script":"{\"truncate_stream\":{\"after_tokens\":1},\"routed_experts\":{\"layers\":2,\"topk\":2,\"experts\":8}}"}}`,
 		`{"messages":[{"role":"user","content":"Call get_weather with {\"city\": \"Paris\"}."}],"tools":[{"type":"function","function":{"name":"get_weather"}}],"logprobs":true,"top_logprobs":3,"return_token_ids":true,"return_tokens_as_token_ids":true}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"function","function":{"name":"f"}}],"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"n":1,"metadata":{"fake_script":"{\"tool_rounds\":2,\"final_text\":\"y\"}"}}`,
@@ -64,9 +69,9 @@ func FuzzChatRequest(f *testing.F) {
 			} else if !json.Valid(out) {
 				t.Fatalf("reply is not JSON: %q", out)
 			}
-		case rec.Code >= 400 && rec.Code < 500:
-			var e fakeinference.VLLMError
-			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Object != "error" || e.Code != rec.Code {
+		case rec.Code >= 400 && (rec.Code < 500 || scriptedFailure(body)):
+			// A script may ask for any error status; nothing else answers 5xx.
+			if !isVLLMError(rec.Code, rec.Body.Bytes()) {
 				t.Fatalf("%d reply is not vLLM's error shape: %s", rec.Code, rec.Body)
 			}
 		default:
@@ -79,6 +84,31 @@ func FuzzChatRequest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// scriptedFailure reports a chat body whose script asks for an error.
+func scriptedFailure(body []byte) bool {
+	in, err := fakeinference.ParseChatRequest(body)
+	return err == nil && in.Script != nil && in.Script.StreamError != nil
+}
+
+// isVLLMError reports a body in vLLM's error shape for status: exactly
+// {"error": {"message", "type", "param", "code"}} with code the status.
+func isVLLMError(status int, body []byte) bool {
+	var outer map[string]json.RawMessage
+	if json.Unmarshal(body, &outer) != nil || len(outer) != 1 || outer["error"] == nil {
+		return false
+	}
+	var inner map[string]json.RawMessage
+	if json.Unmarshal(outer["error"], &inner) != nil || len(inner) != 4 {
+		return false
+	}
+	var e fakeinference.ErrorResponse
+	if json.Unmarshal(body, &e) != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code != status {
+		return false
+	}
+	_, hasParam := inner["param"]
+	return hasParam
 }
 
 func FuzzCutRequest(f *testing.F) {
@@ -118,7 +148,8 @@ func FuzzCutRequest(f *testing.F) {
 }
 
 func FuzzParseScript(f *testing.F) {
-	for _, seed := range []string{`{}`, `{"tool_rounds":1}`, `{"tool_calls":[{"name":"a","arguments":"{\"b\":1}"}],"final_text":"x"}`, `{"tool_calls":[{"name":"a","arguments":{"b":[1]}}]}`, `x`} {
+	for _, seed := range []string{`{}`, `{"tool_rounds":1}`, `{"stream_error":{"after_tokens":3,"message":"m","type":"T","param":"p","code":502}}`,
+		`{"truncate_stream":{"after_tokens":0}}`, `{"routed_experts":"nrlre1:int16:3x1x2:AAAB","routed_experts_in":"both"}`, `{"routed_experts":[[[0,1]],[[2,3]]]}`, `{"routed_experts":{"layers":1,"topk":2,"experts":4}}`, `{"tool_calls":[{"name":"a","arguments":"{\"b\":1}"}],"final_text":"x"}`, `{"tool_calls":[{"name":"a","arguments":{"b":[1]}}]}`, `x`} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, text string) {

@@ -252,6 +252,29 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
+// vllmError checks r is status with vLLM's error body, exactly
+// {"error": {"message", "type", "param", "code"}} with code the status, and
+// returns it.
+func vllmError(t *testing.T, r reply, status int) fakeinference.ErrorInfo {
+	t.Helper()
+	if r.status != status || !isVLLMError(status, r.body) {
+		t.Fatalf("got %d %s, want %d in vLLM's error shape", r.status, r.body, status)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("error Content-Type %q", ct)
+	}
+	var e fakeinference.ErrorResponse
+	mustJSON(t, r.body, &e)
+	return e.Error
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
 func mustJSON(t *testing.T, b []byte, v any) {
 	t.Helper()
 	if err := json.Unmarshal(b, v); err != nil {

@@ -39,10 +39,25 @@ const (
 //   - ToolRounds, when present, is the number of rounds (default: the length
 //     of ToolCalls, or of the rounds read from the user's text);
 //   - FinalText, when not empty, is the final answer.
+//
+// The fields after those script how a reply fails or what it carries
+// besides the message (faults.go):
+//   - StreamError fails the call after some tokens, as vLLM fails a
+//     generation mid-stream;
+//   - TruncateStream ends a stream with [DONE] and no finish_reason;
+//   - RoutedExperts is a routed_experts value (a string, a
+//     [tokens][layers][topk] list, or {layers, topk, experts} to generate
+//     one row per prompt and generated token), placed per RoutedExpertsIn
+//     ("message", the default; "choice"; or "both").
 type Script struct {
 	ToolRounds *int             `json:"tool_rounds,omitempty"`
 	ToolCalls  []ScriptToolCall `json:"tool_calls,omitempty"`
 	FinalText  string           `json:"final_text,omitempty"`
+
+	StreamError     *ScriptStreamError `json:"stream_error,omitempty"`
+	TruncateStream  *ScriptTruncate    `json:"truncate_stream,omitempty"`
+	RoutedExperts   codec.RawMessage   `json:"routed_experts,omitempty"`
+	RoutedExpertsIn string             `json:"routed_experts_in,omitempty"`
 }
 
 // ScriptToolCall is one scripted tool call. Arguments is a JSON object, or a
@@ -54,7 +69,8 @@ type ScriptToolCall struct {
 
 // IsZero reports a script that sets nothing (the body {} clears the script).
 func (s *Script) IsZero() bool {
-	return s == nil || (s.ToolRounds == nil && s.ToolCalls == nil && s.FinalText == "")
+	return s == nil || (s.ToolRounds == nil && s.ToolCalls == nil && s.FinalText == "" &&
+		s.StreamError == nil && s.TruncateStream == nil && len(s.RoutedExperts) == 0 && s.RoutedExpertsIn == "")
 }
 
 // ParseScript decodes and normalises a script from JSON text. Unknown fields
@@ -90,7 +106,7 @@ func (s *Script) Normalize() error {
 		}
 		tc.Arguments = codec.RawMessage(args)
 	}
-	return nil
+	return s.normalizeFaults()
 }
 
 func normalizeArguments(raw codec.RawMessage) (string, error) {

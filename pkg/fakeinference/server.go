@@ -4,8 +4,12 @@
 // It answers vLLM's OpenAI-compatible routes (GET /v1/models, POST
 // /v1/chat/completions as JSON or SSE, POST /tokenize) with a scripted policy
 // over a tokenizer of its own, so the same request always gives the same
-// tokens, ids and logprobs. Generation is paced token by token, so calls are
-// really in flight for a while. Test control routes under /_ctl/ hold,
+// tokens, ids and logprobs. It is as strict as vLLM: vLLM's nested error
+// body on every error, 404 for a model it does not serve, vLLM's checks of
+// token limits (errors.go, chat.go). Scripts can also fail a call mid-stream
+// as vLLM does, truncate a stream, or add routed_experts (faults.go).
+// Generation is paced token by token, so calls are really in flight for a
+// while. Test control routes under /_ctl/ hold,
 // release, script and count calls, and POST /_ckpt/generation-cut is the
 // inference worker's side of the checkpoint protocol: it stops generations,
 // stages their prefixes in the token store this process keeps, and a later

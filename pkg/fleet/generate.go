@@ -9,6 +9,10 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
+// ServedModel is the model name a generated fleet's fakeinference serves
+// and its model server asks for.
+const ServedModel = "fake-model"
+
 // Topology describes a local fleet to generate: which resources servers,
 // agents and environment routes it has. Generate writes one config file per
 // process with free loopback ports, the way configs/ holds them for the
@@ -132,6 +136,7 @@ func Generate(t Topology) (*Config, error) {
 			"listen": listen["fakeinference"], "log_level": t.LogLevel,
 			"tokens_per_second": t.TokensPerSecond, "min_call_seconds": t.MinCallSeconds,
 			"control_auth_token": t.Token, "pprof": t.Pprof,
+			"model": ServedModel,
 		},
 		"modelserver.yaml": map[string]any{
 			"listen": listen["policy_model"], "name": "policy_model", "log_level": t.LogLevel, "pprof": t.Pprof,
@@ -140,6 +145,8 @@ func Generate(t Topology) (*Config, error) {
 			"checkpoint": checkpoint,
 		},
 	}
+	// The stand-in answers 404 to a model it does not serve, as vLLM does.
+	files["modelserver.yaml"].(map[string]any)["upstream"].(map[string]any)["model"] = ServedModel
 	if t.GenerationCuts && t.Token != "" {
 		files["modelserver.yaml"].(map[string]any)["generation_cuts"] = map[string]any{"enabled": true, "control_auth_token": t.Token}
 	}

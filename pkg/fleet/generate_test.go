@@ -56,3 +56,33 @@ func TestFreePorts_Distinct(t *testing.T) {
 		}
 	}
 }
+
+// The model server of a generated fleet asks its fakeinference for the model
+// it serves (any other name is a 404, as from vLLM).
+func TestGenerate_ModelNamesAgree(t *testing.T) {
+	cfg, err := fleet.Generate(fleet.Standard(t.TempDir(), "/bin", "tok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) map[string]any {
+		t.Helper()
+		p, ok := cfg.Process(name)
+		if !ok {
+			t.Fatalf("no process %s", name)
+		}
+		b, err := os.ReadFile(p.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	served := read("fakeinference")["model"]
+	asked := read("policy_model")["upstream"].(map[string]any)["model"]
+	if served != fleet.ServedModel || asked != served {
+		t.Errorf("fakeinference serves %v, the model server asks for %v", served, asked)
+	}
+}
