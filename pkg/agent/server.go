@@ -26,6 +26,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/openai"
+	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -192,6 +193,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	r.Post("/v1/agent_sessions/close", h(s.handleClose))
 	r.Post("/v1/responses", h(s.handleResponses))
 	r.Post("/run", h(s.handleRun))
+	r.Post(rewardprofile.Path, h(s.handleAggregateMetrics))
 	if s.ctl != nil {
 		s.ctl.Mount(r)
 	}

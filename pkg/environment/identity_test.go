@@ -124,3 +124,30 @@ func TestEpisodes_ListsInFlightWithRowFields(t *testing.T) {
 		t.Fatalf("/episodes after the reply = %s, want none", b)
 	}
 }
+
+// The environment answers Gym's /aggregate_metrics itself.
+func TestAggregateMetrics(t *testing.T) {
+	f := newFixture(t, environment.ProtocolSingleAgentTurn, nil)
+	body := `{"verify_responses":[{"_ng_task_index":0,"_ng_rollout_index":0,"reward":1.0,"agent_ref":{"name":"weather_agent"}},{"_ng_task_index":1,"_ng_rollout_index":0,"reward":1.0}]}`
+	resp, err := http.Post(f.url+"/aggregate_metrics", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"key_metrics":{"mean/reward":1.0}`) || strings.Count(string(b), `"rollout_infos"`) != 2 {
+		t.Fatalf("/aggregate_metrics = %d %s", resp.StatusCode, b)
+	}
+	resp, err = http.Post(f.url+"/aggregate_metrics", "application/json", strings.NewReader(`{"verify_responses":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "invalid_request") {
+		t.Fatalf("bad body: %d %s", resp.StatusCode, b)
+	}
+	if got := f.rec.paths(); len(got) != 0 {
+		t.Fatalf("/aggregate_metrics called upstreams: %q", got)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -102,6 +103,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	r.Post("/run", httpserver.Handle(deps.Logger, s.handleRun))
 	r.Get("/episodes", httpserver.Handle(deps.Logger, s.handleEpisodes))
+	// Gym's rollout collection posts the verify replies here once a run is
+	// done. Computed here rather than relayed by agent_ref: our agents and
+	// resources servers have no benchmark hooks, so every one of them
+	// answers the same baseline, and one call needs no fan-out.
+	r.Post(rewardprofile.Path, httpserver.Handle(deps.Logger, rewardprofile.Handle))
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
 	// Last: nothing after it can fail and leave its goroutines running.
 	s.late = newLateCleanup(deps.Logger, cfg.CleanupTimeout, cfg.CleanupRetryWindow, newLateCleanupMetrics(deps.Registry))

@@ -27,9 +27,15 @@ func Handle(r *http.Request) (any, error) {
 			return codec.RawMessage(out), nil
 		}
 	}
+	return nil, AsAPIError(err)
+}
+
+// AsAPIError maps an error of DecodeRequest or Compute to the fleet's:
+// invalid_request for a request the profiler cannot compute.
+func AsAPIError(err error) error {
 	var perr *Error
 	if errors.As(err, &perr) {
-		return nil, apierror.New(apierror.InvalidRequest, "aggregate_metrics: %s", perr.msg)
+		return apierror.New(apierror.InvalidRequest, "aggregate_metrics: %s", perr.msg)
 	}
-	return nil, apierror.Wrap(apierror.Internal, err)
+	return apierror.Wrap(apierror.Internal, err)
 }
