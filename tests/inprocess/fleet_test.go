@@ -56,6 +56,8 @@ type testFleet struct {
 	fakeURL, modelURL string
 	// envURLs by protocol.
 	envURLs map[string]string
+	// agentURLs by agent name.
+	agentURLs map[string]string
 	ctl     *fakeinference.Control
 	client  *http.Client
 }
@@ -63,7 +65,7 @@ type testFleet struct {
 // startFleet starts every server; stream sets the agents' streaming.
 func startFleet(t *testing.T, stream bool) *testFleet {
 	t.Helper()
-	f := &testFleet{envURLs: map[string]string{}, client: httpclient.New(httpclient.Options{H2C: true})}
+	f := &testFleet{envURLs: map[string]string{}, agentURLs: map[string]string{}, client: httpclient.New(httpclient.Options{H2C: true})}
 	t.Cleanup(f.client.CloseIdleConnections)
 
 	fcfg := fakeinference.DefaultConfig()
@@ -114,6 +116,7 @@ func startFleet(t *testing.T, stream bool) *testFleet {
 			t.Fatal(err)
 		}
 		url := serve(t, a.name, as)
+		f.agentURLs[a.name] = url
 		agents = append(agents, environment.AgentConfig{Name: a.name, URL: url, ResourcesURL: resURLs[a.res]})
 	}
 
