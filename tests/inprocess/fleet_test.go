@@ -58,8 +58,8 @@ type testFleet struct {
 	envURLs map[string]string
 	// agentURLs by agent name.
 	agentURLs map[string]string
-	ctl     *fakeinference.Control
-	client  *http.Client
+	ctl       *fakeinference.Control
+	client    *http.Client
 }
 
 // startFleet starts every server; stream sets the agents' streaming.
