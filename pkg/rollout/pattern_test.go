@@ -95,3 +95,26 @@ func TestCompareCaptureKeysDoesNotAllocate(t *testing.T) {
 		t.Fatalf("CompareCaptureKeys allocates %v times", n)
 	}
 }
+
+// The checks every checkpoint record and fenced request runs stay free of
+// allocations at the longest ids.
+func TestHotPathsDoNotAllocate(t *testing.T) {
+	long := strings.Repeat("x", rollout.MaxIDLength)
+	key := long + "-a999999999"
+	rec := []byte(`{"rollout_id":"` + long + `","attempt":7},"rest"`)
+	id := rollout.EpisodeID{RolloutID: long, Attempt: 7}
+	buf := make([]byte, 0, 256)
+	for name, fn := range map[string]func(){
+		"ValidateRolloutID": func() { _ = rollout.ValidateRolloutID(long) },
+		"ValidID":           func() { _ = rollout.ValidID("checkpoint-1") },
+		"ParseCaptureKey":   func() { _, _ = rollout.ParseCaptureKey(key) },
+		"ValidCaptureKey":   func() { _ = rollout.ValidCaptureKey(long) },
+		"Validate":          func() { _ = id.Validate() },
+		"AppendCaptureKey":  func() { buf = id.AppendCaptureKey(buf[:0]) },
+		"CutEpisodeIDJSON":  func() { _, _, _, _ = rollout.CutEpisodeIDJSON(rec) },
+	} {
+		if n := testing.AllocsPerRun(100, fn); n != 0 {
+			t.Errorf("%s allocates %v times", name, n)
+		}
+	}
+}
