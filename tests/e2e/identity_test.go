@@ -64,37 +64,47 @@ func (f *Fleet) Episodes() []environment.EpisodeListing {
 	return r.Episodes
 }
 
-// Scenario 15: NeMo RL's rows, which name no rollout, in flight at a
-// checkpoint. The controller learns the ids the environment gave them from
+// Scenario 15: NeMo RL's rows, which name no rollout, and a NeMo Gym row
+// named by its indices, in flight at a checkpoint. The controller learns the ids the environment gave them from
 // GET /episodes (matching its rows by _rowidx and _ng_task_index), names
 // them in the commit scope, and after every fleet process is killed and the
 // checkpoint restored, resends each row with _ng_rollout_id and the next
-// _ng_attempt_index. Each continues from its boundary to reward 1.0; the
-// delivered first model call is never repeated.
-func TestScenario15_RowsWithoutARolloutIDContinueAfterCrash(t *testing.T) {
+// _ng_attempt_index (the Gym row: its own row with _ng_attempt_index "1").
+// Each continues from its boundary to reward 1.0; the delivered first model
+// call is never repeated.
+func TestScenario15_UpstreamRowShapesContinueAfterCrash(t *testing.T) {
+	t.Run("single_agent_turn", func(t *testing.T) { idLessRowsContinue(t, "weather_agent") })
+	t.Run("legacy", func(t *testing.T) { idLessRowsContinue(t, "weather_agent_legacy") })
+}
+
+func idLessRowsContinue(t *testing.T, route string) {
 	f := startFleet(t, nil)
 	f.HoldSecondCalls()
+	// A NeMo Gym row beside them names its rollout by its indices.
+	gymRow := weatherRow("", route, "Lima")
+	delete(gymRow, rollout.FieldRolloutID)
+	gymRow[rollout.FieldTaskIndex], gymRow[rollout.FieldRolloutIndex] = 9, 0
 	rows := []map[string]any{
-		nemoRLRow(weatherRow("", "weather_agent", "Paris"), map[string]any{"_rowidx": 0}),
-		nemoRLRow(weatherRow("", "weather_agent", "Oslo"), map[string]any{rollout.FieldTaskIndex: 5, "_rowidx": 1}),
+		nemoRLRow(weatherRow("", route, "Paris"), map[string]any{"_rowidx": 0}),
+		nemoRLRow(weatherRow("", route, "Oslo"), map[string]any{rollout.FieldTaskIndex: 5, "_rowidx": 1}),
+		gymRow,
 	}
-	first := []*Run{f.Start(rows[0]), f.Start(rows[1])}
+	first := []*Run{f.Start(rows[0]), f.Start(rows[1]), f.Start(rows[2])}
 
 	var listed []environment.EpisodeListing
-	f.WaitFor("both rows listed in flight", 60*time.Second, func() bool {
+	f.WaitFor("every row listed in flight", 60*time.Second, func() bool {
 		listed = f.Episodes()
-		return len(listed) == 2
+		return len(listed) == len(rows)
 	})
 	ids := make([]rollout.EpisodeID, len(rows))
 	for _, e := range listed {
-		if !e.Generated {
-			t.Fatalf("episode %v is not marked generated", e.EpisodeID)
-		}
 		switch {
-		case string(e.RowIdx) == "0" && e.TaskIndex == nil:
+		case e.Generated && string(e.RowIdx) == "0" && e.TaskIndex == nil:
 			ids[0] = e.EpisodeID
-		case string(e.RowIdx) == "1" && string(e.TaskIndex) == "5":
+		case e.Generated && string(e.RowIdx) == "1" && string(e.TaskIndex) == "5":
 			ids[1] = e.EpisodeID
+		case !e.Generated && e.EpisodeID == ep("9-0", 0) && string(e.RolloutIndex) == "0":
+			ids[2] = e.EpisodeID
 		default:
 			t.Fatalf("unexpected listing %+v", e)
 		}
@@ -112,7 +122,13 @@ func TestScenario15_RowsWithoutARolloutIDContinueAfterCrash(t *testing.T) {
 	}
 	f.Release()
 	for i, row := range rows {
-		rep := f.RunOK(continued(row, ids[i]))
+		next := continued(row, ids[i])
+		if i == 2 {
+			// Gym's own resend: the same row, the attempt as a string.
+			next = withAttempt(row, 0)
+			next[rollout.FieldAttemptIndex] = "1"
+		}
+		rep := f.RunOK(next)
 		assertReward(t, rep, 1.0)
 		epID, _ := rep.Body["episode_id"].(map[string]any)
 		if epID["rollout_id"] != ids[i].RolloutID || epID["attempt"] != 1.0 {
