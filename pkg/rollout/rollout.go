@@ -209,6 +209,9 @@ func ParseCaptureKey(key string) (EpisodeID, error) {
 		return id, nil
 	}
 	if !validPattern(key, MaxIDLength) {
+		if len(key) > MaxIDLength {
+			return EpisodeID{}, fmt.Errorf("%w: capture key of %d bytes names a rollout id longer than the bound of %d bytes (%.32q...)", ErrInvalidID, len(key), MaxIDLength, key)
+		}
 		return EpisodeID{}, fmt.Errorf("%w: capture key %q", ErrInvalidID, key)
 	}
 	return EpisodeID{RolloutID: key}, nil

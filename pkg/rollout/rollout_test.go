@@ -266,6 +266,11 @@ func TestValidateRolloutID_NamesTheBound(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "bound of 224 bytes") {
 		t.Fatalf("ValidateRolloutID(225 bytes) = %v, want an error naming the bound", err)
 	}
+	for _, key := range []string{strings.Repeat("x", rollout.MaxIDLength+1), strings.Repeat("x", rollout.MaxIDLength+1) + "-a2"} {
+		if _, err := rollout.ParseCaptureKey(key); err == nil || !strings.Contains(err.Error(), "bound of 224 bytes") {
+			t.Fatalf("ParseCaptureKey(%d bytes) = %v, want an error naming the bound", len(key), err)
+		}
+	}
 }
 
 func TestGenerate(t *testing.T) {
