@@ -643,7 +643,7 @@ func decodeRow(body []byte) (map[string]codec.RawMessage, error) {
 // carry only _rowidx, and maybe _ng_task_index.
 func episodeOfRow(row map[string]codec.RawMessage) (rollout.EpisodeID, error) {
 	ids := map[string]any{}
-	for _, k := range rollout.IdentityFields {
+	for _, k := range rollout.IdentityFields() {
 		raw, ok := row[k]
 		if !ok {
 			continue

@@ -12,8 +12,8 @@ import (
 	"strings"
 )
 
-// MaxIDLength is the longest rollout id SPEC §2 allows. Upstream's pattern has no bound, but NeMo
-// Gym's stores write "<capture_key>.capture.incomplete" as one file name
+// MaxIDLength is the longest rollout id SPEC §2 allows. Upstream's pattern
+// has no bound, but NeMo Gym's stores write "<capture_key>.capture.incomplete" as one file name
 // (nemo_gym/base_responses_api_model.py at 07d6b0d07b22): with the capture
 // key's "-a<9 digits>" and that 19-byte suffix, 224 is the longest rollout
 // id whose every file fits a 255-byte name, so no id we accept is one a Gym
@@ -237,8 +237,11 @@ const (
 	FieldParams       = "responses_create_params"
 )
 
-// IdentityFields are the row fields FromRow and Generate read.
-var IdentityFields = []string{FieldRolloutID, FieldAttemptIndex, FieldTaskIndex, FieldRolloutIndex, FieldRowIdx}
+// IdentityFields are the row fields FromRow and Generate read (an array, so
+// that no caller can change the package's).
+func IdentityFields() [5]string {
+	return [...]string{FieldRolloutID, FieldAttemptIndex, FieldTaskIndex, FieldRolloutIndex, FieldRowIdx}
+}
 
 // ErrRolloutIDRequired reports a row that names no rollout.
 var ErrRolloutIDRequired = errors.New("rollout id required: send _ng_rollout_id, or _ng_task_index and _ng_rollout_index, or the /ng-rollout/<capture_key> prefix")
