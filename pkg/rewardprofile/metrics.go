@@ -84,7 +84,7 @@ func (f *frame) describe(dst *outObj, lo, hi int) {
 			}
 		}
 	}
-	for s, stat := range stats {
+	for s, stat := range statNames() {
 		for c, name := range f.columns {
 			var v float64
 			switch s {

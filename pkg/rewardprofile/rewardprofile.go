@@ -33,9 +33,9 @@ const (
 	agentNameColumn = "agent_name"
 )
 
-// stats are the statistics of RewardProfiler.describe_dataframe, in its
-// order (its histograms are dropped by prepare_for_serialization).
-var stats = [...]string{"mean", "max", "min", "median", "std"}
+// statNames are the statistics of RewardProfiler.describe_dataframe, in
+// its order (its histograms are dropped by prepare_for_serialization).
+func statNames() [5]string { return [...]string{"mean", "max", "min", "median", "std"} }
 
 // Error is a request Gym's profiler cannot compute: Gym answers it with a
 // 500 (or 422 from its request model); our servers with 400 invalid_request.
