@@ -13,6 +13,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/agent"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/openai"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
 const getWeatherParis = `{"city":"Paris"}`
@@ -307,7 +308,7 @@ func TestRolloutIDRequired(t *testing.T) {
 	expectCode(t, "open without prefix", ta.post("/v1/agent_sessions", nil, `{"session_id":"s","resources_session_id":"rs"}`), 400, "rollout_id_required")
 	expectCode(t, "activation without prefix", ta.post("/v1/responses", map[string]string{agent.SessionHeader: "s", agent.ActivationHeader: "1"}, weatherParams), 400, "rollout_id_required")
 	expectCode(t, "stateless without prefix", ta.post("/v1/responses", nil, weatherParams), 400, "rollout_id_required")
-	expectCode(t, "run without ids", ta.post("/run", nil, `{"responses_create_params":`+weatherParams+`}`), 400, "rollout_id_required")
+	expectCode(t, "run with a bad _rowidx", ta.post("/run", nil, `{"_rowidx":"x","responses_create_params":`+weatherParams+`}`), 400, "invalid_request")
 	expectCode(t, "run with a bad id", ta.post("/run", nil, `{"_ng_rollout_id":"a b","responses_create_params":`+weatherParams+`}`), 400, "invalid_request")
 	if n := len(ta.rec.all()); n != 0 {
 		t.Errorf("refused requests reached the stand-ins: %q", ta.rec.lines())
@@ -341,19 +342,35 @@ var generatedSession = regexp.MustCompile(`^resources-session-[0-9a-f]{32}$`)
 func TestRun_Sequence(t *testing.T) {
 	cases := []struct {
 		name, path, ids, key string
+		attempt              int
 	}{
-		{"ids from the row", "/run", `"_ng_task_index":7,"_ng_rollout_index":3`, "7-3"},
-		{"attempt from the row", "/run", `"_ng_rollout_id":"row-1","_ng_attempt_index":2`, "row-1-a2"},
-		{"prefix wins", "/ng-rollout/p-a1/run", `"_ng_rollout_id":"row-1"`, "p-a1"},
+		{"ids from the row", "/run", `"_ng_task_index":7,"_ng_rollout_index":3`, "7-3", 0},
+		{"attempt from the row", "/run", `"_ng_rollout_id":"row-1","_ng_attempt_index":2`, "row-1-a2", 2},
+		{"attempt as a string", "/run", `"_ng_rollout_id":"row-1","_ng_attempt_index":"2"`, "row-1-a2", 2},
+		{"prefix wins", "/ng-rollout/p-a1/run", `"_ng_rollout_id":"row-1"`, "p-a1", 1},
+		// NeMo RL's rows (rollouts.py _prepare_nemo_gym_rows and
+		// trajectory_collector.py at 7ea279abfbeb) name no rollout: the id
+		// is generated from what they have.
+		{"sync NeMo RL row", "/run", `"_rowidx":4`, `row4-g[0-9a-f]{16}`, 0},
+		{"async NeMo RL row", "/run", `"_ng_task_index":9,"_rowidx":2`, `t9-row2-g[0-9a-f]{16}`, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ta := newFixture(t, nil, oneRound()...)
 			row := `{"responses_create_params":` + weatherParams + `,` + c.ids + `,"agent_ref":{"name":"weather_agent"},"task":"paris"}`
 			r := ta.post(c.path, nil, row)
-			if r.status != 200 || r.body != `{"reward":1.0,"verified":true}` {
+			var rep struct {
+				EpisodeID rollout.EpisodeID `json:"episode_id"`
+				Reward    float64           `json:"reward"`
+				Verified  bool              `json:"verified"`
+			}
+			if r.status != 200 || json.Unmarshal([]byte(r.body), &rep) != nil || !rep.Verified || rep.Reward != 1.0 {
 				t.Fatalf("run: %d %s", r.status, r.body)
 			}
+			if !regexp.MustCompile("^"+c.key+"$").MatchString(rep.EpisodeID.CaptureKey()) || rep.EpisodeID.Attempt != c.attempt {
+				t.Fatalf("episode_id %+v, want capture key %s (attempt %d)", rep.EpisodeID, c.key, c.attempt)
+			}
+			c.key = rep.EpisodeID.CaptureKey()
 			all := ta.rec.all()
 			if len(all) != 6 {
 				t.Fatalf("requests: %q", ta.rec.lines())

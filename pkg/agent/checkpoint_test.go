@@ -580,7 +580,7 @@ func TestLegacy_ContinuesFromItsLoopBoundary(t *testing.T) {
 	fctl.restore("c1", dir, "r")
 	fctl.resume("c1")
 	r := fresh.post("/run", nil, legacyRow(1, "paris"))
-	if r.status != 200 || r.body != `{"reward":1.0,"verified":true}` {
+	if r.status != 200 || r.body != `{"episode_id":{"rollout_id":"r","attempt":1},"reward":1.0,"verified":true}` {
 		t.Fatalf("replacement /run: %d %s", r.status, r.body)
 	}
 	want := []string{
@@ -664,7 +664,7 @@ func TestLegacy_VerifyInFlight(t *testing.T) {
 			fctl.restore("c1", dir, "r")
 			fctl.resume("c1")
 			r := fresh.post("/ng-rollout/r-a1/run", nil, legacyRow(1, "paris"))
-			if r.status != 200 || r.body != `{"reward":1.0,"verified":true}` {
+			if r.status != 200 || r.body != `{"episode_id":{"rollout_id":"r","attempt":1},"reward":1.0,"verified":true}` {
 				t.Fatalf("replacement /run: %d %s", r.status, r.body)
 			}
 			rsid := rec.all()[0].session
@@ -679,7 +679,7 @@ func TestLegacy_VerifyInFlight(t *testing.T) {
 			// Without a crash, the original replies after the resume.
 			c.resume("c1")
 			openGate()
-			if r := receive(t, "the /run reply", done); r.status != 200 || r.body != `{"reward":1.0,"verified":true}` {
+			if r := receive(t, "the /run reply", done); r.status != 200 || r.body != `{"episode_id":{"rollout_id":"r","attempt":0},"reward":1.0,"verified":true}` {
 				t.Errorf("original /run after resume: %d %s", r.status, r.body)
 			}
 			if got := len(rs.verifyEntered); got != 0 {

@@ -306,11 +306,30 @@ func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.E
 			// Recorded (and parked at, while a checkpoint is open) above: a
 			// run that finished during a prepare replies after the resume,
 			// and its record says next: return.
-			return p.result, nil
+			return withEpisodeID(p.result, ep)
 		default:
 			return nil, apierror.New(apierror.Internal, "legacy /run at unknown stage %q", p.next)
 		}
 	}
+}
+
+// withEpisodeID adds episode_id to /verify's reply, as the environment's
+// /run does: a caller whose row named no rollout learns the id it ran under.
+func withEpisodeID(result codec.RawMessage, ep rollout.EpisodeID) (codec.RawMessage, error) {
+	var obj map[string]codec.RawMessage
+	if err := codec.Unmarshal(result, &obj); err != nil || obj == nil {
+		return nil, apierror.New(apierror.UpstreamError, "resources server /verify answered a body that is not a JSON object")
+	}
+	id, err := codec.Marshal(ep)
+	if err != nil {
+		return nil, apierror.Wrap(apierror.Internal, err)
+	}
+	obj["episode_id"] = id
+	out, err := codec.Marshal(obj)
+	if err != nil {
+		return nil, apierror.Wrap(apierror.Internal, err)
+	}
+	return out, nil
 }
 
 // verifyModeOf reads X-Ng-Checkpoint-Verify: replay only when announced.
@@ -332,5 +351,7 @@ func legacyTaskDigest(body []byte) (string, error) {
 	for _, f := range []string{rollout.FieldRolloutID, rollout.FieldAttemptIndex, rollout.FieldTaskIndex, rollout.FieldRolloutIndex} {
 		delete(task, f)
 	}
+	// _rowidx stays in the task: NeMo RL's rows of one prompt differ only
+	// there, and a replacement row carries its original _rowidx.
 	return episode.TaskDigest(task)
 }

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -27,6 +26,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/openai"
+	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -193,6 +193,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	r.Post("/v1/agent_sessions/close", h(s.handleClose))
 	r.Post("/v1/responses", h(s.handleResponses))
 	r.Post("/run", h(s.handleRun))
+	r.Post(rewardprofile.Path, h(s.handleAggregateMetrics))
 	if s.ctl != nil {
 		s.ctl.Mount(r)
 	}
@@ -637,10 +638,12 @@ func decodeRow(body []byte) (map[string]codec.RawMessage, error) {
 	return row, nil
 }
 
-// episodeOfRow reads a row's episode from its _ng_* fields.
+// episodeOfRow reads a row's episode from its identity fields, generating
+// one for a row that names no rollout (rollout.Resolve): NeMo RL's rows
+// carry only _rowidx, and maybe _ng_task_index.
 func episodeOfRow(row map[string]codec.RawMessage) (rollout.EpisodeID, error) {
 	ids := map[string]any{}
-	for _, k := range []string{rollout.FieldRolloutID, rollout.FieldAttemptIndex, rollout.FieldTaskIndex, rollout.FieldRolloutIndex} {
+	for _, k := range rollout.IdentityFields() {
 		raw, ok := row[k]
 		if !ok {
 			continue
@@ -651,11 +654,8 @@ func episodeOfRow(row map[string]codec.RawMessage) (rollout.EpisodeID, error) {
 		}
 		ids[k] = v
 	}
-	ep, err := rollout.FromRow(ids)
-	switch {
-	case errors.Is(err, rollout.ErrRolloutIDRequired):
-		return ep, apierror.Wrap(apierror.RolloutIDRequired, err)
-	case err != nil:
+	ep, _, err := rollout.Resolve(ids)
+	if err != nil {
 		return ep, apierror.Wrap(apierror.InvalidRequest, err)
 	}
 	return ep, nil

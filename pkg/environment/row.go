@@ -18,20 +18,22 @@ type Row map[string]codec.RawMessage
 type RunRequest struct {
 	// Row is the whole row as received.
 	Row Row
-	// Episode is the attempt the row names.
+	// Episode is the attempt the row names, or the one generated for it.
 	Episode rollout.EpisodeID
+	// Generated is set when the row named no rollout (NeMo RL's rows) and
+	// Episode was generated for it (rollout.Generate).
+	Generated bool
 	// Agent is agent_ref.name, or empty when the row names none.
 	Agent string
 	// Params is responses_create_params.
 	Params codec.RawMessage
 }
 
-// identityFields are the row fields rollout.FromRow reads.
-var identityFields = []string{rollout.FieldRolloutID, rollout.FieldTaskIndex, rollout.FieldRolloutIndex, rollout.FieldAttemptIndex}
-
-// DecodeRunRequest decodes and checks a /run body. ctx may carry the episode
-// of an /ng-rollout/<capture_key>/run prefix, used when the row names none.
-// Errors are apierror values: invalid_request or rollout_id_required.
+// DecodeRunRequest decodes and checks a /run body. The episode is the one the
+// row names (rollout.FromRow); else the one of an /ng-rollout/<capture_key>/run
+// prefix ctx carries; else one generated from what the row has
+// (rollout.Generate: NeMo RL's rows carry only _rowidx and maybe
+// _ng_task_index). Errors are apierror values: invalid_request.
 func DecodeRunRequest(ctx context.Context, body []byte) (*RunRequest, error) {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' {
@@ -46,8 +48,8 @@ func DecodeRunRequest(ctx context.Context, body []byte) (*RunRequest, error) {
 		return nil, apierror.New(apierror.InvalidRequest, "%s is required and must be a JSON object", rollout.FieldParams)
 	}
 
-	ident := make(map[string]any, len(identityFields))
-	for _, f := range identityFields {
+	ident := make(map[string]any, len(rollout.IdentityFields()))
+	for _, f := range rollout.IdentityFields() {
 		raw, ok := row[f]
 		if !ok {
 			continue
@@ -60,18 +62,22 @@ func DecodeRunRequest(ctx context.Context, body []byte) (*RunRequest, error) {
 	}
 	id, err := rollout.FromRow(ident)
 	prefixed, hasPrefix := rollout.FromContext(ctx)
+	generated := false
 	switch {
 	case errors.Is(err, rollout.ErrRolloutIDRequired) && hasPrefix:
 		id = prefixed
 	case errors.Is(err, rollout.ErrRolloutIDRequired):
-		return nil, apierror.Wrap(apierror.RolloutIDRequired, err)
+		if id, err = rollout.Generate(ident, rollout.NewNonce()); err != nil {
+			return nil, apierror.Wrap(apierror.InvalidRequest, err)
+		}
+		generated = true
 	case err != nil:
 		return nil, apierror.Wrap(apierror.InvalidRequest, err)
 	case hasPrefix && prefixed != id:
 		return nil, apierror.New(apierror.InvalidRequest, "the path names attempt %s but the row names %s", prefixed, id)
 	}
 
-	req := &RunRequest{Row: row, Episode: id, Params: params}
+	req := &RunRequest{Row: row, Episode: id, Generated: generated, Params: params}
 	if raw, ok := row[rollout.FieldAgentRef]; ok && !isNull(raw) {
 		var ref struct {
 			Name *string `json:"name"`

@@ -20,6 +20,10 @@ func FuzzDecodeRunRequest(f *testing.F) {
 		`{"responses_create_params":{},"_ng_rollout_id":"r","agent_ref":null}`,
 		`{"responses_create_params":{},"_ng_rollout_id":"r","agent_ref":{"name":7}}`,
 		`{"responses_create_params":"x"}`,
+		`{"responses_create_params":{},"_rowidx":3}`,
+		`{"responses_create_params":{},"_ng_task_index":4,"_rowidx":"1","_ng_attempt_index":"2"}`,
+		`{"responses_create_params":{},"_ng_task_index":4,"_ng_rollout_index":0,"_ng_attempt_index":"1"}`,
+		`{"responses_create_params":{},"_rowidx":-1}`,
 		`{}`, `[]`, `null`, ``, `{`, `{"a":}`, "\x00",
 	} {
 		f.Add([]byte(seed))

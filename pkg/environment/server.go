@@ -27,6 +27,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -101,6 +102,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.ctl.Mount(r)
 	}
 	r.Post("/run", httpserver.Handle(deps.Logger, s.handleRun))
+	r.Get("/episodes", httpserver.Handle(deps.Logger, s.handleEpisodes))
+	// Gym's rollout collection posts the verify replies here once a run is
+	// done. Computed here rather than relayed by agent_ref: our agents and
+	// resources servers have no benchmark hooks, so every one of them
+	// answers the same baseline, and one call needs no fan-out.
+	r.Post(rewardprofile.Path, httpserver.Handle(deps.Logger, rewardprofile.Handle))
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
 	// Last: nothing after it can fail and leave its goroutines running.
 	s.late = newLateCleanup(deps.Logger, cfg.CleanupTimeout, cfg.CleanupRetryWindow, newLateCleanupMetrics(deps.Registry))
@@ -149,6 +156,45 @@ func (s *Server) Live() []LiveEpisode {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Episode.CaptureKey() < out[j].Episode.CaptureKey() })
 	return out
+}
+
+// EpisodesReply is the reply of GET /episodes.
+type EpisodesReply struct {
+	Episodes []EpisodeListing `json:"episodes"`
+}
+
+// EpisodeListing names one episode in flight and the row fields a caller
+// that sent no rollout id (NeMo RL) knows its row by.
+type EpisodeListing struct {
+	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	// Generated is set when the row named no rollout and the id was
+	// generated for it.
+	Generated bool `json:"generated"`
+	// TaskIndex and RowIdx are the row's _ng_task_index and _rowidx as
+	// sent (absent when the row had none).
+	TaskIndex    codec.RawMessage `json:"_ng_task_index,omitempty"`
+	RolloutIndex codec.RawMessage `json:"_ng_rollout_index,omitempty"`
+	RowIdx       codec.RawMessage `json:"_rowidx,omitempty"`
+}
+
+// handleEpisodes lists the episodes in flight by capture key: how a
+// checkpoint controller whose rows carry no rollout id (NeMo RL's) learns
+// the ids the environment gave them before their replies, to name them in
+// a commit scope and to resend each continued row with _ng_rollout_id and
+// the next _ng_attempt_index after a restore.
+func (s *Server) handleEpisodes(*http.Request) (any, error) {
+	s.mu.Lock()
+	out := make([]EpisodeListing, 0, len(s.live))
+	for _, ep := range s.live {
+		row := ep.req.Row
+		out = append(out, EpisodeListing{
+			EpisodeID: ep.id, Generated: ep.req.Generated,
+			TaskIndex: row[rollout.FieldTaskIndex], RolloutIndex: row[rollout.FieldRolloutIndex], RowIdx: row[rollout.FieldRowIdx],
+		})
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return rollout.CompareCaptureKeys(out[i].EpisodeID, out[j].EpisodeID) < 0 })
+	return EpisodesReply{Episodes: out}, nil
 }
 
 func (s *Server) handleRun(r *http.Request) (any, error) {

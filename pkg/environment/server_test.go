@@ -388,8 +388,9 @@ func TestRun_BadRequests(t *testing.T) {
 		status     int
 		code       string
 	}{
-		{"no rollout id", `{"responses_create_params":{"input":"x"}}`, 400, "rollout_id_required"},
-		{"only a task index", `{"responses_create_params":{"input":"x"},"_ng_task_index":1}`, 400, "rollout_id_required"},
+		{"bad _rowidx", `{"responses_create_params":{"input":"x"},"_rowidx":-1}`, 400, "invalid_request"},
+		{"bad attempt string", `{"responses_create_params":{"input":"x"},"_ng_rollout_id":"r","_ng_attempt_index":"one"}`, 400, "invalid_request"},
+		{"rollout id past the bound", `{"responses_create_params":{"input":"x"},"_ng_rollout_id":"` + strings.Repeat("r", 225) + `"}`, 400, "bound of 224 bytes"},
 		{"no responses_create_params", `{"_ng_rollout_id":"r"}`, 400, "invalid_request"},
 		{"null responses_create_params", `{"_ng_rollout_id":"r","responses_create_params":null}`, 400, "invalid_request"},
 		{"not an object", `[1,2]`, 400, "invalid_request"},
@@ -407,7 +408,7 @@ func TestRun_BadRequests(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if status != tc.status || !strings.Contains(body, `"code":"`+tc.code+`"`) {
+			if status != tc.status || !(strings.Contains(body, `"code":"`+tc.code+`"`) || strings.Contains(body, tc.code)) {
 				t.Errorf("/run = %d %s, want %d %s", status, body, tc.status, tc.code)
 			}
 		})

@@ -135,7 +135,7 @@ func (s *Server) classify(r *http.Request) (rollout.EpisodeID, bool, ctlplane.Ad
 
 // dataOperation maps a request (prefix already stripped) to the operation
 // its route performs; ok is false for /tools, /_ctl/*, /_ckpt/* and the
-// fleet's own routes.
+// fleet's own routes (and /aggregate_metrics, which touches no session).
 func dataOperation(r *http.Request) (operation, bool) {
 	if r.Method != http.MethodPost {
 		return 0, false
@@ -151,6 +151,9 @@ func dataOperation(r *http.Request) (operation, bool) {
 		return opVerify, true
 	case "close_session":
 		return opClose, true
+	case "aggregate_metrics":
+		// Computed from the body alone: no session, nothing to wait for.
+		return 0, false
 	}
 	return opTool, true
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -149,6 +150,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	r.Post("/seed_session", h(s.handleSeed))
 	r.Post("/verify", h(s.handleVerify))
 	r.Post("/close_session", h(s.handleClose))
+	r.Post(rewardprofile.Path, h(rewardprofile.Handle))
 	if s.gate != nil {
 		r.Post("/_ctl/verify/hold", h(func(*http.Request) (any, error) { return s.gate.hold(), nil }))
 		r.Post("/_ctl/verify/release", h(func(*http.Request) (any, error) { return s.gate.releaseAll(), nil }))

@@ -11,7 +11,8 @@ import (
 
 // The patterns SPEC §2 states; rollout matches them by hand, for speed.
 var (
-	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	namePattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,223}$`)
 	attemptSuffix = regexp.MustCompile(`-a([1-9][0-9]{0,8})$`)
 )
 
@@ -27,7 +28,7 @@ func parseByPattern(key string) (rollout.EpisodeID, bool) {
 
 func checkAgainstPatterns(t *testing.T, s string) {
 	t.Helper()
-	if got, want := rollout.ValidID(s), idPattern.MatchString(s); got != want {
+	if got, want := rollout.ValidID(s), namePattern.MatchString(s); got != want {
 		t.Fatalf("ValidID(%q) = %v, the pattern says %v", s, got, want)
 	}
 	wantValid := idPattern.MatchString(s) && !attemptSuffix.MatchString(s)
@@ -46,7 +47,8 @@ var patternSeeds = []string{
 	"r-a1", "r-a0", "r-a01", "r-a10", "r-a999999999", "r-a1000000000", "r-a", "-a1", "r-a1-a2", "r-a-a2",
 	"r-a1x", "r-A1", "r--a1", "ra1", "3-0-a12", "r-a१", "r-a１",
 	strings.Repeat("r", 127), strings.Repeat("r", 128), strings.Repeat("r", 129),
-	strings.Repeat("r", 128) + "-a7", strings.Repeat("r", 129) + "-a7", strings.Repeat("é", 64),
+	strings.Repeat("r", 223), strings.Repeat("r", 224), strings.Repeat("r", 225),
+	strings.Repeat("r", 224) + "-a7", strings.Repeat("r", 225) + "-a7", strings.Repeat("é", 112),
 }
 
 func TestPatternsByHand(t *testing.T) {
@@ -71,6 +73,7 @@ func FuzzCompareCaptureKeys(f *testing.F) {
 	f.Add("r-a", 0, "r", 1)
 	f.Add("r", 1, "r-b", 0)
 	f.Add(strings.Repeat("x", 128), 999999999, strings.Repeat("x", 128), 99999999)
+	f.Add(strings.Repeat("x", 224), 999999999, strings.Repeat("x", 224), 99999999)
 	f.Fuzz(func(t *testing.T, ra string, aa int, rb string, ab int) {
 		a, b := rollout.EpisodeID{RolloutID: ra, Attempt: aa}, rollout.EpisodeID{RolloutID: rb, Attempt: ab}
 		if a.Validate() != nil || b.Validate() != nil {
@@ -86,8 +89,32 @@ func FuzzCompareCaptureKeys(f *testing.F) {
 }
 
 func TestCompareCaptureKeysDoesNotAllocate(t *testing.T) {
-	a, b := rollout.EpisodeID{RolloutID: "rollout-1", Attempt: 2}, rollout.EpisodeID{RolloutID: "rollout-1", Attempt: 10}
+	long := strings.Repeat("x", rollout.MaxIDLength)
+	a, b := rollout.EpisodeID{RolloutID: long, Attempt: 999999999}, rollout.EpisodeID{RolloutID: long, Attempt: 99999999}
 	if n := testing.AllocsPerRun(100, func() { rollout.CompareCaptureKeys(a, b) }); n != 0 {
 		t.Fatalf("CompareCaptureKeys allocates %v times", n)
+	}
+}
+
+// The checks every checkpoint record and fenced request runs stay free of
+// allocations at the longest ids.
+func TestHotPathsDoNotAllocate(t *testing.T) {
+	long := strings.Repeat("x", rollout.MaxIDLength)
+	key := long + "-a999999999"
+	rec := []byte(`{"rollout_id":"` + long + `","attempt":7},"rest"`)
+	id := rollout.EpisodeID{RolloutID: long, Attempt: 7}
+	buf := make([]byte, 0, 256)
+	for name, fn := range map[string]func(){
+		"ValidateRolloutID": func() { _ = rollout.ValidateRolloutID(long) },
+		"ValidID":           func() { _ = rollout.ValidID("checkpoint-1") },
+		"ParseCaptureKey":   func() { _, _ = rollout.ParseCaptureKey(key) },
+		"ValidCaptureKey":   func() { _ = rollout.ValidCaptureKey(long) },
+		"Validate":          func() { _ = id.Validate() },
+		"AppendCaptureKey":  func() { buf = id.AppendCaptureKey(buf[:0]) },
+		"CutEpisodeIDJSON":  func() { _, _, _, _ = rollout.CutEpisodeIDJSON(rec) },
+	} {
+		if n := testing.AllocsPerRun(100, fn); n != 0 {
+			t.Errorf("%s allocates %v times", name, n)
+		}
 	}
 }

@@ -4,14 +4,25 @@ package rollout
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 )
 
-// MaxIDLength is the longest rollout id SPEC §2 allows.
-const MaxIDLength = 128
+// MaxIDLength is the longest rollout id SPEC §2 allows. Upstream's pattern
+// has no bound, but NeMo Gym's stores write "<capture_key>.capture.incomplete" as one file name
+// (nemo_gym/base_responses_api_model.py at 07d6b0d07b22): with the capture
+// key's "-a<9 digits>" and that 19-byte suffix, 224 is the longest rollout
+// id whose every file fits a 255-byte name, so no id we accept is one a Gym
+// server beside ours cannot store.
+const MaxIDLength = 224
+
+// maxCaptureKeyLength is the longest capture key: a MaxIDLength id and the
+// suffix of attempt MaxAttempt.
+const maxCaptureKeyLength = MaxIDLength + len("-a999999999")
 
 // The id pattern and the attempt suffix are matched by hand rather than by
 // regexp: every checkpoint record, ledger key and fenced request checks them,
@@ -49,10 +60,19 @@ func isAlnum(c byte) bool {
 // match the SPEC pattern.
 var ErrInvalidID = errors.New("invalid id")
 
-// ValidID reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$. Checkpoint
-// ids, instance names and kinds use the same pattern.
-func ValidID(s string) bool {
-	if len(s) == 0 || len(s) > MaxIDLength || !isAlnum(s[0]) {
+// MaxNameLength is the longest checkpoint id, instance name, kind or
+// session id: the reference's bound on checkpoint ids (1..128).
+const MaxNameLength = 128
+
+// ValidID reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$: a
+// checkpoint id, instance name, kind or session id. Rollout ids may be
+// longer (ValidateRolloutID).
+func ValidID(s string) bool { return validPattern(s, MaxNameLength) }
+
+// validPattern reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._-]*$ in at
+// most max bytes.
+func validPattern(s string, max int) bool {
+	if len(s) == 0 || len(s) > max || !isAlnum(s[0]) {
 		return false
 	}
 	for i := 1; i < len(s); i++ {
@@ -66,8 +86,11 @@ func ValidID(s string) bool {
 // ValidateRolloutID checks a rollout id: the SPEC pattern, and no trailing
 // "-a<N>", which would make its capture keys ambiguous.
 func ValidateRolloutID(s string) error {
-	if !ValidID(s) {
-		return fmt.Errorf("%w: rollout id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ErrInvalidID, s)
+	if len(s) > MaxIDLength {
+		return fmt.Errorf("%w: rollout id of %d bytes is longer than the bound of %d bytes (%.32q...)", ErrInvalidID, len(s), MaxIDLength, s)
+	}
+	if !validPattern(s, MaxIDLength) {
+		return fmt.Errorf("%w: rollout id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ (at most %d bytes)", ErrInvalidID, s, MaxIDLength)
 	}
 	if start, _ := attemptSuffix(s); start >= 0 {
 		return fmt.Errorf("%w: rollout id %q must not end in -a<N>, which names an attempt", ErrInvalidID, s)
@@ -145,7 +168,7 @@ func CompareCaptureKeys(a, b EpisodeID) int {
 	if a.Attempt == 0 && b.Attempt == 0 {
 		return strings.Compare(a.RolloutID, b.RolloutID)
 	}
-	var bufA, bufB [160]byte
+	var bufA, bufB [maxCaptureKeyLength]byte
 	return bytes.Compare(a.AppendCaptureKey(bufA[:0]), b.AppendCaptureKey(bufB[:0]))
 }
 
@@ -185,35 +208,52 @@ func ParseCaptureKey(key string) (EpisodeID, error) {
 		}
 		return id, nil
 	}
-	if !ValidID(key) {
+	if !validPattern(key, MaxIDLength) {
+		if len(key) > MaxIDLength {
+			return EpisodeID{}, fmt.Errorf("%w: capture key of %d bytes names a rollout id longer than the bound of %d bytes (%.32q...)", ErrInvalidID, len(key), MaxIDLength, key)
+		}
 		return EpisodeID{}, fmt.Errorf("%w: capture key %q", ErrInvalidID, key)
 	}
 	return EpisodeID{RolloutID: key}, nil
 }
 
 // ValidCaptureKey reports whether key is the capture key of a valid episode.
-// Capture keys can be longer than ValidID allows (see ParseCaptureKey).
+// Capture keys can be longer than a rollout id (see ParseCaptureKey).
 func ValidCaptureKey(key string) bool {
 	_, err := ParseCaptureKey(key)
 	return err == nil
 }
 
-// Row field names of NeMo Gym's rollout collection (SPEC §2).
+// Row field names of NeMo Gym's rollout collection (SPEC §2), and the row
+// index NeMo RL stamps on its rows (nemo_rl/experience/rollouts.py
+// _prepare_nemo_gym_rows and rollout_manager.py _build_inputs at 7ea279abfbeb).
 const (
 	FieldRolloutID    = "_ng_rollout_id"
 	FieldAttemptIndex = "_ng_attempt_index"
 	FieldTaskIndex    = "_ng_task_index"
 	FieldRolloutIndex = "_ng_rollout_index"
+	FieldRowIdx       = "_rowidx"
 	FieldAgentRef     = "agent_ref"
 	FieldParams       = "responses_create_params"
 )
 
+// IdentityFields are the row fields FromRow and Generate read (an array, so
+// that no caller can change the package's).
+func IdentityFields() [5]string {
+	return [...]string{FieldRolloutID, FieldAttemptIndex, FieldTaskIndex, FieldRolloutIndex, FieldRowIdx}
+}
+
 // ErrRolloutIDRequired reports a row that names no rollout.
 var ErrRolloutIDRequired = errors.New("rollout id required: send _ng_rollout_id, or _ng_task_index and _ng_rollout_index, or the /ng-rollout/<capture_key> prefix")
 
-// FromRow reads the episode id of a dataset row given as decoded JSON. The
-// rollout id is _ng_rollout_id, or <_ng_task_index>-<_ng_rollout_index>; the
-// attempt is _ng_attempt_index (0 when absent).
+// FromRow reads the episode id a dataset row names, as NeMo Gym's
+// maybe_rollout_id_from_run_body does (nemo_gym/rollout_correlation.py at
+// 07d6b0d07b22): the rollout id is _ng_rollout_id, or
+// <_ng_task_index>-<_ng_rollout_index>; the attempt is _ng_attempt_index
+// (0 when absent). A row naming neither is ErrRolloutIDRequired: upstream
+// leaves such a row uncaptured, and Resolve names it with Generate.
+// Indices are non-negative integers, as JSON numbers or decimal strings
+// (Gym formats and int()s what it is given).
 func FromRow(row map[string]any) (EpisodeID, error) {
 	var id EpisodeID
 	if v, ok := row[FieldRolloutID]; ok && v != nil {
@@ -223,27 +263,111 @@ func FromRow(row map[string]any) (EpisodeID, error) {
 		}
 		id.RolloutID = s
 	} else {
-		t, okT := intField(row, FieldTaskIndex)
-		r, okR := intField(row, FieldRolloutIndex)
+		t, okT, err := indexField(row, FieldTaskIndex)
+		if err != nil {
+			return id, err
+		}
+		r, okR, err := indexField(row, FieldRolloutIndex)
+		if err != nil {
+			return id, err
+		}
 		if !okT || !okR {
 			return id, ErrRolloutIDRequired
 		}
 		id.RolloutID = strconv.FormatInt(t, 10) + "-" + strconv.FormatInt(r, 10)
 	}
-	if v, ok := row[FieldAttemptIndex]; ok && v != nil {
-		n, ok := intField(row, FieldAttemptIndex)
-		if !ok {
-			return id, fmt.Errorf("%w: %s must be a non-negative integer, got %v", ErrInvalidID, FieldAttemptIndex, v)
-		}
-		id.Attempt = int(n)
+	n, err := attemptField(row)
+	if err != nil {
+		return id, err
 	}
+	id.Attempt = n
 	return id, id.Validate()
 }
 
-// intField reads a non-negative integer that JSON decoding may have produced as
-// float64, json.Number-like string or int.
-func intField(row map[string]any, name string) (int64, bool) {
-	switch v := row[name].(type) {
+// Generate names a row that FromRow cannot name (NeMo RL's rows carry only
+// _rowidx, and on its async path _ng_task_index): "t<task>-row<rowidx>-g<hex>",
+// with each part present only when the row has it, and 64 random bits that
+// make every /run of such a row a rollout of its own. Neither index is
+// unique on its own across NeMo RL's steps (_rowidx restarts at 0 in every
+// batch), and NeMo RL sends a row again after a failure while the first
+// execution may still be running or have left a ledger under its key; a
+// derived id would refuse the resend as a duplicate or mix two executions'
+// captures. The reply's episode_id, and the environment's GET /episodes
+// while it runs, tell the caller the id.
+func Generate(row map[string]any, nonce [8]byte) (EpisodeID, error) {
+	var id EpisodeID
+	var b []byte
+	if t, ok, err := indexField(row, FieldTaskIndex); err != nil {
+		return id, err
+	} else if ok {
+		b = strconv.AppendInt(append(b, 't'), t, 10)
+		b = append(b, '-')
+	}
+	if r, ok, err := indexField(row, FieldRowIdx); err != nil {
+		return id, err
+	} else if ok {
+		b = strconv.AppendInt(append(b, "row"...), r, 10)
+		b = append(b, '-')
+	}
+	b = append(b, 'g')
+	b = hex.AppendEncode(b, nonce[:])
+	id.RolloutID = string(b)
+	n, err := attemptField(row)
+	if err != nil {
+		return id, err
+	}
+	id.Attempt = n
+	return id, id.Validate()
+}
+
+// Resolve is FromRow, and Generate with a random nonce for a row FromRow
+// cannot name; generated reports the latter.
+func Resolve(row map[string]any) (id EpisodeID, generated bool, err error) {
+	id, err = FromRow(row)
+	if !errors.Is(err, ErrRolloutIDRequired) {
+		return id, false, err
+	}
+	id, err = Generate(row, NewNonce())
+	return id, true, err
+}
+
+// NewNonce returns 64 random bits for Generate.
+func NewNonce() [8]byte {
+	var n [8]byte
+	_, _ = rand.Read(n[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return n
+}
+
+// attemptField reads _ng_attempt_index: absent or null is 0.
+func attemptField(row map[string]any) (int, error) {
+	v, ok := row[FieldAttemptIndex]
+	if !ok || v == nil {
+		return 0, nil
+	}
+	n, ok := intValue(v)
+	if !ok || n > MaxAttempt {
+		return 0, fmt.Errorf("%w: %s must be an integer from 0 to %d (a number or a decimal string), got %v", ErrInvalidID, FieldAttemptIndex, MaxAttempt, v)
+	}
+	return int(n), nil
+}
+
+// indexField reads an index field: ok false when absent or null, an error
+// when present but not a non-negative integer.
+func indexField(row map[string]any, name string) (n int64, ok bool, err error) {
+	v, present := row[name]
+	if !present || v == nil {
+		return 0, false, nil
+	}
+	if n, ok = intValue(v); !ok {
+		return 0, false, fmt.Errorf("%w: %s must be a non-negative integer (a number or a decimal string), got %v", ErrInvalidID, name, v)
+	}
+	return n, true, nil
+}
+
+// intValue reads a non-negative integer that JSON decoding may have produced
+// as float64, json.Number, int or a decimal string ("2", as NeMo Gym int()s).
+func intValue(v any) (int64, bool) {
+	switch v := v.(type) {
 	case float64:
 		if v < 0 || v != float64(int64(v)) || v > 1<<40 {
 			return 0, false
@@ -253,9 +377,25 @@ func intField(row map[string]any, name string) (int64, bool) {
 		return int64(v), v >= 0
 	case int64:
 		return v, v >= 0
+	case string:
+		return decimal(strings.TrimSpace(v))
 	case interface{ String() string }: // json.Number from UseNumber decoders
-		n, err := strconv.ParseInt(strings.TrimSpace(v.String()), 10, 64)
-		return n, err == nil && n >= 0
+		return decimal(strings.TrimSpace(v.String()))
 	}
 	return 0, false
+}
+
+// decimal reads 1 to 18 ASCII digits.
+func decimal(s string) (int64, bool) {
+	if len(s) == 0 || len(s) > 18 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(s[i]-'0')
+	}
+	return n, true
 }

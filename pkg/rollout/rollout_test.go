@@ -91,7 +91,7 @@ func TestParseCaptureKey_Invalid(t *testing.T) {
 func FuzzParseCaptureKey(f *testing.F) {
 	for _, s := range []string{
 		"w", "w-a1", "3-0-a12", "r-a0", "r-a01", "r-a0-a3", "x-a1-a2", "-a1", "", "a b", "r-a999999999", "r-a1000000000",
-		strings.Repeat("r", 128), strings.Repeat("r", 128) + "-a9", strings.Repeat("r", 129),
+		strings.Repeat("r", 224), strings.Repeat("r", 224) + "-a9", strings.Repeat("r", 225),
 	} {
 		f.Add(s)
 	}
@@ -119,13 +119,13 @@ func FuzzParseCaptureKey(f *testing.F) {
 }
 
 func TestValidateRolloutID(t *testing.T) {
-	valid := []string{"w", "3-0", "A.b_c-d", "r-a0", "r-a01", "r-aa1", "ra1", "r-a", "x-b2", strings.Repeat("9", 128)}
-	invalid := []string{"", "-r", ".r", "r/1", "r:1", strings.Repeat("9", 129), "r-a1", "r-a12", "3-0-a999999999", "a-a1"}
+	valid := []string{"w", "3-0", "A.b_c-d", "r-a0", "r-a01", "r-aa1", "ra1", "r-a", "x-b2", strings.Repeat("9", 128), strings.Repeat("9", 224)}
+	invalid := []string{"", "-r", ".r", "r/1", "r:1", strings.Repeat("9", 225), "r-a1", "r-a12", "3-0-a999999999", "a-a1"}
 	for _, s := range valid {
 		if err := rollout.ValidateRolloutID(s); err != nil {
 			t.Errorf("ValidateRolloutID(%q) = %v, want nil", s, err)
 		}
-		if !rollout.ValidID(s) {
+		if len(s) <= rollout.MaxNameLength && !rollout.ValidID(s) {
 			t.Errorf("ValidID(%q) = false", s)
 		}
 	}
@@ -181,9 +181,21 @@ func TestFromRow(t *testing.T) {
 		{name: "integral float indices", row: `{"_ng_task_index":3.0,"_ng_rollout_index":1e1,"_ng_attempt_index":2.0}`, want: rollout.EpisodeID{RolloutID: "3-10", Attempt: 2}},
 		{name: "empty row", row: `{}`, wantErr: rollout.ErrRolloutIDRequired},
 		{name: "task index only", row: `{"_ng_task_index":3}`, wantErr: rollout.ErrRolloutIDRequired},
-		{name: "fractional task index", row: `{"_ng_task_index":3.5,"_ng_rollout_index":0}`, wantErr: rollout.ErrRolloutIDRequired},
-		{name: "negative rollout index", row: `{"_ng_task_index":3,"_ng_rollout_index":-1}`, wantErr: rollout.ErrRolloutIDRequired},
-		{name: "string task index", row: `{"_ng_task_index":"3","_ng_rollout_index":0}`, wantErr: rollout.ErrRolloutIDRequired},
+		{name: "rowidx only", row: `{"_rowidx":3}`, wantErr: rollout.ErrRolloutIDRequired},
+		{name: "task index and rowidx", row: `{"_ng_task_index":3,"_rowidx":1}`, wantErr: rollout.ErrRolloutIDRequired},
+		{name: "null indices", row: `{"_ng_task_index":null,"_ng_rollout_index":null}`, wantErr: rollout.ErrRolloutIDRequired},
+		{name: "fractional task index", row: `{"_ng_task_index":3.5,"_ng_rollout_index":0}`, wantErr: rollout.ErrInvalidID},
+		{name: "negative rollout index", row: `{"_ng_task_index":3,"_ng_rollout_index":-1}`, wantErr: rollout.ErrInvalidID},
+		{name: "string task index", row: `{"_ng_task_index":"3","_ng_rollout_index":0}`, want: rollout.EpisodeID{RolloutID: "3-0"}},
+		{name: "non-decimal string task index", row: `{"_ng_task_index":"three","_ng_rollout_index":0}`, wantErr: rollout.ErrInvalidID},
+		{name: "string attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":"1"}`, want: rollout.EpisodeID{RolloutID: "w", Attempt: 1}},
+		{name: "string attempt with spaces", row: `{"_ng_rollout_id":"w","_ng_attempt_index":" 12 "}`, want: rollout.EpisodeID{RolloutID: "w", Attempt: 12}},
+		{name: "signed string attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":"-1"}`, wantErr: rollout.ErrInvalidID},
+		{name: "fractional string attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":"1.0"}`, wantErr: rollout.ErrInvalidID},
+		{name: "empty string attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":""}`, wantErr: rollout.ErrInvalidID},
+		{name: "attempt above the bound", row: `{"_ng_rollout_id":"w","_ng_attempt_index":"1000000000"}`, wantErr: rollout.ErrInvalidID},
+		{name: "longest rollout id", row: `{"_ng_rollout_id":"` + strings.Repeat("w", rollout.MaxIDLength) + `"}`, want: rollout.EpisodeID{RolloutID: strings.Repeat("w", rollout.MaxIDLength)}},
+		{name: "rollout id past the bound", row: `{"_ng_rollout_id":"` + strings.Repeat("w", rollout.MaxIDLength+1) + `"}`, wantErr: rollout.ErrInvalidID},
 		{name: "numeric rollout id", row: `{"_ng_rollout_id":7}`, wantErr: rollout.ErrInvalidID},
 		{name: "object rollout id", row: `{"_ng_rollout_id":{"a":1}}`, wantErr: rollout.ErrInvalidID},
 		{name: "empty rollout id", row: `{"_ng_rollout_id":""}`, wantErr: rollout.ErrInvalidID},
@@ -191,7 +203,6 @@ func TestFromRow(t *testing.T) {
 		{name: "rollout id naming an attempt", row: `{"_ng_rollout_id":"w-a1"}`, wantErr: rollout.ErrInvalidID},
 		{name: "negative attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":-1}`, wantErr: rollout.ErrInvalidID},
 		{name: "fractional attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":1.5}`, wantErr: rollout.ErrInvalidID},
-		{name: "string attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":"1"}`, wantErr: rollout.ErrInvalidID},
 		{name: "bool attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":true}`, wantErr: rollout.ErrInvalidID},
 		{name: "huge attempt", row: `{"_ng_rollout_id":"w","_ng_attempt_index":1e30}`, wantErr: rollout.ErrInvalidID},
 	}
@@ -248,4 +259,103 @@ func TestFromRow_NumberTypes(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestValidateRolloutID_NamesTheBound(t *testing.T) {
+	err := rollout.ValidateRolloutID(strings.Repeat("x", rollout.MaxIDLength+1))
+	if err == nil || !strings.Contains(err.Error(), "bound of 224 bytes") {
+		t.Fatalf("ValidateRolloutID(225 bytes) = %v, want an error naming the bound", err)
+	}
+	for _, key := range []string{strings.Repeat("x", rollout.MaxIDLength+1), strings.Repeat("x", rollout.MaxIDLength+1) + "-a2"} {
+		if _, err := rollout.ParseCaptureKey(key); err == nil || !strings.Contains(err.Error(), "bound of 224 bytes") {
+			t.Fatalf("ParseCaptureKey(%d bytes) = %v, want an error naming the bound", len(key), err)
+		}
+	}
+}
+
+func TestGenerate(t *testing.T) {
+	nonce := [8]byte{0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3}
+	tests := []struct {
+		name    string
+		row     string
+		want    rollout.EpisodeID
+		wantErr bool
+	}{
+		// NeMo RL's sync path (rollouts.py _prepare_nemo_gym_rows at 7ea279abfbeb).
+		{name: "rowidx", row: `{"_rowidx":3}`, want: rollout.EpisodeID{RolloutID: "row3-gdeadbeef00010203"}},
+		// NeMo RL's async path (trajectory_collector.py _stamp_nemo_gym_task_indices).
+		{name: "task index and rowidx", row: `{"_ng_task_index":17,"_rowidx":0}`, want: rollout.EpisodeID{RolloutID: "t17-row0-gdeadbeef00010203"}},
+		{name: "task index alone", row: `{"_ng_task_index":17}`, want: rollout.EpisodeID{RolloutID: "t17-gdeadbeef00010203"}},
+		{name: "nothing", row: `{}`, want: rollout.EpisodeID{RolloutID: "gdeadbeef00010203"}},
+		{name: "string rowidx", row: `{"_rowidx":"4"}`, want: rollout.EpisodeID{RolloutID: "row4-gdeadbeef00010203"}},
+		{name: "attempt as a string", row: `{"_rowidx":1,"_ng_attempt_index":"2"}`, want: rollout.EpisodeID{RolloutID: "row1-gdeadbeef00010203", Attempt: 2}},
+		{name: "bad rowidx", row: `{"_rowidx":-1}`, wantErr: true},
+		{name: "bad attempt", row: `{"_rowidx":1,"_ng_attempt_index":"x"}`, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var row map[string]any
+			if err := json.Unmarshal([]byte(tt.row), &row); err != nil {
+				t.Fatal(err)
+			}
+			got, err := rollout.Generate(row, nonce)
+			if tt.wantErr {
+				if !errors.Is(err, rollout.ErrInvalidID) {
+					t.Fatalf("Generate(%s) = %+v, %v; want ErrInvalidID", tt.row, got, err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("Generate(%s) = %+v, %v; want %+v", tt.row, got, err, tt.want)
+			}
+			if back, err := rollout.ParseCaptureKey(got.CaptureKey()); err != nil || back != got {
+				t.Fatalf("ParseCaptureKey(%q) = %+v, %v", got.CaptureKey(), back, err)
+			}
+		})
+	}
+}
+
+func TestResolve(t *testing.T) {
+	row := map[string]any{"_ng_task_index": 5.0, "_rowidx": 2.0}
+	a, genA, errA := rollout.Resolve(row)
+	b, genB, errB := rollout.Resolve(row)
+	if errA != nil || errB != nil || !genA || !genB {
+		t.Fatalf("Resolve = %v %v %v, %v %v %v", a, genA, errA, b, genB, errB)
+	}
+	if a == b || !strings.HasPrefix(a.RolloutID, "t5-row2-g") {
+		t.Fatalf("two /runs of one id-less row are %v and %v: want distinct ids named t5-row2-g<hex>", a, b)
+	}
+	got, gen, err := rollout.Resolve(map[string]any{"_ng_task_index": 5.0, "_ng_rollout_index": 1.0, "_ng_attempt_index": "1"})
+	if err != nil || gen || got != (rollout.EpisodeID{RolloutID: "5-1", Attempt: 1}) {
+		t.Fatalf("Resolve of a Gym row = %v %v %v, want 5-1 attempt 1, not generated", got, gen, err)
+	}
+	if _, _, err := rollout.Resolve(map[string]any{"_rowidx": "x"}); !errors.Is(err, rollout.ErrInvalidID) {
+		t.Fatalf("Resolve of a bad _rowidx = %v, want ErrInvalidID", err)
+	}
+}
+
+// FuzzResolve: any identity fields either give a valid episode whose capture
+// key reads back, or an error; never a panic.
+func FuzzResolve(f *testing.F) {
+	f.Add(`{"_rowidx":3}`)
+	f.Add(`{"_ng_task_index":1,"_rowidx":0,"_ng_attempt_index":"2"}`)
+	f.Add(`{"_ng_task_index":"1","_ng_rollout_index":2}`)
+	f.Add(`{"_ng_rollout_id":"w","_ng_attempt_index":1}`)
+	f.Add(`{"_ng_rollout_id":null,"_ng_task_index":1e300}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		var row map[string]any
+		if json.Unmarshal([]byte(body), &row) != nil {
+			return
+		}
+		id, _, err := rollout.Resolve(row)
+		if err != nil {
+			return
+		}
+		if id.Validate() != nil {
+			t.Fatalf("Resolve(%s) = %+v, which does not validate", body, id)
+		}
+		if back, err := rollout.ParseCaptureKey(id.CaptureKey()); err != nil || back != id {
+			t.Fatalf("ParseCaptureKey(%q) = %+v, %v", id.CaptureKey(), back, err)
+		}
+	})
 }

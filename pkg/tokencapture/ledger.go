@@ -239,7 +239,7 @@ func ValidKey(key string) bool { return rollout.ValidCaptureKey(key) }
 
 func checkKey(key string) error {
 	if !ValidKey(key) {
-		return fmt.Errorf("%w: %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ErrInvalidKey, key)
+		return fmt.Errorf("%w: %q is not a capture key (a rollout id matching ^[A-Za-z0-9][A-Za-z0-9._-]*$ in at most %d bytes, then -a<N> for attempt N>0)", ErrInvalidKey, key, rollout.MaxIDLength)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
 )
 
@@ -187,7 +188,7 @@ func TestLedger_RoundTrip(t *testing.T) {
 
 func TestLedger_InvalidInput(t *testing.T) {
 	l := openLedger(t, t.TempDir(), tokencapture.Options{})
-	for _, key := range []string{"", "a/b", "../x", "-a", strings.Repeat("x", 129)} {
+	for _, key := range []string{"", "a/b", "../x", "-a", strings.Repeat("x", rollout.MaxIDLength+1)} {
 		if _, err := l.Append(key, testRow("c", 1)); !errors.Is(err, tokencapture.ErrInvalidKey) {
 			t.Errorf("Append(%q) = %v, want ErrInvalidKey", key, err)
 		}

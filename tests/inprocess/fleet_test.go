@@ -22,8 +22,10 @@ type testFleet struct {
 	fakeURL, modelURL string
 	// envURLs by protocol.
 	envURLs map[string]string
-	ctl     *fakeinference.Control
-	client  *http.Client
+	// agentURLs by agent name.
+	agentURLs map[string]string
+	ctl       *fakeinference.Control
+	client    *http.Client
 }
 
 // startFleet starts every server; stream sets the agents' streaming.
@@ -32,7 +34,7 @@ func startFleet(t *testing.T, stream bool) *testFleet {
 	client := httpclient.New(httpclient.Options{H2C: true})
 	t.Cleanup(client.CloseIdleConnections)
 	fl := fleettest.Start(t, fleettest.Options{Stream: stream, Client: client})
-	return &testFleet{fakeURL: fl.FakeURL, modelURL: fl.ModelURL, envURLs: fl.EnvURLs, ctl: fl.Ctl, client: client}
+	return &testFleet{fakeURL: fl.FakeURL, modelURL: fl.ModelURL, envURLs: fl.EnvURLs, agentURLs: fl.AgentURLs, ctl: fl.Ctl, client: client}
 }
 
 // get GETs url and returns the body of a 200.
