@@ -28,6 +28,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // Deps are the server's collaborators; nil fields get working defaults.
@@ -322,6 +323,9 @@ func (s *Server) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episod
 	// encoding/json recurses per level; this goroutine then waits for its
 	// agent (freshstack).
 	freshstack.Run(func() { err = codec.UnmarshalStrict(cont.Boundary, &b) })
+	if err == nil && b.Next != "" {
+		err = sessioncookie.Check(b.Handles.ResourcesCookies)
+	}
 	if err != nil || b.Next == "" {
 		tracked.End()
 		return nil, nil, apierror.New(apierror.InvalidCheckpointState, "the restored boundary of %s does not decode: %v", ep.id, err)
