@@ -241,7 +241,11 @@ type agentSessionRef struct {
 // 2xx reply; any other outcome is an upstream error naming the server.
 func (s *Server) call(ctx context.Context, kind, base string, id rollout.EpisodeID, path string, header http.Header, body any) (*httpclient.Reply, error) {
 	url := base + rollout.Path(id, path)
-	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, url, header, body)
+	client := s.client
+	if s.http1[base] {
+		client = s.client1
+	}
+	rep, err := httpclient.Do(ctx, client, http.MethodPost, url, header, body)
 	if err != nil {
 		return nil, fmt.Errorf("%s POST %s: %w", kind, url, err)
 	}
