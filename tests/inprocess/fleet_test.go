@@ -56,8 +56,10 @@ type testFleet struct {
 	fakeURL, modelURL string
 	// envURLs by protocol.
 	envURLs map[string]string
-	ctl     *fakeinference.Control
-	client  *http.Client
+	// agents are the agents the environments run.
+	agents []environment.AgentConfig
+	ctl    *fakeinference.Control
+	client *http.Client
 }
 
 // startFleet starts every server; stream sets the agents' streaming.
@@ -117,6 +119,7 @@ func startFleet(t *testing.T, stream bool) *testFleet {
 		agents = append(agents, environment.AgentConfig{Name: a.name, URL: url, ResourcesURL: resURLs[a.res]})
 	}
 
+	f.agents = agents
 	for _, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		ecfg := environment.DefaultConfig()
 		ecfg.Listen, ecfg.Name, ecfg.Protocol, ecfg.Agents = "127.0.0.1:0", "env_"+protocol, protocol, agents
