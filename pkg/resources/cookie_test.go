@@ -52,6 +52,22 @@ func (g *gymCaller) post(path, body string) reply {
 // sends whole to /seed_session.
 const gymCounterRow = `{"responses_create_params": {"input": [{"content": "add 1 then add 2 then get the count", "role": "user"}], "tools": [{"name": "increment_counter", "parameters": {"type": "object", "properties": {"count": {"type": "integer", "description": ""}}, "required": ["count"], "additionalProperties": false}, "strict": true, "type": "function", "description": ""}, {"name": "get_counter_value", "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": false}, "strict": true, "type": "function", "description": ""}]}, "expected_count": 6, "initial_count": 3, "_ng_task_index": 0, "_ng_rollout_index": 0, "agent_ref": {"type": "responses_api_agents", "name": "example_session_state_mgmt_simple_agent"}}`
 
+// gymResponse is a NeMoGymResponse as the simple agent dumps it into its
+// verify body (model_dump(): every declared field, unset ones null;
+// nemo_gym/openai_utils.py at Gym 07d6b0d07b22), around output.
+func gymResponse(output string) string {
+	return `{"id": "resp_1", "created_at": 1735000000.0, "error": null, "incomplete_details": null, "instructions": null, "metadata": null, "model": "policy", "object": "response", "output": ` + output +
+		`, "parallel_tool_calls": true, "temperature": null, "tool_choice": "auto", "tools": [{"name": "get_weather", "parameters": {"type": "object"}, "strict": true, "type": "function", "description": ""}], "top_p": null, "background": null, "conversation": null, "max_output_tokens": null, "max_tool_calls": null, "previous_response_id": null, "prompt": null, "prompt_cache_key": null, "reasoning": null, "safety_identifier": null, "service_tier": null, "status": "completed", "text": null, "top_logprobs": null, "truncation": null, "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": null}, "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": null}, "total_tokens": 15}, "user": null}`
+}
+
+// gymItems are output items as Gym dumps them, nulls included.
+func gymItems(tool, args, toolOutput, text string) string {
+	return `[{"id": "rs_1", "summary": [{"text": "thinking", "type": "summary_text"}], "type": "reasoning", "content": null, "encrypted_content": null, "status": null},` +
+		` {"arguments": ` + args + `, "call_id": "call_1", "name": "` + tool + `", "type": "function_call", "id": "call_1", "status": "completed"},` +
+		` {"call_id": "call_1", "output": ` + toolOutput + `, "type": "function_call_output", "id": null, "status": null},` +
+		` {"id": "msg_1", "content": [{"annotations": [], "text": "` + text + `", "type": "output_text", "logprobs": null}], "role": "assistant", "status": "completed", "type": "message"}]`
+}
+
 // withResponse is row ∪ {"response": response}, the simple agent's verify body.
 func withResponse(row, response string) string {
 	return strings.TrimSuffix(strings.TrimSpace(row), "}") + `, "response": ` + response + `}`
@@ -77,7 +93,7 @@ func TestGymCaller_Counter(t *testing.T) {
 	// The agent's own session cookie rides along on /verify (its
 	// /v1/responses reply set it); it names nothing here.
 	g.extra = []*http.Cookie{{Name: "SimpleAgent___example_session_state_mgmt_simple_agent", Value: "eyJzZXNzaW9uX2lkIjogIngifQ==.aB9x.Zk"}}
-	got := g.post("/verify", withResponse(gymCounterRow, `{"id": "resp_1", "object": "response", "output": []}`))
+	got := g.post("/verify", withResponse(gymCounterRow, gymResponse(gymItems("get_counter_value", `"{}"`, `"{\"count\":6}"`, "The count is 6."))))
 	if got.status != 200 || !strings.Contains(got.body, `"reward":1.0`) {
 		t.Fatalf("verify = %d %s, want reward 1.0", got.status, got.body)
 	}
@@ -98,7 +114,8 @@ func TestGymCaller_Weather(t *testing.T) {
 		t.Fatalf("seed set cookies %v", g.cookies)
 	}
 	expect(t, "get_weather", g.post("/get_weather", `{"city": "Paris"}`), 200, `{"city":"Paris","weather_description":"The weather in Paris is cold."}`)
-	got := g.post("/verify", withResponse(row, `{"id": "resp_1", "object": "response", "output": `+weatherOutput("The weather in Paris is cold.")+`}`))
+	got := g.post("/verify", withResponse(row, gymResponse(gymItems("get_weather", `"{\"city\": \"Paris\"}"`,
+		`"{\"city\":\"Paris\",\"weather_description\":\"The weather in Paris is cold.\"}"`, "The weather in Paris is cold."))))
 	if got.status != 200 || !strings.Contains(got.body, `"reward":1.0`) {
 		t.Fatalf("verify = %d %s, want reward 1.0", got.status, got.body)
 	}

@@ -59,7 +59,15 @@ type serverType struct {
 type verifyRequest struct {
 	// fields is every top-level field of the body, passed through to the reply.
 	fields   map[string]codec.RawMessage
-	response openai.Response
+	response verifiedResponse
+}
+
+// verifiedResponse is what a verifier reads of the verify body's response:
+// its output. The rest passes through untouched, so a response another
+// server shaped (NeMo Gym dumps created_at as a float, and every unset
+// field as null) verifies as ours does.
+type verifiedResponse struct {
+	Output []openai.Item `json:"output"`
 }
 
 // ReverifyMode is NeMo Gym's answer to GET /reverify_mode
