@@ -76,7 +76,9 @@ type AgentConfig struct {
 	Protocol string `mapstructure:"protocol"`
 	// HTTP1 and ResourcesHTTP1 call the agent, and the resources server,
 	// over HTTP/1.1 instead of HTTP/2 without TLS: NeMo Gym's servers
-	// (uvicorn) speak nothing else.
+	// (uvicorn) speak nothing else. An HTTP1 agent is taken for Gym's and
+	// gets a legacy /run without the /ng-rollout prefix, which Gym's
+	// agents do not route.
 	HTTP1          bool `mapstructure:"http1"`
 	ResourcesHTTP1 bool `mapstructure:"resources_http1"`
 }

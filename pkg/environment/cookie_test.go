@@ -3,8 +3,11 @@ package environment_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,4 +142,39 @@ func TestEnvironment_CookiesSurviveRestore(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("replacement resources calls:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// TestRun_LegacyToGymAgent: an agent configured http1 (NeMo Gym's simple
+// agent under uvicorn) is called over HTTP/1.1 and gets /run unprefixed,
+// the only /run it routes; the row names its rollout in the body.
+func TestRun_LegacyToGymAgent(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	gymAgent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("%s HTTP/%d", r.URL.Path, r.ProtoMajor), string(body))
+		mu.Unlock()
+		if r.URL.Path != "/run" {
+			http.Error(w, `{"detail":"Not Found"}`, http.StatusNotFound)
+			return
+		}
+		jsonReply(200, verifyReply)(w, r, nil)
+	}))
+	t.Cleanup(gymAgent.Close)
+	cfg := environment.DefaultConfig()
+	cfg.Protocol = environment.ProtocolLegacy
+	cfg.Agents = []environment.AgentConfig{{Name: "weather_agent", URL: gymAgent.URL, ResourcesURL: "http://127.0.0.1:1", HTTP1: true, ResourcesHTTP1: true}}
+	_, url := startEnv(t, cfg)
+	status, body, err := postRun(t.Context(), t, url, row)
+	if err != nil || status != 200 {
+		t.Fatalf("/run = %d %s, %v", status, body, err)
+	}
+	assertJSON(t, "reply", body, strings.TrimSuffix(verifyReply, "}")+`,"episode_id":{"rollout_id":"7-0","attempt":0}}`)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 || seen[0] != "/run HTTP/1" {
+		t.Fatalf("the Gym agent saw %q", seen)
+	}
+	assertJSON(t, "the row relayed", seen[1], row)
 }

@@ -240,7 +240,13 @@ type agentSessionRef struct {
 // call POSTs body to base + /ng-rollout/<capture_key> + path and returns the
 // 2xx reply; any other outcome is an upstream error naming the server.
 func (s *Server) call(ctx context.Context, kind, base string, id rollout.EpisodeID, path string, header http.Header, body any) (*httpclient.Reply, error) {
-	url := base + rollout.Path(id, path)
+	return s.post(ctx, kind, base, rollout.Path(id, path), header, body)
+}
+
+// post POSTs body to base + path, over HTTP/1.1 to a base configured so,
+// and returns the 2xx reply as call does.
+func (s *Server) post(ctx context.Context, kind, base, path string, header http.Header, body any) (*httpclient.Reply, error) {
+	url := base + path
 	client := s.client
 	if s.http1[base] {
 		client = s.client1
