@@ -196,6 +196,31 @@ func TestGymCounter_StatelessForwardsCookies(t *testing.T) {
 	if n, _ := gym.count("s9"); n != 6 {
 		t.Errorf("counter = %d, want 6; requests %q", n, gym.requests())
 	}
+	// Unprefixed, as Gym's own /run calls it without capture: the loop's
+	// calls carry no prefix either, and the reply sets the cookies again
+	// (Gym's /run verifies with the cookies of this reply alone).
+	gym.mu.Lock()
+	gym.counters["s10"] = 3
+	gym.mu.Unlock()
+	model := ta.model
+	model.mu.Lock()
+	model.replies, model.calls = gymCounterReplies(), 0
+	model.mu.Unlock()
+	r = ta.post("/v1/responses", map[string]string{"Cookie": gymCookieName + "=s10.1"}, gymCounterParams)
+	if r.status != 200 {
+		t.Fatalf("stateless unprefixed: %d %s", r.status, r.body)
+	}
+	if n, _ := gym.count("s10"); n != 6 {
+		t.Errorf("counter = %d, want 6; requests %q", n, gym.requests())
+	}
+	if sc := r.header.Get("Set-Cookie"); !strings.HasPrefix(sc, gymCookieName+"=s10.1") {
+		t.Errorf("reply Set-Cookie %q, want the resources cookie again", sc)
+	}
+	for _, s := range rec.of("model")[4:] {
+		if s.path != "/v1/responses" {
+			t.Errorf("an unprefixed loop called the model at %s", s.path)
+		}
+	}
 }
 
 // TestGymCounter_RestoredSessionKeepsCookies: the cookies are part of the

@@ -113,7 +113,10 @@ type activation struct {
 	episode rollout.EpisodeID
 	// resources is the resources session tool calls run in.
 	resources resourcesRef
-	params    *openai.ResponsesRequest
+	// unprefixed sends the loop's calls without the /ng-rollout prefix: a
+	// stateless call that named no episode.
+	unprefixed bool
+	params     *openai.ResponsesRequest
 	// input is the original input as items; every model call sends input
 	// followed by the state's NewOutputs.
 	input []openai.Item
@@ -336,7 +339,7 @@ func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
 		req.Stream = &stream
 	}
 	a.srv.metrics.modelCalls.Inc()
-	u := baseURL(a.srv.cfg.ModelServerURL) + rollout.Path(a.episode, "/v1/responses")
+	u := baseURL(a.srv.cfg.ModelServerURL) + a.path("/v1/responses")
 	var resp *openai.Response
 	var err error
 	if a.srv.cfg.Stream {
@@ -375,6 +378,15 @@ func (a *activation) runToolsHere(ctx context.Context, calls []openai.Item) erro
 	return nil
 }
 
+// path is p under the activation's /ng-rollout prefix, or p itself for an
+// unprefixed activation.
+func (a *activation) path(p string) string {
+	if a.unprefixed {
+		return p
+	}
+	return rollout.Path(a.episode, p)
+}
+
 // callTool posts a call's arguments to the resources server and returns the
 // reply body whatever its status: a tool error is the model's to read, not
 // a failure of the loop. Only a transport error fails it. The call carries
@@ -391,7 +403,7 @@ func (a *activation) callTool(ctx context.Context, call openai.Item) (output str
 		}
 		return string(b), 0, nil
 	}
-	u := baseURL(a.srv.cfg.ResourcesServerURL) + rollout.Path(a.episode, "/"+url.PathEscape(call.Name))
+	u := baseURL(a.srv.cfg.ResourcesServerURL) + a.path("/"+url.PathEscape(call.Name))
 	rep, err := httpclient.Do(ctx, a.srv.resClient, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
 	if err != nil {
 		return "", 0, upstream(ctx, "resources server", err)

@@ -416,10 +416,14 @@ func (s *Server) handleClose(r *http.Request) (any, error) {
 }
 
 // handleResponses runs one activation of a session, or, without the
-// session header, the loop statelessly as NeMo Gym's /v1/responses does.
+// session header, the loop statelessly as NeMo Gym's /v1/responses does:
+// then the /ng-rollout prefix is optional too, as it is on Gym's agent,
+// and without it the loop's calls carry none (its model calls are not
+// captured).
 func (s *Server) handleResponses(r *http.Request) (any, error) {
+	sessionID := r.Header.Get(SessionHeader)
 	ep, err := episodeOf(r)
-	if err != nil {
+	if err != nil && sessionID != "" {
 		return nil, err
 	}
 	body, err := httpserver.ReadBody(r)
@@ -430,9 +434,8 @@ func (s *Server) handleResponses(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	sessionID := r.Header.Get(SessionHeader)
 	if sessionID == "" {
-		return s.runStateless(r, ep, params)
+		return s.runStateless(r, params)
 	}
 	n, err := strconv.Atoi(r.Header.Get(ActivationHeader))
 	if err != nil || n < 1 {
@@ -441,7 +444,8 @@ func (s *Server) handleResponses(r *http.Request) (any, error) {
 	return s.activate(r.Context(), ep, sessionID, n, params)
 }
 
-func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *openai.ResponsesRequest) (any, error) {
+func (s *Server) runStateless(r *http.Request, params *openai.ResponsesRequest) (any, error) {
+	ep, prefixed := rollout.FromContext(r.Context())
 	rsid := r.Header.Get(ResourcesSessionHeader)
 	if rsid != "" && !rollout.ValidID(rsid) {
 		return nil, apierror.New(apierror.InvalidRequest, "%s %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ResourcesSessionHeader, rsid)
@@ -459,13 +463,20 @@ func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *ope
 	}
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
-	resp, err := s.runActivation(r.Context(), s.newActivation(ep, resourcesRef{id: rsid, cookies: cookies}, params, nil))
+	act := s.newActivation(ep, resourcesRef{id: rsid, cookies: cookies}, params, nil)
+	act.unprefixed = !prefixed
+	resp, err := s.runActivation(r.Context(), act)
 	if err != nil {
 		return nil, err
 	}
 	h := http.Header{}
 	if rsid != "" {
 		h.Set(ResourcesSessionHeader, rsid)
+	}
+	// Gym's agent sets the resources cookies again on its reply, and its
+	// /run verifies with the cookies of that reply alone.
+	for _, c := range r.Cookies() {
+		h.Add("Set-Cookie", (&http.Cookie{Name: c.Name, Value: c.Value, Path: "/", Quoted: c.Quoted}).String())
 	}
 	return httpserver.Reply{Header: h, Body: resp}, nil
 }

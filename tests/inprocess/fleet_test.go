@@ -56,10 +56,8 @@ type testFleet struct {
 	fakeURL, modelURL string
 	// envURLs by protocol.
 	envURLs map[string]string
-	// agents are the agents the environments run.
-	agents []environment.AgentConfig
-	ctl    *fakeinference.Control
-	client *http.Client
+	ctl     *fakeinference.Control
+	client  *http.Client
 }
 
 // startFleet starts every server; stream sets the agents' streaming.
@@ -119,7 +117,6 @@ func startFleet(t *testing.T, stream bool) *testFleet {
 		agents = append(agents, environment.AgentConfig{Name: a.name, URL: url, ResourcesURL: resURLs[a.res]})
 	}
 
-	f.agents = agents
 	for _, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		ecfg := environment.DefaultConfig()
 		ecfg.Listen, ecfg.Name, ecfg.Protocol, ecfg.Agents = "127.0.0.1:0", "env_"+protocol, protocol, agents

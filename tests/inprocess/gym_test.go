@@ -1,6 +1,7 @@
 package inprocess_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,11 +11,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/agent"
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/resources"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -22,21 +25,77 @@ import (
 // dataset: increment_counter twice, get_counter_value, the answer.
 const gymCounterCalls = 4
 
-// startEnv starts one more environment of the fleet, on agents, running
-// rows without agent_ref on defaultAgent.
-func (f *testFleet) startEnv(t *testing.T, name, protocol, defaultAgent string, agents []environment.AgentConfig) string {
+// gymServer is what every fleet server provides.
+type gymServer interface {
+	Listen() error
+	Serve() error
+	Close(ctx context.Context) error
+	URL() string
+}
+
+// startServer listens and serves s until the test ends.
+func startServer(t *testing.T, name string, s gymServer) string {
+	t.Helper()
+	if err := s.Listen(); err != nil {
+		t.Fatalf("%s: listen: %v", name, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Close(ctx); err != nil {
+			t.Errorf("%s: close: %v", name, err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("%s: serve: %v", name, err)
+		}
+	})
+	return s.URL()
+}
+
+// startCounter starts one of our counter resources servers.
+func startCounter(t *testing.T, name string) string {
+	t.Helper()
+	rcfg := resources.DefaultConfig()
+	rcfg.Name, rcfg.Type, rcfg.Listen = name, resources.TypeCounter, "127.0.0.1:0"
+	rs, err := resources.New(rcfg, resources.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startServer(t, name, rs)
+}
+
+// startAgent starts one of our agents on the fleet's model server, against
+// resourcesURL (over HTTP/1.1 when http1).
+func (f *testFleet) startAgent(t *testing.T, name, resourcesURL string, http1 bool) environment.AgentConfig {
+	t.Helper()
+	acfg := agent.DefaultConfig()
+	acfg.Name, acfg.Listen, acfg.MaxSteps = name, "127.0.0.1:0", 10
+	acfg.ModelServerURL, acfg.ResourcesServerURL, acfg.ResourcesHTTP1 = f.modelURL, resourcesURL, http1
+	as, err := agent.New(acfg, agent.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return environment.AgentConfig{Name: name, URL: startServer(t, name, as), ResourcesURL: resourcesURL, ResourcesHTTP1: http1}
+}
+
+// startEnv starts an environment on agents, running rows without
+// agent_ref on the first.
+func startEnv(t *testing.T, name, protocol string, agents ...environment.AgentConfig) string {
 	t.Helper()
 	ecfg := environment.DefaultConfig()
-	ecfg.Listen, ecfg.Name, ecfg.Protocol, ecfg.Agents, ecfg.DefaultAgent = "127.0.0.1:0", name, protocol, agents, defaultAgent
+	ecfg.Listen, ecfg.Name, ecfg.Protocol, ecfg.Agents = "127.0.0.1:0", name, protocol, agents
 	env, err := environment.New(ecfg, environment.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serve(t, name, env)
+	return startServer(t, name, env)
 }
 
 // runGymRows runs every row of data/gym_counter_example.jsonl through
-// envURL's /run and checks each reaches reward 1.0 with its model calls in
+// envURL's /run (the rows name no agent: the environment's first runs
+// them) and checks each reaches reward 1.0 with its model calls in
 // the capture ledger. The rows carry no ids: the test's copy gives each
 // _ng_task_index (its line) and _ng_rollout_index, the data file stays as
 // Gym ships it.
@@ -82,10 +141,10 @@ func (f *testFleet) runGymRows(t *testing.T, envURL string, rolloutIndex int) {
 // through our environment, agent and counter, on both protocols.
 func TestGymCounterDataset(t *testing.T) {
 	f := startFleet(t, false)
+	a := f.startAgent(t, "gym_counter_agent", startCounter(t, "counter"), false)
 	for i, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		t.Run(protocol, func(t *testing.T) {
-			url := f.startEnv(t, "gym_env_"+protocol, protocol, "counter_agent", f.agents)
-			f.runGymRows(t, url, i)
+			f.runGymRows(t, startEnv(t, "gym_env_"+protocol, protocol, a), i)
 		})
 	}
 }
@@ -153,19 +212,10 @@ func TestOurFleetDrivesGymCounter(t *testing.T) {
 	gym := &gymCounterServer{counters: map[string]int{}}
 	srv := httptest.NewServer(gym)
 	t.Cleanup(srv.Close)
-	acfg := agent.DefaultConfig()
-	acfg.Name, acfg.Listen = "gym_counter_agent", "127.0.0.1:0"
-	acfg.ModelServerURL, acfg.ResourcesServerURL, acfg.MaxSteps = f.modelURL, srv.URL, 10
-	acfg.ResourcesHTTP1 = true
-	as, err := agent.New(acfg, agent.Deps{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	agents := []environment.AgentConfig{{Name: acfg.Name, URL: serve(t, acfg.Name, as), ResourcesURL: srv.URL, ResourcesHTTP1: true}}
+	a := f.startAgent(t, "gym_counter_agent", srv.URL, true)
 	for i, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		t.Run(protocol, func(t *testing.T) {
-			url := f.startEnv(t, "gym_cookie_env_"+protocol, protocol, acfg.Name, agents)
-			f.runGymRows(t, url, 10+i)
+			f.runGymRows(t, startEnv(t, "gym_cookie_env_"+protocol, protocol, a), 10+i)
 		})
 	}
 	gym.mu.Lock()
@@ -181,11 +231,12 @@ func TestOurFleetDrivesGymCounter(t *testing.T) {
 // key (nemo_gym/base_responses_api_agent.py, Gym 07d6b0d07b22).
 func TestTrainingTokenCapturePath(t *testing.T) {
 	f := startFleet(t, false)
+	a := f.startAgent(t, "ttc_agent", startCounter(t, "counter"), false)
 	model := fakeinference.DefaultConfig().Model
 	for key, c := range map[string]struct{ url, body string }{
 		"ttc-responses": {f.modelURL + "/ng-rollout/ttc-responses/training-token-capture/v1/responses", `{"model":"` + model + `","input":"hello"}`},
 		"ttc-chat":      {f.modelURL + "/ng-rollout/ttc-chat/training-token-capture/v1/chat/completions", `{"model":"` + model + `","messages":[{"role":"user","content":"hello"}]}`},
-		"ttc-agent":     {f.agents[0].URL + "/ng-rollout/ttc-agent/training-token-capture/v1/responses", `{"input":"hello"}`},
+		"ttc-agent":     {a.URL + "/ng-rollout/ttc-agent/training-token-capture/v1/responses", `{"input":"hello"}`},
 	} {
 		rep, err := httpclient.Do(t.Context(), f.client, http.MethodPost, c.url, nil, json.RawMessage(c.body))
 		if err != nil || rep.Status != 200 {
@@ -196,4 +247,66 @@ func TestTrainingTokenCapturePath(t *testing.T) {
 		}
 		f.checkLedger(t, key, 1)
 	}
+}
+
+// gymPost is one call of NeMo Gym's simple agent: aiohttp over HTTP/1.1
+// with no cookie jar, the cookies passed by hand; it returns the reply's
+// body and the cookies it set (aiohttp's response.cookies).
+func gymPost(t *testing.T, url string, body []byte, cookies []*http.Cookie) ([]byte, []*http.Cookie) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for _, c := range cookies {
+		req.AddCookie(c)
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{}}).Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: %d %s", url, resp.StatusCode, b)
+	}
+	return b, resp.Cookies()
+}
+
+// TestGymAgentFlowAroundOurs: NeMo Gym's simple agent /run
+// (responses_api_agents/simple_agent/app.py SimpleAgent.run, Gym
+// 07d6b0d07b22) with our counter as its resources server and our agent's
+// /v1/responses as its own: seed with the whole row, the loop with the
+// seed's cookies, verify with the cookies the loop's reply set. Without
+// capture the loop's path is /v1/responses; with Gym's training capture it
+// is /ng-rollout/<id>/training-token-capture/v1/responses, captured under
+// <id>.
+func TestGymAgentFlowAroundOurs(t *testing.T) {
+	f := startFleet(t, false)
+	counterURL := startCounter(t, "counter")
+	a := f.startAgent(t, "counter_agent", counterURL, false)
+	rows := loadDataset(t, "gym_counter_example.jsonl")
+	for i, path := range []string{"/v1/responses", "/ng-rollout/gym-7/training-token-capture/v1/responses"} {
+		row := map[string]json.RawMessage{}
+		for k, v := range rows[i].fields {
+			row[k] = v
+		}
+		row["_ng_task_index"], row["_ng_rollout_index"] = json.RawMessage(strconv.Itoa(i)), json.RawMessage("0")
+		row["agent_ref"] = json.RawMessage(`{"type":"responses_api_agents","name":"counter_agent"}`)
+		body, _ := json.Marshal(row)
+		_, cookies := gymPost(t, counterURL+"/seed_session", body, nil)
+		if len(cookies) == 0 {
+			t.Fatalf("%s: the seed set no cookie", path)
+		}
+		resp, cookies := gymPost(t, a.URL+path, row["responses_create_params"], cookies)
+		row["response"] = resp
+		body, _ = json.Marshal(row)
+		out, _ := gymPost(t, counterURL+"/verify", body, cookies)
+		var v runReply
+		if err := json.Unmarshal(out, &v); err != nil || v.Reward != 1.0 {
+			t.Errorf("%s: verify %s (%v), want reward 1.0", path, out, err)
+		}
+	}
+	f.checkLedger(t, "gym-7", gymCounterCalls)
 }
