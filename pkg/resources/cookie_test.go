@@ -90,6 +90,11 @@ func TestGymCaller_Counter(t *testing.T) {
 	expect(t, "increment_counter 1", g.post("/increment_counter", `{"count": 1}`), 200, `{"success":true}`)
 	expect(t, "increment_counter 2", g.post("/increment_counter", `{"count": 2}`), 200, `{"success":true}`)
 	expect(t, "get_counter_value", g.post("/get_counter_value", `{}`), 200, `{"count":6}`)
+	// A tool error keeps the session too: the next call carries only the
+	// cookies of this reply.
+	expectCode(t, "a bad tool call", g.post("/increment_counter", `{"count": "x"}`), 400, "invalid_request")
+	expectCode(t, "an unknown tool", g.post("/nope", `{}`), 404, "unknown_tool")
+	expect(t, "after the errors", g.post("/get_counter_value", `{}`), 200, `{"count":6}`)
 	// The agent's own session cookie rides along on /verify (its
 	// /v1/responses reply set it); it names nothing here.
 	g.extra = []*http.Cookie{{Name: "SimpleAgent___example_session_state_mgmt_simple_agent", Value: "eyJzZXNzaW9uX2lkIjogIngifQ==.aB9x.Zk"}}

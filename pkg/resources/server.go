@@ -153,14 +153,27 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	r.Get("/tools", h(func(*http.Request) (any, error) { return s.typ.tools, nil }))
 	r.Get("/reverify_mode", h(func(*http.Request) (any, error) { return s.typ.reverify, nil }))
 	r.Post("/seed_session", h(s.handleSeed))
-	r.Post("/verify", h(s.handleVerify))
+	// Tool calls and verifies set the session cookie again on every reply,
+	// errors included, as Gym's session middleware does: its agents pass on
+	// the cookies of the latest reply only, so a tool error without it
+	// would lose the session for every later call.
+	withCookie := func(f httpserver.HandlerFunc) http.HandlerFunc {
+		inner := h(f)
+		return func(w http.ResponseWriter, r *http.Request) {
+			if id, err := s.sessionID(r); err == nil && id != "" {
+				sessioncookie.Set(w.Header(), s.cookie, id)
+			}
+			inner(w, r)
+		}
+	}
+	r.Post("/verify", withCookie(s.handleVerify))
 	r.Post("/close_session", h(s.handleClose))
 	if s.gate != nil {
 		r.Post("/_ctl/verify/hold", h(func(*http.Request) (any, error) { return s.gate.hold(), nil }))
 		r.Post("/_ctl/verify/release", h(func(*http.Request) (any, error) { return s.gate.releaseAll(), nil }))
 		r.Get("/_ctl/verify/count", h(func(*http.Request) (any, error) { return s.gate.counts(), nil }))
 	}
-	r.Post("/{tool}", h(s.handleTool))
+	r.Post("/{tool}", withCookie(s.handleTool))
 	s.router = r
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
 	return s, nil
@@ -453,18 +466,13 @@ func (s *Server) sessionID(r *http.Request) (string, error) {
 	return id, nil
 }
 
-// sessionReply is a reply that names its session, in the header and in the
-// cookie: NeMo Gym's servers set their cookie on every response and its
-// agents keep the cookies of the latest reply, so a reply without it would
-// lose the session on the caller's next call.
+// sessionReply is a reply that names its session in the header (New's
+// withCookie sets the cookie).
 func (s *Server) sessionReply(id string, body any) any {
 	if id == "" {
 		return body
 	}
-	h := http.Header{}
-	h.Set(SessionHeader, id)
-	sessioncookie.Set(h, s.cookie, id)
-	return httpserver.Reply{Header: h, Body: body}
+	return httpserver.Reply{Header: http.Header{SessionHeader: {id}}, Body: body}
 }
 
 // NewSessionID returns a fresh "resources-session-<hex>" id.
