@@ -275,3 +275,51 @@ func TestGymCounter_RestoredSessionKeepsCookies(t *testing.T) {
 		}
 	}
 }
+
+// TestGymCounter_LegacyRestoreKeepsCookies: a legacy /run's boundary keeps
+// the seed's cookies: the replacement attempt, restored in a fresh process
+// at its loop boundary, finishes and verifies in the same cookie session.
+func TestGymCounter_LegacyRestoreKeepsCookies(t *testing.T) {
+	rec := &recorder{}
+	gym := newGymCounter(t)
+	replies := gymCounterReplies()
+	model := newModel(t, rec, replies...)
+	model.block, model.entered, model.blockFrom = make(chan struct{}), make(chan struct{}, 4), 1
+	defer close(model.block)
+	old := startAgent(t, model, &resourcesStandIn{url: gym.url}, rec, withCheckpoint)
+	c := control{t, old.url}
+	done := make(chan reply, 1)
+	go func() { done <- old.post("/run", nil, gymCounterRow) }()
+	receive(t, "model call 1", model.entered)
+	if rep := c.prepare("c1", 10); rep["phase"] != "prepared" {
+		t.Fatalf("prepare while call 1 is held: %v", rep)
+	}
+	dir := t.TempDir()
+	c.commit("c1", dir, "0-0")
+	recs := records(t, dir, "c1")
+	if len(recs) != 1 {
+		t.Fatalf("records: %v", recs)
+	}
+	b := field(t, string(recs[0]["episode"]), "boundary")
+	if got := field(t, b, "resources_cookies"); !strings.HasPrefix(got, `"`+gymCookieName+`=s1.`) {
+		t.Fatalf("boundary cookies %s: %s", got, b)
+	}
+	crash(old)
+	receive(t, "the crashed /run", done)
+
+	freshRec := &recorder{}
+	fresh := startAgent(t, newModel(t, freshRec, replies[1:]...), &resourcesStandIn{url: gym.url}, freshRec, withCheckpoint)
+	fc := control{t, fresh.url}
+	fc.restore("c1", dir, "0-0")
+	fc.resume("c1")
+	row := strings.TrimSuffix(gymCounterRow, "}") + `, "_ng_attempt_index": 1}`
+	r := fresh.post("/run", nil, row)
+	if r.status != 200 || !strings.Contains(r.body, `"reward":1.0`) {
+		t.Fatalf("replacement /run: %d %s", r.status, r.body)
+	}
+	for _, l := range gym.requests() {
+		if !strings.HasSuffix(l, "session=s1") && l != "/seed_session session=new" {
+			t.Errorf("a call outside the session: %q (all %q)", l, gym.requests())
+		}
+	}
+}
