@@ -307,7 +307,6 @@ func TestRolloutIDRequired(t *testing.T) {
 	ta := newFixture(t, nil)
 	expectCode(t, "open without prefix", ta.post("/v1/agent_sessions", nil, `{"session_id":"s","resources_session_id":"rs"}`), 400, "rollout_id_required")
 	expectCode(t, "activation without prefix", ta.post("/v1/responses", map[string]string{agent.SessionHeader: "s", agent.ActivationHeader: "1"}, weatherParams), 400, "rollout_id_required")
-	expectCode(t, "stateless without prefix", ta.post("/v1/responses", nil, weatherParams), 400, "rollout_id_required")
 	expectCode(t, "run with a bad _rowidx", ta.post("/run", nil, `{"_rowidx":"x","responses_create_params":`+weatherParams+`}`), 400, "invalid_request")
 	expectCode(t, "run with a bad id", ta.post("/run", nil, `{"_ng_rollout_id":"a b","responses_create_params":`+weatherParams+`}`), 400, "invalid_request")
 	if n := len(ta.rec.all()); n != 0 {

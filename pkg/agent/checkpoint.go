@@ -17,6 +17,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/parallel"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // The agent as a checkpoint participant (SPEC §6 "Agent", protocol.md §7).
@@ -341,8 +342,11 @@ type sessionRecord struct {
 
 // sessionState is what a session carries across a restore.
 type sessionState struct {
-	Request             codec.RawMessage `json:"request"`
-	ResourcesSessionID  string           `json:"resources_session_id"`
+	Request            codec.RawMessage `json:"request"`
+	ResourcesSessionID string           `json:"resources_session_id"`
+	// ResourcesCookies is absent in records written before cookies were
+	// carried, which restore as a session with none.
+	ResourcesCookies    string           `json:"resources_cookies,omitempty"`
 	Activations         int              `json:"activations"`
 	CompletedActivation int              `json:"completed_activation"`
 	CompletedReply      codec.RawMessage `json:"completed_reply"`
@@ -432,7 +436,7 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 		e := exportedSession{rec: sessionRecord{
 			Type: recordSession, EpisodeID: sess.episode, SessionID: sess.id,
 			Session: sessionState{
-				Request: orNull(sess.request), ResourcesSessionID: sess.resourcesSessionID,
+				Request: orNull(sess.request), ResourcesSessionID: sess.resourcesSessionID, ResourcesCookies: sess.resourcesCookies,
 				Activations: sess.activations, CompletedActivation: sess.completedActivation,
 				CompletedReply: orNull(sess.completedReply), Observations: obs,
 			},
@@ -793,6 +797,8 @@ func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error)
 		return nil, fmt.Errorf("session_id %q is not a valid id", r.SessionID)
 	case !rollout.ValidID(st.ResourcesSessionID):
 		return nil, fmt.Errorf("session %s: resources_session_id %q is not a valid id", r.SessionID, st.ResourcesSessionID)
+	case sessioncookie.Check(st.ResourcesCookies) != nil:
+		return nil, fmt.Errorf("session %s: resources_cookies: %v", r.SessionID, sessioncookie.Check(st.ResourcesCookies))
 	case st.CompletedActivation < 0 || st.Activations < st.CompletedActivation:
 		return nil, fmt.Errorf("session %s: %d activations started cannot include completed activation %d", r.SessionID, st.Activations, st.CompletedActivation)
 	case st.CompletedActivation > 0 && !startsObject(st.CompletedReply):
@@ -822,7 +828,7 @@ func decodeSessionRecord(rec ctlplane.Record, scratch *[]byte) (*session, error)
 		reply = nil
 	}
 	return &session{
-		id: r.SessionID, episode: r.EpisodeID.Next(), resourcesSessionID: st.ResourcesSessionID,
+		id: r.SessionID, episode: r.EpisodeID.Next(), resourcesSessionID: st.ResourcesSessionID, resourcesCookies: st.ResourcesCookies,
 		request: request, activations: st.Activations, completedActivation: st.CompletedActivation,
 		completedReply: reply, observations: st.Observations,
 		restoredLoop: loop, restored: true,

@@ -14,6 +14,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // Headers a resources server's seed reply carries when checkpointing is on.
@@ -37,9 +38,11 @@ const (
 // legacyProgress is where a legacy /run stands: the stage it runs next and
 // what that stage needs.
 type legacyProgress struct {
-	next   string
-	rsid   string
-	verify episode.Mode
+	next string
+	rsid string
+	// cookies are what the seed reply set, sent on every later call.
+	cookies string
+	verify  episode.Mode
 	// loop is the state the loop continues from (nil: from the start).
 	loop     *LoopState
 	response codec.RawMessage
@@ -48,12 +51,15 @@ type legacyProgress struct {
 
 // legacyBoundary is a legacy /run's boundary as a checkpoint records it.
 type legacyBoundary struct {
-	Next               string           `json:"next"`
-	ResourcesSessionID string           `json:"resources_session_id"`
-	VerifyMode         string           `json:"verify_mode"`
-	Loop               *loopSnapshot    `json:"loop,omitempty"`
-	Response           codec.RawMessage `json:"response,omitempty"`
-	Result             codec.RawMessage `json:"result,omitempty"`
+	Next               string `json:"next"`
+	ResourcesSessionID string `json:"resources_session_id"`
+	// ResourcesCookies is absent in records written before cookies were
+	// carried, which restore as a session with none.
+	ResourcesCookies string           `json:"resources_cookies,omitempty"`
+	VerifyMode       string           `json:"verify_mode"`
+	Loop             *loopSnapshot    `json:"loop,omitempty"`
+	Response         codec.RawMessage `json:"response,omitempty"`
+	Result           codec.RawMessage `json:"result,omitempty"`
 }
 
 // loopSnapshot encodes the loop state pinned at a boundary; it is built
@@ -67,6 +73,7 @@ func (l *loopSnapshot) MarshalJSON() ([]byte, error) { return codec.Marshal(l.bu
 type storedLegacyBoundary struct {
 	Next               string           `json:"next"`
 	ResourcesSessionID string           `json:"resources_session_id"`
+	ResourcesCookies   string           `json:"resources_cookies"`
 	VerifyMode         string           `json:"verify_mode"`
 	Loop               codec.RawMessage `json:"loop,omitempty"`
 	Response           codec.RawMessage `json:"response,omitempty"`
@@ -87,11 +94,14 @@ func decodeLegacyBoundary(raw codec.RawMessage) (*legacyProgress, error) {
 	if !rollout.ValidID(b.ResourcesSessionID) {
 		return nil, fmt.Errorf("boundary: resources_session_id %q is not a valid id", b.ResourcesSessionID)
 	}
+	if err := sessioncookie.Check(b.ResourcesCookies); err != nil {
+		return nil, fmt.Errorf("boundary: resources_cookies: %w", err)
+	}
 	mode, err := episode.ParseMode(b.VerifyMode)
 	if err != nil {
 		return nil, fmt.Errorf("boundary: verify_mode: %w", err)
 	}
-	p := &legacyProgress{next: b.Next, rsid: b.ResourcesSessionID, verify: mode}
+	p := &legacyProgress{next: b.Next, rsid: b.ResourcesSessionID, cookies: b.ResourcesCookies, verify: mode}
 	switch b.Next {
 	case stageSeed:
 	case stageLoop:
@@ -114,13 +124,18 @@ func decodeLegacyBoundary(raw codec.RawMessage) (*legacyProgress, error) {
 	return p, nil
 }
 
+// resources is the resources session the run's calls carry.
+func (p *legacyProgress) resources() resourcesRef {
+	return resourcesRef{id: p.rsid, cookies: p.cookies}
+}
+
 // record records p as the run's boundary and parks there while a
 // checkpoint is open.
 func (p *legacyProgress) record(ctx context.Context, e *episode.Episode) error {
 	if e == nil {
 		return nil
 	}
-	b := legacyBoundary{Next: p.next, ResourcesSessionID: p.rsid, VerifyMode: p.verify.String()}
+	b := legacyBoundary{Next: p.next, ResourcesSessionID: p.rsid, ResourcesCookies: p.cookies, VerifyMode: p.verify.String()}
 	switch p.next {
 	case stageLoop:
 		// Not yet running: the state it continues from (none: the loop
@@ -146,7 +161,7 @@ type legacyHooks struct {
 
 func (h legacyHooks) atBoundary(ctx context.Context, _ Boundary, st *LoopState) error {
 	return h.e.Boundary(ctx, legacyBoundary{
-		Next: stageLoop, ResourcesSessionID: h.p.rsid, VerifyMode: h.p.verify.String(),
+		Next: stageLoop, ResourcesSessionID: h.p.rsid, ResourcesCookies: h.p.cookies, VerifyMode: h.p.verify.String(),
 		Loop: &loopSnapshot{build: st.Snapshot()},
 	})
 }
@@ -231,12 +246,11 @@ func newLegacyProgress() *legacyProgress {
 // checkpointing off.
 func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.EpisodeID, row map[string]codec.RawMessage, body []byte, params *openai.ResponsesRequest, p *legacyProgress) (any, error) {
 	resources := baseURL(s.cfg.ResourcesServerURL)
-	header := http.Header{ResourcesSessionHeader: {p.rsid}}
 	defer func() {
 		// A retire no longer cancels the run from here on: its reply must
 		// mean the resources session is closed.
 		e.Finishing()
-		s.closeResourcesSession(ctx, ep, p.rsid)
+		s.closeResourcesSession(ctx, ep, p.resources())
 	}()
 	for {
 		if err := p.record(ctx, e); err != nil {
@@ -246,12 +260,17 @@ func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.E
 		case stageSeed:
 			restart := false
 			err := e.Step(ctx, episode.Replay, func(ctx context.Context) error {
-				rep, err := httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/seed_session"), header, body)
+				rep, err := httpclient.Do(ctx, s.resClient, http.MethodPost, resources+rollout.Path(ep, "/seed_session"), p.resources().header(), body)
 				if err == nil {
 					err = rep.Err("seed_session")
 				}
 				if err != nil {
 					return upstream(ctx, "resources server /seed_session", err)
+				}
+				// A NeMo Gym resources server names the session by the
+				// cookie it sets, and reads nothing else.
+				if p.cookies, err = sessioncookie.FromSetCookie(rep.Header); err != nil {
+					return apierror.New(apierror.UpstreamError, "resources server /seed_session: %v", err)
 				}
 				p.verify = verifyModeOf(rep.Header.Get(VerifyModeHeader))
 				restart = strings.TrimSpace(rep.Header.Get(RestartHeader)) == "1"
@@ -273,7 +292,7 @@ func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.E
 				}
 			}
 		case stageLoop:
-			act := s.newActivation(ep, p.rsid, params, p.loop)
+			act := s.newActivation(ep, p.resources(), params, p.loop)
 			if e != nil {
 				act.hooks = legacyHooks{e: e, p: p}
 			}
@@ -288,7 +307,7 @@ func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.E
 		case stageVerify:
 			row[openaiResponseField] = p.response
 			err := e.Step(ctx, p.verify, func(ctx context.Context) error {
-				rep, err := httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/verify"), header, row)
+				rep, err := httpclient.Do(ctx, s.resClient, http.MethodPost, resources+rollout.Path(ep, "/verify"), p.resources().header(), row)
 				if err == nil {
 					err = rep.Err("verify")
 				}

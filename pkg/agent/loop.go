@@ -18,6 +18,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 	"github.com/gymfleet/gymfleet/pkg/sse"
 )
 
@@ -110,10 +111,12 @@ func (b Boundary) String() string {
 type activation struct {
 	srv     *Server
 	episode rollout.EpisodeID
-	// resourcesSession names the resources session tool calls run in; empty
-	// sends tool calls without the header.
-	resourcesSession string
-	params           *openai.ResponsesRequest
+	// resources is the resources session tool calls run in.
+	resources resourcesRef
+	// unprefixed sends the loop's calls without the /ng-rollout prefix: a
+	// stateless call that named no episode.
+	unprefixed bool
+	params     *openai.ResponsesRequest
 	// input is the original input as items; every model call sends input
 	// followed by the state's NewOutputs.
 	input []openai.Item
@@ -135,11 +138,30 @@ type loopHooks interface {
 	awaitModel(ctx context.Context, call func(context.Context) error) error
 }
 
-func (s *Server) newActivation(ep rollout.EpisodeID, resourcesSession string, params *openai.ResponsesRequest, state *LoopState) *activation {
+// resourcesRef names a resources session as a call carries it: our
+// header, and the cookies its /seed_session reply set, which is all a NeMo
+// Gym resources server reads (nemo_gym/server_utils.py, Gym 07d6b0d07b22).
+type resourcesRef struct {
+	// id is sent in X-Ng-Session-Id; empty sends no header.
+	id string
+	// cookies is the Cookie header to send; empty sends none.
+	cookies string
+}
+
+// header is the header a call in the session carries (nil for none).
+func (r resourcesRef) header() http.Header {
+	var h http.Header
+	if r.id != "" {
+		h = http.Header{ResourcesSessionHeader: {r.id}}
+	}
+	return sessioncookie.Header(h, r.cookies)
+}
+
+func (s *Server) newActivation(ep rollout.EpisodeID, resources resourcesRef, params *openai.ResponsesRequest, state *LoopState) *activation {
 	if state == nil {
 		state = &LoopState{}
 	}
-	return &activation{srv: s, episode: ep, resourcesSession: resourcesSession, params: params, input: params.Input.AsItems(), state: state}
+	return &activation{srv: s, episode: ep, resources: resources, params: params, input: params.Input.AsItems(), state: state}
 }
 
 // RunLoop runs the turn loop of one activation outside any session: for
@@ -150,7 +172,7 @@ func (s *Server) newActivation(ep rollout.EpisodeID, resourcesSession string, pa
 // in place. The result is the last model response with output = every new
 // item and usage = the accumulated usage.
 func (s *Server) RunLoop(ctx context.Context, ep rollout.EpisodeID, resourcesSessionID string, params *openai.ResponsesRequest, state *LoopState) (*openai.Response, error) {
-	return s.runActivation(ctx, s.newActivation(ep, resourcesSessionID, params, state))
+	return s.runActivation(ctx, s.newActivation(ep, resourcesRef{id: resourcesSessionID}, params, state))
 }
 
 // runActivation runs a loop outside any session, counting its outcome.
@@ -317,7 +339,7 @@ func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
 		req.Stream = &stream
 	}
 	a.srv.metrics.modelCalls.Inc()
-	u := baseURL(a.srv.cfg.ModelServerURL) + rollout.Path(a.episode, "/v1/responses")
+	u := baseURL(a.srv.cfg.ModelServerURL) + a.path("/v1/responses")
 	var resp *openai.Response
 	var err error
 	if a.srv.cfg.Stream {
@@ -356,9 +378,22 @@ func (a *activation) runToolsHere(ctx context.Context, calls []openai.Item) erro
 	return nil
 }
 
+// path is p under the activation's /ng-rollout prefix, or p itself for an
+// unprefixed activation.
+func (a *activation) path(p string) string {
+	if a.unprefixed {
+		return p
+	}
+	return rollout.Path(a.episode, p)
+}
+
 // callTool posts a call's arguments to the resources server and returns the
 // reply body whatever its status: a tool error is the model's to read, not
-// a failure of the loop. Only a transport error fails it.
+// a failure of the loop. Only a transport error fails it. The call carries
+// the session's cookies as /seed_session set them; a tool reply's
+// Set-Cookie is not followed: Gym's servers set the same session id on
+// every reply (its value re-signed), and the environment verifies with the
+// seed's cookies, which a checkpoint holds.
 func (a *activation) callTool(ctx context.Context, call openai.Item) (output string, status int, err error) {
 	a.srv.metrics.toolCalls.Inc()
 	if !codec.Valid([]byte(call.Arguments)) {
@@ -368,12 +403,8 @@ func (a *activation) callTool(ctx context.Context, call openai.Item) (output str
 		}
 		return string(b), 0, nil
 	}
-	var h http.Header
-	if a.resourcesSession != "" {
-		h = http.Header{ResourcesSessionHeader: {a.resourcesSession}}
-	}
-	u := baseURL(a.srv.cfg.ResourcesServerURL) + rollout.Path(a.episode, "/"+url.PathEscape(call.Name))
-	rep, err := httpclient.Do(ctx, a.srv.client, http.MethodPost, u, h, []byte(call.Arguments))
+	u := baseURL(a.srv.cfg.ResourcesServerURL) + a.path("/"+url.PathEscape(call.Name))
+	rep, err := httpclient.Do(ctx, a.srv.resClient, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
 	if err != nil {
 		return "", 0, upstream(ctx, "resources server", err)
 	}

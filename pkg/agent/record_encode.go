@@ -67,6 +67,10 @@ func appendSessionState(b []byte, st *sessionState) ([]byte, error) {
 	}
 	b = append(b, `,"resources_session_id":`...)
 	b = codec.AppendString(b, st.ResourcesSessionID)
+	if st.ResourcesCookies != "" { // omitempty
+		b = append(b, `,"resources_cookies":`...)
+		b = codec.AppendString(b, st.ResourcesCookies)
+	}
 	b = append(b, `,"activations":`...)
 	b = strconv.AppendInt(b, int64(st.Activations), 10)
 	b = append(b, `,"completed_activation":`...)

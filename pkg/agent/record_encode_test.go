@@ -185,6 +185,7 @@ func TestAppendSessionRecord_MatchesMarshal(t *testing.T) {
 		"tricky strings": func(r *sessionRecordOut) {
 			r.Type, r.SessionID, r.EpisodeID.RolloutID = tricky, tricky, tricky
 			r.Session.ResourcesSessionID, r.Session.Observations.ResourcesSessionID = tricky, tricky
+			r.Session.ResourcesCookies = tricky
 			r.Boundary.Turns = append(r.Boundary.Turns, Turn{Step: 2, ResponseID: tricky, Status: tricky, OutputItems: -1})
 			r.Boundary.ToolRecords = append(r.Boundary.ToolRecords, ToolRecord{Step: math.MinInt, CallID: tricky, Name: tricky})
 			resp := r.Boundary.LastModelResponse
@@ -200,6 +201,9 @@ func TestAppendSessionRecord_MatchesMarshal(t *testing.T) {
 			resp.ToolChoice = codec.RawMessage(` { "type" : "function", "name" : "get_weather" } `)
 			resp.Error = codec.RawMessage(`{"code":"server_error","message":"a & b"}`)
 			resp.Tools = append(resp.Tools, openai.Tool{Type: "function", Name: "f", Parameters: codec.RawMessage("{ \"a\" :\"\u2029\" }"), Strict: &yes})
+		},
+		"resources cookies": func(r *sessionRecordOut) {
+			r.Session.ResourcesCookies = `CounterResourcesServer___counter=rs-1; SimpleAgent___a="eyJ4IjogMX0=.aB.Zk"`
 		},
 		"raw values that are compact": func(r *sessionRecordOut) {
 			r.Session.Request = codec.RawMessage(`{"a":"spaces inside strings stay","b":"’…—","c":"\u2028 as an escape"}`)
@@ -271,7 +275,7 @@ func TestSessionRecordEncoder_KnowsEveryField(t *testing.T) {
 	}{
 		{reflect.TypeFor[sessionRecordOut](), 5},
 		{reflect.TypeFor[rollout.EpisodeID](), 2},
-		{reflect.TypeFor[sessionState](), 6},
+		{reflect.TypeFor[sessionState](), 7},
 		{reflect.TypeFor[Observations](), 6},
 		{reflect.TypeFor[LoopState](), 8},
 		{reflect.TypeFor[Turn](), 5},
@@ -374,7 +378,7 @@ func fuzzRecord(s string, raw []byte, n int64, f float64, shape uint64) sessionR
 	rec := sessionRecordOut{
 		Type: str(37), EpisodeID: rollout.EpisodeID{RolloutID: s, Attempt: k}, SessionID: str(38),
 		Session: sessionState{
-			Request: rawOr(39), ResourcesSessionID: s, Activations: k, CompletedActivation: -k, CompletedReply: rawOr(41),
+			Request: rawOr(39), ResourcesSessionID: s, ResourcesCookies: str(46), Activations: k, CompletedActivation: -k, CompletedReply: rawOr(41),
 			Observations: Observations{Activations: k, Steps: k, ModelCalls: k, ToolCalls: k, ResourcesSessionID: str(43)},
 		},
 	}

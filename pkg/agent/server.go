@@ -28,6 +28,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // Headers of the agent API.
@@ -61,6 +62,9 @@ type Server struct {
 	client *http.Client
 	// ownClient is set when New made client, so Close closes its connections.
 	ownClient bool
+	// resClient calls the resources server: client, or an HTTP/1.1 client
+	// New made when resources_http1 is set.
+	resClient *http.Client
 	router    http.Handler
 	metrics   *metrics
 
@@ -84,6 +88,9 @@ type session struct {
 	id                 string
 	episode            rollout.EpisodeID
 	resourcesSessionID string
+	// resourcesCookies are the cookies the resources session's seed reply
+	// set (a Cookie header value), sent on every tool call.
+	resourcesCookies string
 	// request is the dataset row the session was opened with (may be empty).
 	request codec.RawMessage
 	// activations counts activations started, failed ones included.
@@ -172,9 +179,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		cfg:       cfg,
 		log:       deps.Logger,
 		client:    deps.Client,
+		resClient: deps.Client,
 		metrics:   newMetrics(deps.Registry),
 		sessions:  map[string]*session{},
 		byRollout: map[string]map[string]*session{},
+	}
+	if cfg.ResourcesHTTP1 {
+		s.resClient = httpclient.New(httpclient.Options{})
 	}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
@@ -219,6 +230,9 @@ func (s *Server) Close(ctx context.Context) error {
 	if s.ownClient {
 		s.client.CloseIdleConnections()
 	}
+	if s.resClient != s.client {
+		s.resClient.CloseIdleConnections()
+	}
 	return err
 }
 
@@ -233,9 +247,13 @@ func episodeOf(r *http.Request) (rollout.EpisodeID, error) {
 
 // openRequest is the body of POST /v1/agent_sessions.
 type openRequest struct {
-	SessionID          string           `json:"session_id"`
-	ResourcesSessionID string           `json:"resources_session_id"`
-	Request            codec.RawMessage `json:"request,omitempty"`
+	SessionID          string `json:"session_id"`
+	ResourcesSessionID string `json:"resources_session_id"`
+	// ResourcesCookies is the Cookie header the resources session's tool
+	// calls carry: what its /seed_session reply set, for a resources server
+	// (NeMo Gym's) that names sessions by cookie only.
+	ResourcesCookies string           `json:"resources_cookies,omitempty"`
+	Request          codec.RawMessage `json:"request,omitempty"`
 }
 
 // OpenReply is the reply of POST /v1/agent_sessions.
@@ -254,6 +272,9 @@ func decodeOpen(body []byte) (*openRequest, error) {
 	}
 	if !rollout.ValidID(req.ResourcesSessionID) {
 		return nil, apierror.New(apierror.InvalidRequest, "resources_session_id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", req.ResourcesSessionID)
+	}
+	if err := sessioncookie.Check(req.ResourcesCookies); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "resources_cookies: %v", err)
 	}
 	return &req, nil
 }
@@ -280,6 +301,10 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 		case sess.resourcesSessionID != req.ResourcesSessionID:
 			return nil, apierror.New(apierror.SessionExists, "agent session %s is open with resources session %s, not %s", sess.id, sess.resourcesSessionID, req.ResourcesSessionID)
 		}
+		// An open sent again after a seed sent again: a cookie-only
+		// resources server may have named the session anew, and the
+		// environment verifies in the one its latest seed named.
+		sess.resourcesCookies = req.ResourcesCookies
 		sess.restored = false
 		return OpenReply{SessionID: sess.id, EpisodeID: sess.episode}, nil
 	}
@@ -287,6 +312,7 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 		id:                 req.SessionID,
 		episode:            ep,
 		resourcesSessionID: req.ResourcesSessionID,
+		resourcesCookies:   req.ResourcesCookies,
 		request:            req.Request,
 		observations:       Observations{ResourcesSessionID: req.ResourcesSessionID},
 	}
@@ -391,10 +417,14 @@ func (s *Server) handleClose(r *http.Request) (any, error) {
 }
 
 // handleResponses runs one activation of a session, or, without the
-// session header, the loop statelessly as NeMo Gym's /v1/responses does.
+// session header, the loop statelessly as NeMo Gym's /v1/responses does:
+// then the /ng-rollout prefix is optional too, as it is on Gym's agent,
+// and without it the loop's calls carry none (its model calls are not
+// captured).
 func (s *Server) handleResponses(r *http.Request) (any, error) {
+	sessionID := r.Header.Get(SessionHeader)
 	ep, err := episodeOf(r)
-	if err != nil {
+	if err != nil && sessionID != "" {
 		return nil, err
 	}
 	body, err := httpserver.ReadBody(r)
@@ -405,9 +435,8 @@ func (s *Server) handleResponses(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	sessionID := r.Header.Get(SessionHeader)
 	if sessionID == "" {
-		return s.runStateless(r, ep, params)
+		return s.runStateless(r, params)
 	}
 	n, err := strconv.Atoi(r.Header.Get(ActivationHeader))
 	if err != nil || n < 1 {
@@ -416,10 +445,17 @@ func (s *Server) handleResponses(r *http.Request) (any, error) {
 	return s.activate(r.Context(), ep, sessionID, n, params)
 }
 
-func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *openai.ResponsesRequest) (any, error) {
+func (s *Server) runStateless(r *http.Request, params *openai.ResponsesRequest) (any, error) {
+	ep, prefixed := rollout.FromContext(r.Context())
 	rsid := r.Header.Get(ResourcesSessionHeader)
 	if rsid != "" && !rollout.ValidID(rsid) {
 		return nil, apierror.New(apierror.InvalidRequest, "%s %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ResourcesSessionHeader, rsid)
+	}
+	// As NeMo Gym's /v1/responses does (resources_server_cookies =
+	// request.cookies), the caller's cookies go to every tool call.
+	cookies := strings.Join(r.Header.Values("Cookie"), "; ")
+	if err := sessioncookie.Check(cookies); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "Cookie: %v", err)
 	}
 	if s.ckpt != nil {
 		s.mu.Lock()
@@ -428,13 +464,20 @@ func (s *Server) runStateless(r *http.Request, ep rollout.EpisodeID, params *ope
 	}
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
-	resp, err := s.RunLoop(r.Context(), ep, rsid, params, nil)
+	act := s.newActivation(ep, resourcesRef{id: rsid, cookies: cookies}, params, nil)
+	act.unprefixed = !prefixed
+	resp, err := s.runActivation(r.Context(), act)
 	if err != nil {
 		return nil, err
 	}
 	h := http.Header{}
 	if rsid != "" {
 		h.Set(ResourcesSessionHeader, rsid)
+	}
+	// Gym's agent sets the resources cookies again on its reply, and its
+	// /run verifies with the cookies of that reply alone.
+	for _, c := range r.Cookies() {
+		h.Add("Set-Cookie", (&http.Cookie{Name: c.Name, Value: c.Value, Path: "/", Quoted: c.Quoted}).String())
 	}
 	return httpserver.Reply{Header: h, Body: resp}, nil
 }
@@ -513,7 +556,7 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	}
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	act := s.newActivation(ep, sess.resourcesSessionID, params, from)
+	act := s.newActivation(ep, resourcesRef{id: sess.resourcesSessionID, cookies: sess.resourcesCookies}, params, from)
 	sess.running, sess.cancelRun, sess.runDone = true, cancel, make(chan struct{})
 	if from == nil {
 		sess.activations++
@@ -560,16 +603,18 @@ const openaiResponseField = "response"
 
 // closeResourcesSession closes a /run's resources session even when the
 // /run's request has ended, bounded by CleanupTimeout.
-func (s *Server) closeResourcesSession(ctx context.Context, ep rollout.EpisodeID, rsid string) {
+func (s *Server) closeResourcesSession(ctx context.Context, ep rollout.EpisodeID, res resourcesRef) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 	defer cancel()
 	u := baseURL(s.cfg.ResourcesServerURL) + rollout.Path(ep, "/close_session")
-	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, u, http.Header{ResourcesSessionHeader: {rsid}}, codec.RawMessage("{}"))
-	if err == nil {
+	rep, err := httpclient.Do(ctx, s.resClient, http.MethodPost, u, res.header(), codec.RawMessage("{}"))
+	if err == nil && rep.Status != http.StatusNotFound {
+		// A NeMo Gym resources server has no /close_session (its sessions
+		// are never closed): its 404 leaves nothing to close.
 		err = rep.Err("close_session")
 	}
 	if err != nil {
-		s.log.WarnContext(ctx, "closing the resources session failed", "resources_session_id", rsid, "err", err)
+		s.log.WarnContext(ctx, "closing the resources session failed", "resources_session_id", res.id, "err", err)
 	}
 }
 

@@ -46,6 +46,11 @@ type Handles struct {
 	// ResourcesVerify is the mode /verify runs in, as the resources server
 	// announced on its seed reply (X-Ng-Checkpoint-Verify); wait when absent.
 	ResourcesVerify Mode `json:"resources_verify"`
+	// ResourcesCookies are the cookies the seed reply set (a Cookie header
+	// value), sent on every later call of the resources session: a NeMo Gym
+	// resources server names its sessions by cookie alone. Absent in
+	// boundaries recorded before cookies were carried.
+	ResourcesCookies string `json:"resources_cookies,omitempty"`
 }
 
 // Boundary is where an episode stands between two stages: the stage to run
@@ -73,6 +78,10 @@ func (b Boundary) AppendJSON(dst []byte) ([]byte, error) {
 	dst = codec.AppendString(dst, b.Handles.AgentSessionID)
 	dst = append(dst, `,"resources_verify":`...)
 	dst = codec.AppendString(dst, string(b.Handles.ResourcesVerify))
+	if b.Handles.ResourcesCookies != "" { // omitempty
+		dst = append(dst, `,"resources_cookies":`...)
+		dst = codec.AppendString(dst, b.Handles.ResourcesCookies)
+	}
 	dst = append(dst, '}')
 	for _, f := range [...]struct {
 		key string
@@ -125,6 +134,10 @@ type episode struct {
 	agentOpened bool
 	// agentClosed is set once close_agent returned the observations.
 	agentClosed bool
+	// resourcesCookies are the resources session's cookies as soon as the
+	// seed reply set them, for the final cleanup's close (which must not
+	// wait for the boundary after the seed).
+	resourcesCookies string
 
 	cleanup cleanupStack
 
@@ -167,6 +180,18 @@ func (ep *episode) setAgentOpened() {
 	ep.mu.Lock()
 	ep.agentOpened = true
 	ep.mu.Unlock()
+}
+
+func (ep *episode) setResourcesCookies(c string) {
+	ep.mu.Lock()
+	ep.resourcesCookies = c
+	ep.mu.Unlock()
+}
+
+func (ep *episode) resourcesCookiesNow() string {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return ep.resourcesCookies
 }
 
 func (ep *episode) setAgentClosed() {

@@ -72,7 +72,7 @@ func (r *recorder) waitFor(t *testing.T, want string) {
 }
 
 // standInHeaders are the headers the tests assert on.
-var standInHeaders = []string{environment.HeaderSessionID, environment.HeaderAgentSession, environment.HeaderActivation}
+var standInHeaders = []string{environment.HeaderSessionID, environment.HeaderAgentSession, environment.HeaderActivation, "Cookie"}
 
 // route answers one path of a stand-in.
 type route func(w http.ResponseWriter, r *http.Request, body []byte)

@@ -7,6 +7,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
 // runLegacy relays the row to the agent's /run, which seeds, loops, verifies
@@ -20,7 +21,14 @@ func (s *Server) runLegacy(ctx context.Context, ep *episode) (codec.RawMessage, 
 	var rep *httpclient.Reply
 	err := ep.tracked.Step(ctx, tracking.Replay, func(ctx context.Context) error {
 		var err error
-		rep, err = s.call(ctx, "agent", ep.agent.URL, ep.id, "/run", nil, ep.req.Row)
+		// NeMo Gym's agents route /run only, never under /ng-rollout/
+		// (base_responses_api_agent.py, Gym 07d6b0d07b22); the row names
+		// its rollout to them.
+		path := rollout.Path(ep.id, "/run")
+		if ep.agent.HTTP1 {
+			path = "/run"
+		}
+		rep, err = s.post(ctx, "agent", ep.agent.URL, path, nil, ep.req.Row)
 		return err
 	})
 	if err != nil {

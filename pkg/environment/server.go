@@ -29,6 +29,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // Deps are the server's collaborators; nil fields get working defaults.
@@ -40,9 +41,13 @@ type Deps struct {
 // Server is an environment server.
 type Server struct {
 	*httpserver.Server
-	cfg     Config
-	log     *slog.Logger
-	client  *http.Client
+	cfg    Config
+	log    *slog.Logger
+	client *http.Client
+	// client1 speaks HTTP/1.1 to the base URLs in http1 (agents and
+	// resources servers configured http1 / resources_http1); nil when none.
+	client1 *http.Client
+	http1   map[string]bool
 	agents  map[string]AgentConfig
 	metrics *metrics
 	// tracker and ctl exist only with checkpointing on.
@@ -83,6 +88,14 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		a.URL = strings.TrimRight(a.URL, "/")
 		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
 		s.agents[a.Name] = a
+		for url, one := range map[string]bool{a.URL: a.HTTP1, a.ResourcesURL: a.ResourcesHTTP1} {
+			if one {
+				if s.http1 == nil {
+					s.http1, s.client1 = map[string]bool{}, httpclient.New(httpclient.Options{})
+				}
+				s.http1[url] = true
+			}
+		}
 	}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
@@ -129,6 +142,9 @@ func (s *Server) Close(ctx context.Context) error {
 		s.ctl.Close()
 	}
 	s.client.CloseIdleConnections()
+	if s.client1 != nil {
+		s.client1.CloseIdleConnections()
+	}
 	return err
 }
 
@@ -368,6 +384,9 @@ func (s *Server) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episod
 	// encoding/json recurses per level; this goroutine then waits for its
 	// agent (freshstack).
 	freshstack.Run(func() { err = codec.UnmarshalStrict(cont.Boundary, &b) })
+	if err == nil && b.Next != "" {
+		err = sessioncookie.Check(b.Handles.ResourcesCookies)
+	}
 	if err != nil || b.Next == "" {
 		tracked.End()
 		return nil, nil, apierror.New(apierror.InvalidCheckpointState, "the restored boundary of %s does not decode: %v", ep.id, err)

@@ -2,6 +2,7 @@ package environment
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // Headers of the single_agent_turn wire contract (docs/ARCHITECTURE.md).
@@ -101,7 +103,10 @@ func (s *Server) registerCleanup(ep *episode, b *Boundary) {
 		ep.setAgentClosed()
 	}
 	h := b.Handles
+	ep.setResourcesCookies(h.ResourcesCookies)
 	ep.cleanup.push("close resources session", func(ctx context.Context) error {
+		h := h
+		h.ResourcesCookies = ep.resourcesCookiesNow()
 		return s.closeResources(ctx, ep, h)
 	})
 	ep.cleanup.push("close agent session", func(ctx context.Context) error {
@@ -117,10 +122,19 @@ func (s *Server) registerCleanup(ep *episode, b *Boundary) {
 // server announces, and opens the agent session bound to it.
 func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
 	h := b.Handles
-	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/seed_session",
-		http.Header{HeaderSessionID: {h.ResourcesSessionID}}, ep.req.Row)
+	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/seed_session", resourcesHeader(h), ep.req.Row)
 	if err != nil {
 		return nil, err
+	}
+	// A NeMo Gym resources server names the session by the cookie it sets,
+	// and reads nothing else; the agent's tool calls and the verify carry it.
+	cookies, err := sessioncookie.FromSetCookie(rep.Header)
+	if err != nil {
+		return nil, apierror.New(apierror.UpstreamError, "resources /seed_session: %v", err)
+	}
+	if cookies != "" {
+		h.ResourcesCookies = cookies
+		ep.setResourcesCookies(cookies)
 	}
 	h.ResourcesVerify = verifyMode(rep.Header.Get(HeaderCheckpointVerify))
 	if rep.Header.Get(HeaderCheckpointRestart) == "1" {
@@ -135,6 +149,7 @@ func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary,
 	if _, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions", nil, openAgentSession{
 		SessionID:          h.AgentSessionID,
 		ResourcesSessionID: h.ResourcesSessionID,
+		ResourcesCookies:   h.ResourcesCookies,
 		Request:            ep.req.Row,
 	}); err != nil {
 		return nil, err
@@ -176,7 +191,7 @@ func (s *Server) closeAgent(ctx context.Context, ep *episode, b *Boundary) (*Bou
 // response.
 func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
 	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/verify",
-		http.Header{HeaderSessionID: {b.Handles.ResourcesSessionID}}, ep.req.Row.with("response", b.Response))
+		resourcesHeader(b.Handles), ep.req.Row.with("response", b.Response))
 	if err != nil {
 		return nil, err
 	}
@@ -187,9 +202,20 @@ func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundar
 }
 
 func (s *Server) closeResources(ctx context.Context, ep *episode, h Handles) error {
-	_, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/close_session",
-		http.Header{HeaderSessionID: {h.ResourcesSessionID}}, codec.RawMessage("{}"))
+	_, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/close_session", resourcesHeader(h), codec.RawMessage("{}"))
+	var up *upstreamError
+	if errors.As(err, &up) && up.status == http.StatusNotFound {
+		// A NeMo Gym resources server has no /close_session (its sessions
+		// are never closed): nothing is left to close.
+		return nil
+	}
 	return err
+}
+
+// resourcesHeader names the resources session of h on a call: our header,
+// and the cookies its seed reply set.
+func resourcesHeader(h Handles) http.Header {
+	return sessioncookie.Header(http.Header{HeaderSessionID: {h.ResourcesSessionID}}, h.ResourcesCookies)
 }
 
 // verifyMode reads X-Ng-Checkpoint-Verify: replay only when announced.
@@ -203,6 +229,7 @@ func verifyMode(v string) Mode {
 type openAgentSession struct {
 	SessionID          string `json:"session_id"`
 	ResourcesSessionID string `json:"resources_session_id"`
+	ResourcesCookies   string `json:"resources_cookies,omitempty"`
 	Request            Row    `json:"request"`
 }
 
@@ -213,8 +240,18 @@ type agentSessionRef struct {
 // call POSTs body to base + /ng-rollout/<capture_key> + path and returns the
 // 2xx reply; any other outcome is an upstream error naming the server.
 func (s *Server) call(ctx context.Context, kind, base string, id rollout.EpisodeID, path string, header http.Header, body any) (*httpclient.Reply, error) {
-	url := base + rollout.Path(id, path)
-	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, url, header, body)
+	return s.post(ctx, kind, base, rollout.Path(id, path), header, body)
+}
+
+// post POSTs body to base + path, over HTTP/1.1 to a base configured so,
+// and returns the 2xx reply as call does.
+func (s *Server) post(ctx context.Context, kind, base, path string, header http.Header, body any) (*httpclient.Reply, error) {
+	url := base + path
+	client := s.client
+	if s.http1[base] {
+		client = s.client1
+	}
+	rep, err := httpclient.Do(ctx, client, http.MethodPost, url, header, body)
 	if err != nil {
 		return nil, fmt.Errorf("%s POST %s: %w", kind, url, err)
 	}

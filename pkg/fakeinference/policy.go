@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -246,6 +248,9 @@ func DefaultRounds(text string, tools []string) []ScriptToolCall {
 	}
 	objs := JSONObjects(text, maxDefaultRounds)
 	if len(objs) == 0 {
+		if rounds := gymCounterRounds(text, tools); rounds != nil {
+			return rounds
+		}
 		name := tools[0]
 		best := -1
 		for _, t := range tools {
@@ -265,6 +270,40 @@ func DefaultRounds(text string, tools []string) []ScriptToolCall {
 			}
 		}
 		rounds = append(rounds, ScriptToolCall{Name: name, Arguments: codec.RawMessage(o.Compact)})
+	}
+	return rounds
+}
+
+// Tool names of NeMo Gym's example counter
+// (resources_servers/example_session_state_mgmt/app.py, Gym 07d6b0d07b22).
+const (
+	gymIncrementCounter = "increment_counter"
+	gymGetCounterValue  = "get_counter_value"
+)
+
+// gymCounterRounds reads the natural-language prompts of Gym's counter
+// dataset (example_session_state_mgmt/data/example.jsonl: "add 1 then add
+// 2 then get the count") when its increment_counter tool is offered: one
+// increment_counter {"count": N} per "add N", then get_counter_value when
+// offered. nil when the tool is not offered or the text adds nothing.
+func gymCounterRounds(text string, tools []string) []ScriptToolCall {
+	if !slices.Contains(tools, gymIncrementCounter) {
+		return nil
+	}
+	var rounds []ScriptToolCall
+	words := strings.Fields(strings.ToLower(text))
+	for i := 0; i+1 < len(words) && len(rounds) < maxDefaultRounds; i++ {
+		if words[i] != "add" {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimRight(words[i+1], ".,;"), 10, 64)
+		if err != nil {
+			continue
+		}
+		rounds = append(rounds, ScriptToolCall{Name: gymIncrementCounter, Arguments: codec.RawMessage(`{"count":` + strconv.FormatInt(n, 10) + `}`)})
+	}
+	if len(rounds) > 0 && slices.Contains(tools, gymGetCounterValue) {
+		rounds = append(rounds, ScriptToolCall{Name: gymGetCounterValue, Arguments: codec.RawMessage("{}")})
 	}
 	return rounds
 }

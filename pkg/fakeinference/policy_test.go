@@ -36,6 +36,8 @@ func intp(n int) *int { return &n }
 func TestDecide(t *testing.T) {
 	const weatherOut = `{"city":"Paris","weather_description":"sunny, 21C"}`
 	counterTools := []string{"increment", "get_counter_value"}
+	gymCounterTools := []string{"increment_counter", "get_counter_value"}
+	const gymCounterText = "add 10 then add 11 then get the count"
 	tests := []struct {
 		name   string
 		req    *openai.ChatRequest
@@ -49,6 +51,34 @@ func TestDecide(t *testing.T) {
 		name: "weather answer quotes the tool result",
 		req:  chatReq([]string{"get_weather"}, user(weatherText), assistantCall("get_weather", `{"city":"Paris"}`), toolResult(weatherOut)),
 		want: fakeinference.Decision{Round: 1, FinalText: "The answer is: " + weatherOut},
+	}, {
+		// NeMo Gym's counter dataset speaks in words
+		// (example_session_state_mgmt/data/example.jsonl, Gym 07d6b0d07b22).
+		name: "gym counter first add",
+		req:  chatReq(gymCounterTools, user(gymCounterText)),
+		want: fakeinference.Decision{ToolCall: true, ToolName: "increment_counter", Arguments: `{"count":10}`},
+	}, {
+		name: "gym counter second add",
+		req:  chatReq(gymCounterTools, user(gymCounterText), assistantCall("increment_counter", `{"count":10}`), toolResult(`{"success":true}`)),
+		want: fakeinference.Decision{ToolCall: true, ToolName: "increment_counter", Arguments: `{"count":11}`, Round: 1},
+	}, {
+		name: "gym counter reads the count",
+		req: chatReq(gymCounterTools, user(gymCounterText), assistantCall("increment_counter", `{"count":10}`), toolResult(`{"success":true}`),
+			assistantCall("increment_counter", `{"count":11}`), toolResult(`{"success":true}`)),
+		want: fakeinference.Decision{ToolCall: true, ToolName: "get_counter_value", Arguments: `{}`, Round: 2},
+	}, {
+		name: "gym counter answers with the count",
+		req: chatReq(gymCounterTools, user(gymCounterText), assistantCall("increment_counter", `{"count":10}`), toolResult(`{"success":true}`),
+			assistantCall("increment_counter", `{"count":11}`), toolResult(`{"success":true}`), assistantCall("get_counter_value", `{}`), toolResult(`{"count":33}`)),
+		want: fakeinference.Decision{Round: 3, FinalText: `The answer is: {"count":33}`},
+	}, {
+		name: "gym counter text without increment_counter offered",
+		req:  chatReq([]string{"get_counter_value"}, user(gymCounterText)),
+		want: fakeinference.Decision{ToolCall: true, ToolName: "get_counter_value", Arguments: `{}`},
+	}, {
+		name: "increment_counter offered, no add phrase",
+		req:  chatReq(gymCounterTools, user("what is the count?")),
+		want: fakeinference.Decision{ToolCall: true, ToolName: "increment_counter", Arguments: `{}`},
 	}, {
 		name: "counter round 2 passes the second object",
 		req:  chatReq(counterTools, user(counterText), assistantCall("increment", `{"by":1}`), toolResult(`{"count":4}`)),

@@ -123,9 +123,12 @@ func TestRouter_RolloutPrefix(t *testing.T) {
 	}))
 	wantReply(t, serve(r, "POST", "/ng-rollout/3-0-a2/seed_session", "{}"), 200, `{"key":"3-0-a2","path":"/seed_session","prefixed":true}`)
 	wantReply(t, serve(r, "POST", "/seed_session", "{}"), 200, `{"key":"","path":"/seed_session","prefixed":false}`)
+	// NeMo Gym's training-capture segment after the key routes the same
+	// (nemo_gym/base_responses_api_agent.py, Gym 07d6b0d07b22).
+	wantReply(t, serve(r, "POST", "/ng-rollout/3-0/training-token-capture/seed_session", "{}"), 200, `{"key":"3-0","path":"/seed_session","prefixed":true}`)
 	wantReply(t, serve(r, "POST", "/ng-rollout/w-a1-a2/seed_session", "{}"), 400,
 		`{"error":{"code":"invalid_request","detail":"invalid id: rollout id \"w-a1\" must not end in -a\u003cN\u003e, which names an attempt"}}`)
-	if got, want := strings.Join(mwSaw, ","), "/seed_session 3-0-a2,/seed_session "; got != want {
+	if got, want := strings.Join(mwSaw, ","), "/seed_session 3-0-a2,/seed_session ,/seed_session 3-0"; got != want {
 		t.Fatalf("middleware saw %q, want %q", got, want)
 	}
 }

@@ -1,7 +1,8 @@
 // Package resources implements the fleet's resources servers (tools and
 // verifiers): weather, counter and slow_verify, each one Server on its own
 // listener, speaking NeMo Gym's resources API with caller-assigned sessions
-// named by the X-Ng-Session-Id header.
+// named by the X-Ng-Session-Id header or, as NeMo Gym's agents carry them,
+// by the session cookie /seed_session sets.
 package resources
 
 import (
@@ -25,6 +26,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // Headers of the resources API.
@@ -50,9 +52,11 @@ type Deps struct {
 // Server is one named resources server.
 type Server struct {
 	*httpserver.Server
-	cfg     Config
-	log     *slog.Logger
-	typ     *serverType
+	cfg Config
+	log *slog.Logger
+	typ *serverType
+	// cookie is the session cookie's name, Gym's "<Class>___<instance>".
+	cookie  string
 	router  http.Handler
 	metrics *metrics
 	// gate holds /verify on a slow_verify server; nil otherwise.
@@ -126,6 +130,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		cfg:       cfg,
 		log:       deps.Logger,
 		typ:       typ,
+		cookie:    sessioncookie.Name(typ.class, cfg.Name),
 		metrics:   newMetrics(deps.Registry),
 		closing:   make(chan struct{}),
 		sessions:  map[string]*session{},
@@ -147,8 +152,22 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	h := func(f httpserver.HandlerFunc) http.HandlerFunc { return httpserver.Handle(s.log, f) }
 	r.Get("/tools", h(func(*http.Request) (any, error) { return s.typ.tools, nil }))
+	r.Get("/reverify_mode", h(func(*http.Request) (any, error) { return s.typ.reverify, nil }))
 	r.Post("/seed_session", h(s.handleSeed))
-	r.Post("/verify", h(s.handleVerify))
+	// Tool calls and verifies set the session cookie again on every reply,
+	// errors included, as Gym's session middleware does: its agents pass on
+	// the cookies of the latest reply only, so a tool error without it
+	// would lose the session for every later call.
+	withCookie := func(f httpserver.HandlerFunc) http.HandlerFunc {
+		inner := h(f)
+		return func(w http.ResponseWriter, r *http.Request) {
+			if id, err := s.sessionID(r); err == nil && id != "" {
+				sessioncookie.Set(w.Header(), s.cookie, id)
+			}
+			inner(w, r)
+		}
+	}
+	r.Post("/verify", withCookie(s.handleVerify))
 	r.Post("/close_session", h(s.handleClose))
 	r.Post(rewardprofile.Path, h(rewardprofile.Handle))
 	if s.gate != nil {
@@ -156,7 +175,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		r.Post("/_ctl/verify/release", h(func(*http.Request) (any, error) { return s.gate.releaseAll(), nil }))
 		r.Get("/_ctl/verify/count", h(func(*http.Request) (any, error) { return s.gate.counts(), nil }))
 	}
-	r.Post("/{tool}", h(s.handleTool))
+	r.Post("/{tool}", withCookie(s.handleTool))
 	s.router = r
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
 	return s, nil
@@ -429,13 +448,33 @@ func (s *Server) updateSessionsGaugeLocked() {
 // liveLocked is the number of live sessions: seeded, not closed, not retired.
 func (s *Server) liveLocked() int { return len(s.sessions) - s.retired }
 
-// sessionID reads and checks the session header.
-func sessionID(r *http.Request) (string, error) {
-	id := r.Header.Get(SessionHeader)
+// CookieName is the name of the session cookie the server sets.
+func (s *Server) CookieName() string { return s.cookie }
+
+// sessionID reads and checks the request's session: the header, or when it
+// is absent the session cookie (NeMo Gym's agents carry nothing else). The
+// cookie names the same session id the header would and goes through the
+// same checks, so it reaches no session the header could not.
+func (s *Server) sessionID(r *http.Request) (string, error) {
+	id, from := r.Header.Get(SessionHeader), SessionHeader
+	if id == "" {
+		if c, err := r.Cookie(s.cookie); err == nil {
+			id, from = c.Value, "cookie "+s.cookie
+		}
+	}
 	if id != "" && !rollout.ValidID(id) {
-		return "", apierror.New(apierror.InvalidRequest, "%s %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", SessionHeader, id)
+		return "", apierror.New(apierror.InvalidRequest, "%s %.200q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", from, id)
 	}
 	return id, nil
+}
+
+// sessionReply is a reply that names its session in the header (New's
+// withCookie sets the cookie).
+func (s *Server) sessionReply(id string, body any) any {
+	if id == "" {
+		return body
+	}
+	return httpserver.Reply{Header: http.Header{SessionHeader: {id}}, Body: body}
 }
 
 // NewSessionID returns a fresh "resources-session-<hex>" id.
@@ -446,7 +485,7 @@ func NewSessionID() string {
 }
 
 func (s *Server) handleSeed(r *http.Request) (any, error) {
-	id, err := sessionID(r)
+	id, err := s.sessionID(r)
 	if err != nil {
 		return nil, err
 	}
@@ -472,6 +511,7 @@ func (s *Server) handleSeed(r *http.Request) (any, error) {
 	defer leave()
 	h := http.Header{}
 	h.Set(SessionHeader, id)
+	sessioncookie.Set(h, s.cookie, id)
 	if s.cfg.Checkpoint.Enabled {
 		h.Set(VerifyModeHeader, s.cfg.EffectiveVerifyMode())
 		if s.cfg.EffectiveCheckpointMode() == ModeRestartOnly {
@@ -487,7 +527,7 @@ func (s *Server) handleTool(r *http.Request) (any, error) {
 	if !ok {
 		return nil, apierror.New(apierror.UnknownTool, "%s server %s has no tool %q", s.cfg.Type, s.cfg.Name, name)
 	}
-	id, err := sessionID(r)
+	id, err := s.sessionID(r)
 	if err != nil {
 		return nil, err
 	}
@@ -502,7 +542,10 @@ func (s *Server) handleTool(r *http.Request) (any, error) {
 	defer leave()
 	if sess == nil && s.typ.stateful {
 		if id == "" {
-			return nil, apierror.New(apierror.UnknownSession, "%s needs a seeded session named by %s", name, SessionHeader)
+			// NeMo Gym would start a new session here; a session no later
+			// call can name again could only hold state no verify reads
+			// (Gym's verify of it gives 0.0), so it is refused instead.
+			return nil, apierror.New(apierror.UnknownSession, "%s needs a seeded session named by %s or the cookie %s", name, SessionHeader, s.cookie)
 		}
 		return nil, apierror.New(apierror.UnknownSession, "unknown session %q: seed it first", id)
 	}
@@ -511,11 +554,11 @@ func (s *Server) handleTool(r *http.Request) (any, error) {
 		return nil, err
 	}
 	s.metrics.toolCalls.WithLabelValues(name).Inc()
-	return out, nil
+	return s.sessionReply(id, out), nil
 }
 
 func (s *Server) handleVerify(r *http.Request) (any, error) {
-	id, err := sessionID(r)
+	id, err := s.sessionID(r)
 	if err != nil {
 		return nil, err
 	}
@@ -548,7 +591,7 @@ func (s *Server) handleVerify(r *http.Request) (any, error) {
 		return nil, apierror.Wrap(apierror.Internal, err)
 	}
 	s.metrics.verifies.WithLabelValues(strconv.FormatFloat(reward, 'f', -1, 64)).Inc()
-	return codec.RawMessage(out), nil
+	return s.sessionReply(id, codec.RawMessage(out)), nil
 }
 
 // formatReward writes a reward as Python's json.dumps writes a float, so
@@ -566,7 +609,7 @@ type closeReply struct {
 }
 
 func (s *Server) handleClose(r *http.Request) (any, error) {
-	id, err := sessionID(r)
+	id, err := s.sessionID(r)
 	if err != nil {
 		return nil, err
 	}
@@ -575,7 +618,11 @@ func (s *Server) handleClose(r *http.Request) (any, error) {
 		return nil, err
 	}
 	defer leave()
-	return closeReply{Closed: sess != nil}, nil
+	h := http.Header{}
+	if id != "" {
+		sessioncookie.Expire(h, s.cookie)
+	}
+	return httpserver.Reply{Header: h, Body: closeReply{Closed: sess != nil}}, nil
 }
 
 // decodeObject decodes a JSON object into its fields; an empty body is {}.

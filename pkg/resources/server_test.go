@@ -146,6 +146,7 @@ func TestTools(t *testing.T) {
 	ts := start(t, resources.TypeCounter)
 	expect(t, "GET /tools", ts.do(http.MethodGet, "/tools", "", ""), 200,
 		`[{"name":"increment","description":"Add an integer to the counter and return the new count.","parameters":{"type":"object","properties":{"by":{"type":"integer","description":"How much to add."}},"required":["by"],"additionalProperties":false}},`+
+			`{"name":"increment_counter","description":"Add an integer to the counter.","parameters":{"type":"object","properties":{"count":{"type":"integer","description":""}},"required":["count"],"additionalProperties":false}},`+
 			`{"name":"get_counter_value","description":"Return the counter's current value.","parameters":{"type":"object","properties":{},"additionalProperties":false}}]`)
 }
 

@@ -26,6 +26,11 @@ type toolFunc func(sess *session, args []byte) (any, error)
 
 // serverType is the behaviour of one type of resources server.
 type serverType struct {
+	// class names the type in its session cookie's name, as a NeMo Gym
+	// server's class name does in its.
+	class string
+	// reverify is the type's answer to GET /reverify_mode.
+	reverify ReverifyMode
 	// stateful types refuse tool calls of unknown sessions.
 	stateful bool
 	tools    []Tool
@@ -54,16 +59,48 @@ type serverType struct {
 type verifyRequest struct {
 	// fields is every top-level field of the body, passed through to the reply.
 	fields   map[string]codec.RawMessage
-	response openai.Response
+	response verifiedResponse
 }
+
+// verifiedResponse is what a verifier reads of the verify body's response:
+// its output. The rest passes through untouched, so a response another
+// server shaped (NeMo Gym dumps created_at as a float, and every unset
+// field as null) verifies as ours does.
+type verifiedResponse struct {
+	Output []openai.Item `json:"output"`
+}
+
+// ReverifyMode is NeMo Gym's answer to GET /reverify_mode
+// (nemo_gym/base_resources_server.py ReverifyMode, Gym 07d6b0d07b22): can
+// a rollout be verified again later from its recorded row and response
+// alone, with no session.
+type ReverifyMode string
+
+// The reverify modes. Gym's default is unknown.
+const (
+	// ReverifyStateless: the verifier is a pure function of the request
+	// body and the server's config.
+	ReverifyStateless ReverifyMode = "stateless"
+	// ReverifyUnsupported: the verifier reads session state seeded during
+	// the run, which a later verify does not have.
+	ReverifyUnsupported ReverifyMode = "unsupported"
+	// ReverifyUnknown: not declared.
+	ReverifyUnknown ReverifyMode = "unknown"
+)
 
 func newServerType(typ string) (*serverType, error) {
 	var t *serverType
 	switch typ {
-	case TypeWeather, TypeSlowVerify:
+	case TypeWeather:
 		t = weatherType()
+		t.class = "WeatherResourcesServer"
+	case TypeSlowVerify:
+		// Holding a verify delays it; the reward is still the weather's.
+		t = weatherType()
+		t.class = "SlowVerifyResourcesServer"
 	case TypeCounter:
 		t = counterType()
+		t.class = "CounterResourcesServer"
 	default:
 		return nil, fmt.Errorf("unknown resources server type %q", typ)
 	}
@@ -104,6 +141,8 @@ type weatherReply struct {
 
 func weatherType() *serverType {
 	return &serverType{
+		// The reward reads only the verify body's response.
+		reverify: ReverifyStateless,
 		tools: []Tool{{
 			Name:        ToolGetWeather,
 			Description: "Get the current weather of a city.",
@@ -161,10 +200,13 @@ func weatherReward(output []openai.Item) float64 {
 
 // Counter.
 
-// Counter tool names.
+// Counter tool names. increment_counter and get_counter_value are NeMo
+// Gym's (resources_servers/example_session_state_mgmt/app.py, Gym
+// 07d6b0d07b22), so its example datasets run here unchanged.
 const (
-	ToolIncrement       = "increment"
-	ToolGetCounterValue = "get_counter_value"
+	ToolIncrement        = "increment"
+	ToolIncrementCounter = "increment_counter"
+	ToolGetCounterValue  = "get_counter_value"
 )
 
 // counterState is a counter session's state, guarded by its session's mu.
@@ -176,14 +218,43 @@ type countReply struct {
 	Count int64 `json:"count"`
 }
 
+// successReply is increment_counter's reply, Gym's IncrementCounterResponse.
+type successReply struct {
+	Success bool `json:"success"`
+}
+
+// addToCounter adds by to a counter session's count and returns the new count.
+func addToCounter(sess *session, by int64, tool string) (int64, error) {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	st, err := counterOf(sess)
+	if err != nil {
+		return 0, err
+	}
+	if (by > 0 && st.count > math.MaxInt64-by) || (by < 0 && st.count < math.MinInt64-by) {
+		return 0, apierror.New(apierror.InvalidRequest, "%s by %d overflows the counter", tool, by)
+	}
+	st.count += by
+	return st.count, nil
+}
+
 func counterType() *serverType {
 	return &serverType{
+		// The reward reads the session's count: a verify without the
+		// session it was seeded in (Gym's reverify) cannot give it. Within
+		// a live or restored session it may be sent again (verify_mode).
+		reverify: ReverifyUnsupported,
 		stateful: true,
 		tools: []Tool{
 			{
 				Name:        ToolIncrement,
 				Description: "Add an integer to the counter and return the new count.",
 				Parameters:  codec.RawMessage(`{"type":"object","properties":{"by":{"type":"integer","description":"How much to add."}},"required":["by"],"additionalProperties":false}`),
+			},
+			{
+				Name:        ToolIncrementCounter,
+				Description: "Add an integer to the counter.",
+				Parameters:  codec.RawMessage(`{"type":"object","properties":{"count":{"type":"integer","description":""}},"required":["count"],"additionalProperties":false}`),
 			},
 			{
 				Name:        ToolGetCounterValue,
@@ -203,17 +274,27 @@ func counterType() *serverType {
 				if err != nil || !present {
 					return nil, apierror.New(apierror.InvalidRequest, "increment needs an integer field \"by\"")
 				}
-				sess.mu.Lock()
-				defer sess.mu.Unlock()
-				st, err := counterOf(sess)
+				n, err := addToCounter(sess, by, ToolIncrement)
 				if err != nil {
 					return nil, err
 				}
-				if (by > 0 && st.count > math.MaxInt64-by) || (by < 0 && st.count < math.MinInt64-by) {
-					return nil, apierror.New(apierror.InvalidRequest, "increment by %d overflows the counter", by)
+				return countReply{Count: n}, nil
+			},
+			ToolIncrementCounter: func(sess *session, args []byte) (any, error) {
+				var in struct {
+					Count codec.RawMessage `json:"count"`
 				}
-				st.count += by
-				return countReply{Count: st.count}, nil
+				if err := decodeArgs(args, &in); err != nil {
+					return nil, err
+				}
+				by, present, err := parseInt(in.Count)
+				if err != nil || !present {
+					return nil, apierror.New(apierror.InvalidRequest, "increment_counter needs an integer field \"count\"")
+				}
+				if _, err := addToCounter(sess, by, ToolIncrementCounter); err != nil {
+					return nil, err
+				}
+				return successReply{Success: true}, nil
 			},
 			ToolGetCounterValue: func(sess *session, args []byte) (any, error) {
 				var in struct{}

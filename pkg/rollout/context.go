@@ -10,6 +10,14 @@ import (
 // routes: /ng-rollout/<capture_key>/...
 const PathPrefix = "/ng-rollout/"
 
+// TokenCaptureSegment may follow the capture key: NeMo Gym's agents put it
+// there when their training-token capture is on
+// (nemo_gym/config_types.py TOKEN_CAPTURE_PATH_SEGMENT, Gym commit
+// 07d6b0d07b22), and its model server strips it with the prefix. Every call
+// under the prefix is captured here, so the segment changes nothing but
+// the route.
+const TokenCaptureSegment = "/training-token-capture"
+
 type ctxKey struct{}
 
 // WithEpisode returns a context that carries the episode a request belongs to.
@@ -23,8 +31,11 @@ func FromContext(ctx context.Context) (EpisodeID, bool) {
 	return id, ok
 }
 
-// SplitPath splits /ng-rollout/<capture_key>/rest into the capture key and
-// /rest. ok is false when the path carries no prefix.
+// SplitPath splits /ng-rollout/<capture_key>/rest, or
+// /ng-rollout/<capture_key>/training-token-capture/rest, into the capture
+// key and /rest, as NeMo Gym's model server does
+// (^/ng-rollout/(?P<id>[^/]+)(/training-token-capture)?(?P<rest>/.*)$). ok
+// is false when the path carries no prefix.
 func SplitPath(path string) (key, rest string, ok bool) {
 	if !strings.HasPrefix(path, PathPrefix) {
 		return "", path, false
@@ -34,7 +45,13 @@ func SplitPath(path string) (key, rest string, ok bool) {
 	if i <= 0 {
 		return "", path, false
 	}
-	return tail[:i], tail[i:], true
+	key, rest = tail[:i], tail[i:]
+	// As in Gym's expression, the segment is taken only when a path
+	// follows it: /ng-rollout/k/training-token-capture alone is that route.
+	if after, found := strings.CutPrefix(rest, TokenCaptureSegment); found && strings.HasPrefix(after, "/") {
+		rest = after
+	}
+	return key, rest, true
 }
 
 // Path builds the prefixed form of path for an episode.

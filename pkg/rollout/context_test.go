@@ -57,6 +57,15 @@ func TestSplitPath(t *testing.T) {
 		{"/ng-rollout/", "", "/ng-rollout/", false},
 		{"/v1/models", "", "/v1/models", false},
 		{"/x/ng-rollout/w/y", "", "/x/ng-rollout/w/y", false},
+		// NeMo Gym's training-capture segment (nemo_gym/config_types.py,
+		// base_responses_api_agent.py at Gym 07d6b0d07b22) routes as the
+		// plain prefix.
+		{"/ng-rollout/w-a1/training-token-capture/v1/responses", "w-a1", "/v1/responses", true},
+		{"/ng-rollout/3-1/training-token-capture/v1/chat/completions", "3-1", "/v1/chat/completions", true},
+		{"/ng-rollout/w/training-token-capture/", "w", "/", true},
+		{"/ng-rollout/w/training-token-capture", "w", "/training-token-capture", true},
+		{"/ng-rollout/w/training-token-captured/x", "w", "/training-token-captured/x", true},
+		{"/ng-rollout/w/v1/training-token-capture/x", "w", "/v1/training-token-capture/x", true},
 	}
 	for _, tt := range tests {
 		key, rest, ok := rollout.SplitPath(tt.path)
@@ -119,6 +128,10 @@ func TestStripPrefix(t *testing.T) {
 		},
 		{
 			name: "escaped slash prefixed", target: "/ng-rollout/w-a1/items/a%2Fb", wantStatus: http.StatusNoContent,
+			want: seen{path: "/items/a/b", rawPath: "/items/a%2Fb", param: "a%2Fb", episode: rollout.EpisodeID{RolloutID: "w", Attempt: 1}, hasEpisode: true},
+		},
+		{
+			name: "training-token-capture segment", target: "/ng-rollout/w-a1/training-token-capture/items/a%2Fb", wantStatus: http.StatusNoContent,
 			want: seen{path: "/items/a/b", rawPath: "/items/a%2Fb", param: "a%2Fb", episode: rollout.EpisodeID{RolloutID: "w", Attempt: 1}, hasEpisode: true},
 		},
 		{

@@ -29,8 +29,7 @@ import (
 // yet: a fixture whose needs is listed here is skipped, naming the branch.
 // Empty it as the branches merge; every fixture must then pass.
 var pending = map[string]bool{
-	"vllm":       true,
-	"gymsurface": true,
+	"vllm": true,
 }
 
 // knownNeeds are the branches a fixture may name.

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
 // gymCounterCookie is the session cookie's name: NeMo Gym names it after the
@@ -58,7 +60,10 @@ func (g *gymCounter) serve(w http.ResponseWriter, r *http.Request) {
 		return int(f), ok
 	}
 	var out any
-	switch r.URL.Path {
+	// RolloutContextMiddleware strips /ng-rollout/<id> on Gym's resources
+	// servers (base_resources_server.py, rollout_correlation.py).
+	_, path, _ := rollout.SplitPath(r.URL.Path)
+	switch path {
 	case "/seed_session":
 		n, ok := num("initial_count")
 		if !ok {

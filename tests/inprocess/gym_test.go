@@ -1,0 +1,312 @@
+package inprocess_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/agent"
+	"github.com/gymfleet/gymfleet/pkg/environment"
+	"github.com/gymfleet/gymfleet/pkg/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/resources"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// gymCounterCalls is what the fake policy makes of a row of Gym's counter
+// dataset: increment_counter twice, get_counter_value, the answer.
+const gymCounterCalls = 4
+
+// gymServer is what every fleet server provides.
+type gymServer interface {
+	Listen() error
+	Serve() error
+	Close(ctx context.Context) error
+	URL() string
+}
+
+// startServer listens and serves s until the test ends.
+func startServer(t *testing.T, name string, s gymServer) string {
+	t.Helper()
+	if err := s.Listen(); err != nil {
+		t.Fatalf("%s: listen: %v", name, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Close(ctx); err != nil {
+			t.Errorf("%s: close: %v", name, err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("%s: serve: %v", name, err)
+		}
+	})
+	return s.URL()
+}
+
+// startCounter starts one of our counter resources servers.
+func startCounter(t *testing.T, name string) string {
+	t.Helper()
+	rcfg := resources.DefaultConfig()
+	rcfg.Name, rcfg.Type, rcfg.Listen = name, resources.TypeCounter, "127.0.0.1:0"
+	rs, err := resources.New(rcfg, resources.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startServer(t, name, rs)
+}
+
+// startAgent starts one of our agents on the fleet's model server, against
+// resourcesURL (over HTTP/1.1 when http1).
+func (f *testFleet) startAgent(t *testing.T, name, resourcesURL string, http1 bool) environment.AgentConfig {
+	t.Helper()
+	acfg := agent.DefaultConfig()
+	acfg.Name, acfg.Listen, acfg.MaxSteps = name, "127.0.0.1:0", 10
+	acfg.ModelServerURL, acfg.ResourcesServerURL, acfg.ResourcesHTTP1 = f.modelURL, resourcesURL, http1
+	as, err := agent.New(acfg, agent.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return environment.AgentConfig{Name: name, URL: startServer(t, name, as), ResourcesURL: resourcesURL, ResourcesHTTP1: http1}
+}
+
+// startEnv starts an environment on agents, running rows without
+// agent_ref on the first.
+func startEnv(t *testing.T, name, protocol string, agents ...environment.AgentConfig) string {
+	t.Helper()
+	ecfg := environment.DefaultConfig()
+	ecfg.Listen, ecfg.Name, ecfg.Protocol, ecfg.Agents = "127.0.0.1:0", name, protocol, agents
+	env, err := environment.New(ecfg, environment.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startServer(t, name, env)
+}
+
+// runGymRows runs every row of data/gym_counter_example.jsonl through
+// envURL's /run (the rows name no agent: the environment's first runs
+// them) and checks each reaches reward 1.0 with its model calls in
+// the capture ledger. The rows carry no ids: the test's copy gives each
+// _ng_task_index (its line) and _ng_rollout_index, the data file stays as
+// Gym ships it.
+func (f *testFleet) runGymRows(t *testing.T, envURL string, rolloutIndex int) {
+	t.Helper()
+	rows := loadDataset(t, "gym_counter_example.jsonl")
+	if len(rows) != 5 {
+		t.Fatalf("data/gym_counter_example.jsonl has %d rows, want Gym's 5", len(rows))
+	}
+	var wg sync.WaitGroup
+	for i, row := range rows {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fields := map[string]json.RawMessage{}
+			for k, v := range row.fields {
+				fields[k] = v
+			}
+			fields["_ng_task_index"] = json.RawMessage(strconv.Itoa(i))
+			fields["_ng_rollout_index"] = json.RawMessage(strconv.Itoa(rolloutIndex))
+			body, _ := json.Marshal(fields)
+			rep, err := httpclient.Do(t.Context(), f.client, http.MethodPost, envURL+"/run", nil, body)
+			if err != nil || rep.Status != 200 {
+				t.Errorf("row %d: /run = %v %v", i, rep, err)
+				return
+			}
+			var out runReply
+			if err := json.Unmarshal(rep.Body, &out); err != nil || out.Reward != 1.0 {
+				t.Errorf("row %d: reward %v (%v), want 1.0; reply %s", i, out.Reward, err, rep.Body)
+			}
+			if want := fmt.Sprintf("%d-%d", i, rolloutIndex); out.EpisodeID.RolloutID != want {
+				t.Errorf("row %d: episode %+v, want rollout %s", i, out.EpisodeID, want)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range rows {
+		f.checkLedger(t, fmt.Sprintf("%d-%d", i, rolloutIndex), gymCounterCalls)
+	}
+}
+
+// TestGymCounterDataset: NeMo Gym's counter example dataset runs unchanged
+// through our environment, agent and counter, on both protocols.
+func TestGymCounterDataset(t *testing.T) {
+	f := startFleet(t, false)
+	a := f.startAgent(t, "gym_counter_agent", startCounter(t, "counter"), false)
+	for i, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
+		t.Run(protocol, func(t *testing.T) {
+			f.runGymRows(t, startEnv(t, "gym_env_"+protocol, protocol, a), i)
+		})
+	}
+}
+
+// gymCounterServer is a resources server that keeps sessions exactly as NeMo
+// Gym's StatefulCounterResourcesServer
+// (resources_servers/example_session_state_mgmt/app.py, with the session
+// middleware of nemo_gym/server_utils.py, Gym commit 07d6b0d07b22): by its
+// cookie alone, a new session for a request without it, the cookie set on
+// every reply, no /close_session, HTTP/1.1 only (uvicorn).
+type gymCounterServer struct {
+	mu       sync.Mutex
+	counters map[string]int
+	sessions int
+}
+
+const gymCookie = "StatefulCounterResourcesServer___example_session_state_mgmt_resources_server"
+
+func (g *gymCounterServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	_, path, _ := rollout.SplitPath(r.URL.Path)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sid := ""
+	if c, err := r.Cookie(gymCookie); err == nil {
+		sid = c.Value
+	}
+	if sid == "" {
+		g.sessions++
+		sid = "gym-" + strconv.Itoa(g.sessions)
+	}
+	http.SetCookie(w, &http.Cookie{Name: gymCookie, Value: sid, Path: "/", MaxAge: 1209600, HttpOnly: true, SameSite: http.SameSiteLaxMode})
+	w.Header().Set("Content-Type", "application/json")
+	var in map[string]json.RawMessage
+	_ = json.Unmarshal(body, &in)
+	num := func(k string) int { n, _ := strconv.Atoi(string(in[k])); return n }
+	switch path {
+	case "/seed_session":
+		if _, ok := g.counters[sid]; !ok {
+			g.counters[sid] = num("initial_count")
+		}
+		io.WriteString(w, `{}`)
+	case "/increment_counter":
+		g.counters[sid] += num("count")
+		io.WriteString(w, `{"success":true}`)
+	case "/get_counter_value":
+		fmt.Fprintf(w, `{"count":%d}`, g.counters[sid])
+	case "/verify":
+		reward := "0.0"
+		if n, ok := g.counters[sid]; ok && n == num("expected_count") {
+			reward = "1.0"
+		}
+		fmt.Fprintf(w, `{"responses_create_params":%s,"response":%s,"reward":%s}`, in["responses_create_params"], in["response"], reward)
+	default:
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"detail":"Not Found"}`)
+	}
+}
+
+// TestOurFleetDrivesGymCounter: our environment and agent, in front of a
+// resources server that reads only Gym's cookie, run Gym's counter dataset
+// to reward 1.0 on both protocols.
+func TestOurFleetDrivesGymCounter(t *testing.T) {
+	f := startFleet(t, false)
+	gym := &gymCounterServer{counters: map[string]int{}}
+	srv := httptest.NewServer(gym)
+	t.Cleanup(srv.Close)
+	a := f.startAgent(t, "gym_counter_agent", srv.URL, true)
+	for i, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
+		t.Run(protocol, func(t *testing.T) {
+			f.runGymRows(t, startEnv(t, "gym_cookie_env_"+protocol, protocol, a), 10+i)
+		})
+	}
+	gym.mu.Lock()
+	defer gym.mu.Unlock()
+	if gym.sessions != 10 || len(gym.counters) != 10 {
+		t.Errorf("%d sessions started, %d seeded; want one per row and protocol (10)", gym.sessions, len(gym.counters))
+	}
+}
+
+// TestTrainingTokenCapturePath: Gym's training-capture segment after the
+// capture key routes as the plain prefix on the model server (Responses and
+// Chat Completions) and on the agent, and the calls are captured under the
+// key (nemo_gym/base_responses_api_agent.py, Gym 07d6b0d07b22).
+func TestTrainingTokenCapturePath(t *testing.T) {
+	f := startFleet(t, false)
+	a := f.startAgent(t, "ttc_agent", startCounter(t, "counter"), false)
+	model := fakeinference.DefaultConfig().Model
+	for key, c := range map[string]struct{ url, body string }{
+		"ttc-responses": {f.modelURL + "/ng-rollout/ttc-responses/training-token-capture/v1/responses", `{"model":"` + model + `","input":"hello"}`},
+		"ttc-chat":      {f.modelURL + "/ng-rollout/ttc-chat/training-token-capture/v1/chat/completions", `{"model":"` + model + `","messages":[{"role":"user","content":"hello"}]}`},
+		"ttc-agent":     {a.URL + "/ng-rollout/ttc-agent/training-token-capture/v1/responses", `{"input":"hello"}`},
+	} {
+		rep, err := httpclient.Do(t.Context(), f.client, http.MethodPost, c.url, nil, json.RawMessage(c.body))
+		if err != nil || rep.Status != 200 {
+			t.Fatalf("%s: %v %v", key, rep, err)
+		}
+		if !strings.Contains(string(rep.Body), `"status":"completed"`) && !strings.Contains(string(rep.Body), `"finish_reason":"stop"`) {
+			t.Errorf("%s: %s", key, rep.Body)
+		}
+		f.checkLedger(t, key, 1)
+	}
+}
+
+// gymPost is one call of NeMo Gym's simple agent: aiohttp over HTTP/1.1
+// with no cookie jar, the cookies passed by hand; it returns the reply's
+// body and the cookies it set (aiohttp's response.cookies).
+func gymPost(t *testing.T, url string, body []byte, cookies []*http.Cookie) ([]byte, []*http.Cookie) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for _, c := range cookies {
+		req.AddCookie(c)
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{}}).Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: %d %s", url, resp.StatusCode, b)
+	}
+	return b, resp.Cookies()
+}
+
+// TestGymAgentFlowAroundOurs: NeMo Gym's simple agent /run
+// (responses_api_agents/simple_agent/app.py SimpleAgent.run, Gym
+// 07d6b0d07b22) with our counter as its resources server and our agent's
+// /v1/responses as its own: seed with the whole row, the loop with the
+// seed's cookies, verify with the cookies the loop's reply set. Without
+// capture the loop's path is /v1/responses; with Gym's training capture it
+// is /ng-rollout/<id>/training-token-capture/v1/responses, captured under
+// <id>.
+func TestGymAgentFlowAroundOurs(t *testing.T) {
+	f := startFleet(t, false)
+	counterURL := startCounter(t, "counter")
+	a := f.startAgent(t, "counter_agent", counterURL, false)
+	rows := loadDataset(t, "gym_counter_example.jsonl")
+	for i, path := range []string{"/v1/responses", "/ng-rollout/gym-7/training-token-capture/v1/responses"} {
+		row := map[string]json.RawMessage{}
+		for k, v := range rows[i].fields {
+			row[k] = v
+		}
+		row["_ng_task_index"], row["_ng_rollout_index"] = json.RawMessage(strconv.Itoa(i)), json.RawMessage("0")
+		row["agent_ref"] = json.RawMessage(`{"type":"responses_api_agents","name":"counter_agent"}`)
+		body, _ := json.Marshal(row)
+		_, cookies := gymPost(t, counterURL+"/seed_session", body, nil)
+		if len(cookies) == 0 {
+			t.Fatalf("%s: the seed set no cookie", path)
+		}
+		resp, cookies := gymPost(t, a.URL+path, row["responses_create_params"], cookies)
+		row["response"] = resp
+		body, _ = json.Marshal(row)
+		out, _ := gymPost(t, counterURL+"/verify", body, cookies)
+		var v runReply
+		if err := json.Unmarshal(out, &v); err != nil || v.Reward != 1.0 {
+			t.Errorf("%s: verify %s (%v), want reward 1.0", path, out, err)
+		}
+	}
+	f.checkLedger(t, "gym-7", gymCounterCalls)
+}
