@@ -210,7 +210,8 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 			return reply{body: body, outcome: outcomeOverflow,
 				capture: &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens}}
 		}
-		return reply{err: asAPIError(err), outcome: outcomeOf(err)}
+		err = asAPIError(err)
+		return reply{err: err, outcome: outcomeOf(err)}
 	}
 	var c openai.ChatCompletion
 	if err := codec.Unmarshal(b, &c); err != nil {
@@ -342,17 +343,46 @@ func (e *eventSink) send(ev *openai.StreamEvent) error {
 }
 
 // streamError is the data of the event that ends a chat stream the upstream
-// broke: OpenAI's error shape, with our envelope's code and detail.
+// broke: OpenAI's error object with our stable code, as vLLM ends a failed
+// stream (data: {"error": {...}}, then data: [DONE]).
 func streamError(err error) []byte {
-	e := apierror.From(err)
-	b, _ := codec.MarshalStable(map[string]any{"error": map[string]string{
-		"code": string(e.Code), "detail": e.Detail, "message": e.Detail, "type": string(e.Code),
-	}})
+	b, _ := codec.MarshalStable(apierror.OpenAIEnvelopeOf(apierror.From(streamFailure(err))))
 	return b
 }
 
+// streamFailure is the error a stream that already started reports: an
+// upstream error event keeps vLLM's message, type and param under our
+// upstream_error code.
+func streamFailure(err error) error {
+	var us *upstreamStatus
+	if !errors.As(err, &us) {
+		return err
+	}
+	e := &apierror.Error{Code: apierror.UpstreamError, Detail: us.Error()}
+	if ue, ok := parseUpstreamError(us.body); ok {
+		e.Detail, e.Type = ue.Message, ue.Type
+		if p, isText := ue.Param.(string); isText {
+			e.Param = p
+		}
+	}
+	return e
+}
+
+// unfinished is the failure of an upstream stream that ended, with [DONE]
+// or without, before choice 0 had a finish_reason: the generation is
+// truncated, and nothing downstream may score or train on it.
+func unfinished(sawDone bool) error {
+	if sawDone {
+		return apierror.New(apierror.UpstreamError, "the upstream ended the stream with [DONE] before the completion had a finish_reason")
+	}
+	return apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+}
+
 // streamChat relays an upstream SSE stream chunk by chunk. The final
-// [DONE] is held until the ledger row is staged.
+// [DONE] is held until the ledger row is staged. A stream that fails (an
+// upstream error event, a [DONE] or EOF before a finish_reason, a broken
+// connection) is a failed call: no ledger row, a capture failure recorded,
+// and, once the client's stream started, an error event and [DONE].
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string) {
 	ctx := r.Context()
 	start := time.Now()
@@ -363,7 +393,8 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 			s.overflowChatStream(w, r, t, digest)
 			return
 		}
-		s.finish(w, r, t, reply{err: asAPIError(err), outcome: outcomeOf(err)})
+		err = asAPIError(err)
+		s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 		return
 	}
 	defer resp.Body.Close()
@@ -387,6 +418,9 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 		}
 		var ch openai.ChatChunk
 		if codec.Unmarshal(ev.Data, &ch) == nil {
+			if upErr = eventError(ch.Error, ev.Data); upErr != nil {
+				break
+			}
 			acc.Add(&ch)
 		}
 		if err := out.raw(ev.Name, ev.Data); err != nil {
@@ -396,18 +430,22 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 	}
 	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
 	c := acc.Completion()
-	if upErr == nil && !sawDone && finishReason(c) == "" {
-		upErr = apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+	if upErr == nil && finishReason(c) == "" {
+		upErr = unfinished(sawDone)
 	}
 	if upErr != nil {
 		if !out.started() {
-			s.finish(w, r, t, reply{err: upErr, outcome: outcomeOf(upErr)})
+			err := asAPIError(upErr)
+			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {
 			s.captureFailed(ctx, t, upErr)
 		}
-		_ = out.raw("", streamError(upErr))
+		s.log.WarnContext(ctx, "the upstream stream failed after the reply started", "model_call_id", t.callID, "err", upErr)
+		if out.raw("", streamError(upErr)) == nil {
+			_ = out.raw("", []byte(sse.Done))
+		}
 		s.done(t, outcomeStreamError)
 		return
 	}

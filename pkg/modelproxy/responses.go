@@ -183,7 +183,8 @@ func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.Respo
 		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens}
 		outcome = outcomeOverflow
 	case err != nil:
-		return reply{err: asAPIError(err), outcome: outcomeOf(err)}
+		err = asAPIError(err)
+		return reply{err: err, outcome: outcomeOf(err)}
 	default:
 		c = new(openai.ChatCompletion)
 		if err := codec.Unmarshal(b, c); err != nil {
@@ -223,7 +224,8 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	resp, err := s.callUpstream(ctx, t, up, true)
 	if err != nil {
 		if !contextOverflow(err) {
-			s.finish(w, r, t, reply{err: asAPIError(err), outcome: outcomeOf(err)})
+			err = asAPIError(err)
+			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 			return
 		}
 		c := syntheticOverflow(s.cfg.Upstream.Model)
@@ -253,6 +255,9 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 			upErr = apierror.New(apierror.UpstreamError, "the upstream sent an undecodable chunk: %v", err)
 			break
 		}
+		if upErr = eventError(ch.Error, ev.Data); upErr != nil {
+			break
+		}
 		acc.Add(&ch)
 		if err := rs.chunk(&ch); err != nil {
 			s.done(t, outcomeCanceled)
@@ -261,18 +266,20 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	}
 	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
 	c := acc.Completion()
-	if upErr == nil && !sawDone && finishReason(c) == "" {
-		upErr = apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+	if upErr == nil && finishReason(c) == "" {
+		upErr = unfinished(sawDone)
 	}
 	if upErr != nil {
 		if !rs.out.started() {
-			s.finish(w, r, t, reply{err: upErr, outcome: outcomeOf(upErr)})
+			err := asAPIError(upErr)
+			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {
 			s.captureFailed(ctx, t, upErr)
 		}
-		rs.fail(upErr)
+		s.log.WarnContext(ctx, "the upstream stream failed after the response started", "model_call_id", t.callID, "err", upErr)
+		rs.fail(streamFailure(upErr))
 		s.done(t, outcomeStreamError)
 		return
 	}

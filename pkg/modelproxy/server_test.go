@@ -296,7 +296,7 @@ func TestChat_StreamBrokenUpstream(t *testing.T) {
 	p := newProxy(t, up, nil)
 	status, body := p.post(t, "/ng-rollout/b/v1/chat/completions", `{"messages":[{"role":"user","content":"q"}],"stream":true}`)
 	evs := events(t, body)
-	if status != http.StatusOK || len(evs) != 2 || !strings.Contains(string(evs[1].Data), `"code":"upstream_error"`) {
+	if status != http.StatusOK || len(evs) != 3 || !strings.Contains(string(evs[1].Data), `"code":"upstream_error"`) || string(evs[2].Data) != "[DONE]" {
 		t.Fatalf("broken stream relayed as %d %q", status, body)
 	}
 	if m := p.manifest(t, "b"); len(m.Records) != 0 || len(m.Failures) != 1 {

@@ -235,6 +235,9 @@ type ChatChunk struct {
 	Usage   *Usage        `json:"usage,omitempty"`
 	// PromptTokenIDs comes on the first chunk only (vLLM return_token_ids).
 	PromptTokenIDs codec.Ints `json:"prompt_token_ids,omitempty"`
+	// Error is set on the event a vLLM stream fails with instead of a
+	// chunk: data: {"error": {...}}, then data: [DONE].
+	Error codec.RawMessage `json:"error,omitempty"`
 }
 
 // ChunkChoice is one choice's delta.
