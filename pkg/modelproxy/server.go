@@ -34,7 +34,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -57,11 +56,11 @@ type Deps struct {
 // Server is the policy model server.
 type Server struct {
 	*httpserver.Server
-	cfg     Config
-	log     *slog.Logger
-	ledger  *tokencapture.Ledger
-	client  *http.Client
-	metrics *metrics
+	cfg      Config
+	log      *slog.Logger
+	ledger   *tokencapture.Ledger
+	upstream *upstreamConn
+	metrics  *metrics
 	// ckpt and ctl are nil with checkpointing off: the data path then pays
 	// a nil check only.
 	ckpt *participant
@@ -82,10 +81,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Registry == nil {
 		deps.Registry = prometheus.NewRegistry()
 	}
-	client := deps.Upstream
-	if client == nil {
-		client = httpclient.New(httpclient.Options{H2C: cfg.Upstream.H2C, MaxConnsPerHost: cfg.Upstream.MaxConnsPerHost})
-	}
 	ledger, err := tokencapture.Open(cfg.Capture.Dir, tokencapture.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("capture ledger: %w", err)
@@ -95,7 +90,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		cfg:       cfg,
 		log:       deps.Logger,
 		ledger:    ledger,
-		client:    client,
+		upstream:  newUpstreamConn(cfg, deps, deps.Logger),
 		metrics:   newMetrics(deps.Registry),
 		chatURL:   base + "/chat/completions",
 		modelsURL: base + "/models",
@@ -103,10 +98,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	var mw []func(http.Handler) http.Handler
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newParticipant(s, deps.Registry)
-		s.ckpt.cutClient = deps.Control
-		if s.ckpt.cutClient == nil {
-			s.ckpt.cutClient = httpclient.New(httpclient.Options{H2C: cfg.Upstream.H2C})
-		}
 		ctl, err := ctlplane.New(cfg.Checkpoint, s.ckpt, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
 		if err != nil {
 			_ = ledger.Close()
@@ -115,7 +106,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.ctl, s.ckpt.ctl = ctl, ctl
 		mw = append(mw, ctl.Middleware(classify))
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof})
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})
 	s.routes(r)
 	if s.ctl != nil {
 		s.ctl.Mount(r)
@@ -175,12 +166,11 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.ckpt != nil {
 		s.ckpt.close()
-		s.ckpt.cutClient.CloseIdleConnections()
 	}
 	if lerr := s.ledger.Close(); lerr != nil && !errors.Is(lerr, tokencapture.ErrClosed) {
 		err = errors.Join(err, fmt.Errorf("close capture ledger: %w", lerr))
 	}
-	s.client.CloseIdleConnections()
+	s.upstream.close()
 	return err
 }
 

@@ -58,10 +58,14 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 	if t.continueKey != "" {
 		h.Set(HeaderContinueCut, t.continueKey)
 	}
-	s.upstreamRunning(t, true)
-	resp, err := s.client.Do(req)
+	client, err := s.upstream.client(ctx)
 	if err != nil {
 		return nil, transportError(ctx, err)
+	}
+	s.upstreamRunning(t, true)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, transportError(ctx, s.upstream.callError(ctx, err))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -278,9 +282,14 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Upstream.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+s.cfg.Upstream.APIKey)
 	}
-	resp, err := s.client.Do(req)
+	client, err := s.upstream.client(r.Context())
 	if err != nil {
 		fail(transportError(r.Context(), err))
+		return
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		fail(transportError(r.Context(), s.upstream.callError(r.Context(), err)))
 		return
 	}
 	defer resp.Body.Close()
