@@ -56,14 +56,31 @@ func decodeChatRequest(body []byte) (chatFields, error) {
 // streaming reports whether the body asks for SSE.
 func (f chatFields) streaming() bool { return string(bytes.TrimSpace(f["stream"])) == "true" }
 
-// prepareChat sets the upstream model and, with return_token_ids, vLLM's
-// token-id parameters, and returns the body to send.
+// prepareChat sets the upstream model, the request extras (extras.go)
+// and, with return_token_ids, vLLM's token-id parameters, and returns the
+// body to send.
 func (s *Server) prepareChat(f chatFields) ([]byte, error) {
 	model, err := codec.MarshalStable(s.cfg.Upstream.Model)
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err)
 	}
 	f["model"] = model
+	var extra map[string]codec.RawMessage
+	if md, ok := f["metadata"]; ok || s.extraBody != nil || s.chatTemplateKwargs != nil {
+		metaBody, metaKwargs, err := chatMetadataExtras(md)
+		if err != nil {
+			return nil, err
+		}
+		var kwargs map[string]codec.RawMessage
+		if extra, kwargs, err = s.requestExtras(metaBody, metaKwargs); err != nil {
+			return nil, err
+		}
+		if len(kwargs) > 0 {
+			if f["chat_template_kwargs"], err = withKwargs(kwargs, f["chat_template_kwargs"]); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if s.cfg.ReturnTokenIDs {
 		if n, ok := f["n"]; ok {
 			switch string(bytes.TrimSpace(n)) {
@@ -77,6 +94,7 @@ func (s *Server) prepareChat(f chatFields) ([]byte, error) {
 		f["return_tokens_as_token_ids"] = codec.RawMessage("true")
 		f["return_token_ids"] = codec.RawMessage("true")
 	}
+	underBody(f, extra)
 	return encodeObject(f)
 }
 

@@ -77,6 +77,15 @@ type UpstreamConfig struct {
 	H2C bool `mapstructure:"h2c"`
 	// MaxConnsPerHost bounds HTTP/1.1 connections; 0 means 1024.
 	MaxConnsPerHost int `mapstructure:"max_conns_per_host"`
+	// ExtraBody is a JSON object text of fields merged under every upstream
+	// request (NeMo Gym's extra_body): a request's own field wins, and a
+	// row's metadata.extra_body updates it. A text, not a map: viper would
+	// lower-case a map's keys.
+	ExtraBody string `mapstructure:"extra_body"`
+	// ChatTemplateKwargs is a JSON object text sent as chat_template_kwargs,
+	// updated by a row's metadata.chat_template_kwargs (NeMo Gym's
+	// chat_template_kwargs).
+	ChatTemplateKwargs string `mapstructure:"chat_template_kwargs"`
 }
 
 // CaptureConfig configures token capture.
@@ -164,6 +173,12 @@ func (c Config) Validate() error {
 	}
 	if strings.TrimSpace(c.Upstream.Model) == "" {
 		errs = append(errs, errors.New("upstream.model must not be empty"))
+	}
+	if _, err := parseObject(c.Upstream.ExtraBody); err != nil {
+		errs = append(errs, fmt.Errorf("upstream.extra_body: %w", err))
+	}
+	if _, err := parseObject(c.Upstream.ChatTemplateKwargs); err != nil {
+		errs = append(errs, fmt.Errorf("upstream.chat_template_kwargs: %w", err))
 	}
 	if c.Upstream.MaxConnsPerHost < 0 {
 		errs = append(errs, fmt.Errorf("upstream.max_conns_per_host must be >= 0, got %d", c.Upstream.MaxConnsPerHost))

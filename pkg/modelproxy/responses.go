@@ -89,6 +89,10 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		fail(apierror.New(apierror.InvalidRequest, "%v", err))
 		return
 	}
+	if err := s.applyExtras(req, chat); err != nil {
+		fail(err)
+		return
+	}
 	s.setTokenParams(chat)
 	var digest string
 	if t.captureKey != "" {
@@ -124,6 +128,25 @@ func (s *Server) setTokenParams(c *openai.ChatRequest) {
 	yes, zero := true, 0
 	c.Logprobs, c.TopLogprobs = &yes, &zero
 	c.ReturnTokensAsTokenIDs, c.ReturnTokenIDs = &yes, &yes
+}
+
+// applyExtras merges the request extras (extras.go) into a converted
+// request.
+func (s *Server) applyExtras(req *openai.ResponsesRequest, chat *openai.ChatRequest) error {
+	if req.Metadata == nil && s.extraBody == nil && s.chatTemplateKwargs == nil {
+		return nil
+	}
+	extra, kwargs, err := s.requestExtras(req.Metadata[metaExtraBody], req.Metadata[metaChatTemplateKwargs])
+	if err != nil {
+		return err
+	}
+	if len(kwargs) > 0 {
+		if chat.ChatTemplateKwargs, err = withKwargs(kwargs, nil); err != nil {
+			return err
+		}
+	}
+	chat.ExtraBody = extra
+	return nil
 }
 
 // chatDigest is requestDigest of a converted request, taken on a goroutine
@@ -163,7 +186,16 @@ func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, er
 // of its own: goccy's encoder would double the stack of the handler, which
 // then waits in the upstream call (freshstack).
 func marshalUpstream(chat *openai.ChatRequest) ([]byte, error) {
-	return freshstack.Call(func() ([]byte, error) { return codec.Marshal(chat) })
+	b, err := freshstack.Call(func() ([]byte, error) { return codec.Marshal(chat) })
+	if err != nil || len(chat.ExtraBody) == 0 {
+		return b, err
+	}
+	var f map[string]codec.RawMessage
+	if err := codec.Unmarshal(b, &f); err != nil {
+		return nil, err
+	}
+	underBody(f, chat.ExtraBody)
+	return encodeObject(f)
 }
 
 // responsesOnce makes a non-streaming call and builds the Response.

@@ -33,6 +33,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
@@ -68,6 +69,10 @@ type Server struct {
 
 	chatURL, modelsURL string
 	handler            http.Handler
+
+	// extraBody and chatTemplateKwargs are upstream.extra_body and
+	// upstream.chat_template_kwargs, parsed; nil when not set.
+	extraBody, chatTemplateKwargs map[string]codec.RawMessage
 }
 
 // New opens the capture ledger and builds the server; call Listen and Serve.
@@ -95,6 +100,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		chatURL:   base + "/chat/completions",
 		modelsURL: base + "/models",
 	}
+	// Validate parsed both already.
+	s.extraBody, _ = parseObject(cfg.Upstream.ExtraBody)
+	s.chatTemplateKwargs, _ = parseObject(cfg.Upstream.ChatTemplateKwargs)
 	var mw []func(http.Handler) http.Handler
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newParticipant(s, deps.Registry)

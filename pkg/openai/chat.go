@@ -37,8 +37,11 @@ type ChatRequest struct {
 	TopLogprobs         *int              `json:"top_logprobs,omitempty"`
 	// vLLM extensions.
 	ReturnTokenIDs         *bool          `json:"return_token_ids,omitempty"`
-	ReturnTokensAsTokenIDs *bool          `json:"return_tokens_as_token_ids,omitempty"`
-	ChatTemplateKwargs     map[string]any `json:"chat_template_kwargs,omitempty"`
+	ReturnTokensAsTokenIDs *bool            `json:"return_tokens_as_token_ids,omitempty"`
+	ChatTemplateKwargs     codec.RawMessage `json:"chat_template_kwargs,omitempty"`
+	// ExtraBody are top-level fields a proxy merges under the encoded
+	// request (a field the request has wins); never encoded itself.
+	ExtraBody map[string]codec.RawMessage `json:"-"`
 }
 
 // StreamOptions is stream_options of a streaming request.
