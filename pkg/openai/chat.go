@@ -36,7 +36,7 @@ type ChatRequest struct {
 	Logprobs            *bool             `json:"logprobs,omitempty"`
 	TopLogprobs         *int              `json:"top_logprobs,omitempty"`
 	// vLLM extensions.
-	ReturnTokenIDs         *bool          `json:"return_token_ids,omitempty"`
+	ReturnTokenIDs         *bool            `json:"return_token_ids,omitempty"`
 	ReturnTokensAsTokenIDs *bool            `json:"return_tokens_as_token_ids,omitempty"`
 	ChatTemplateKwargs     codec.RawMessage `json:"chat_template_kwargs,omitempty"`
 	// ExtraBody are top-level fields a proxy merges under the encoded
