@@ -62,7 +62,63 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 	if err := codec.Unmarshal(body, &req); err != nil {
 		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
 	}
+	if err := unsupported(&req); err != nil {
+		return nil, err
+	}
 	return &req, nil
+}
+
+// IncludeLogprobs is the one include entry the server implements: the
+// output text's log-probs, as vLLM returns them.
+const IncludeLogprobs = "message.output_text.logprobs"
+
+// unsupported refuses the Responses parameters the server does not
+// implement, naming them, rather than answering as if they had been
+// honoured: stored and background responses, chaining by
+// previous_response_id, prompt templates, structured text formats, automatic
+// truncation and include entries other than the output text's log-probs.
+// Their null, false or default values (what NeMo Gym's rows and agents
+// send) pass.
+func unsupported(req *openai.ResponsesRequest) error {
+	refuse := func(param, format string, args ...any) error {
+		e := apierror.New(apierror.InvalidRequest, format, args...)
+		e.Param = param
+		return e
+	}
+	if req.PreviousResponseID != nil && *req.PreviousResponseID != "" {
+		return refuse("previous_response_id", "previous_response_id is not supported: this server stores no responses; send the whole conversation as input")
+	}
+	if req.Store != nil && *req.Store {
+		return refuse("store", "store: true is not supported: this server stores no responses; send store: false or leave it out")
+	}
+	if req.Background != nil && *req.Background {
+		return refuse("background", "background: true is not supported; responses are answered in the request")
+	}
+	if p := bytes.TrimSpace(req.Prompt); len(p) > 0 && string(p) != "null" {
+		return refuse("prompt", "prompt templates are not supported; send the input itself")
+	}
+	if t := bytes.TrimSpace(req.Truncation); len(t) > 0 && string(t) != "null" && string(t) != `"disabled"` {
+		return refuse("truncation", "truncation %s is not supported; only \"disabled\" (a prompt too long for the context ends the response as incomplete)", t)
+	}
+	if t := bytes.TrimSpace(req.Text); len(t) > 0 && string(t) != "null" {
+		var text struct {
+			Format *struct {
+				Type string `json:"type"`
+			} `json:"format"`
+		}
+		if err := codec.Unmarshal(t, &text); err != nil {
+			return refuse("text", "text must be an object")
+		}
+		if text.Format != nil && text.Format.Type != "text" {
+			return refuse("text.format", "text.format of type %q is not supported; only plain text", text.Format.Type)
+		}
+	}
+	for _, inc := range req.Include {
+		if inc != IncludeLogprobs {
+			return refuse("include", "include %q is not supported; only %q", inc, IncludeLogprobs)
+		}
+	}
+	return nil
 }
 
 // handleResponses serves POST /v1/responses: convert, call Chat Completions

@@ -54,7 +54,8 @@ func NewID(prefix string) string {
 // ResponsesToChat converts a Responses request into the Chat Completions
 // request sent upstream, with model set to model. Fields Chat does not declare
 // (include, background, previous_response_id, text, truncation, prompt,
-// max_tool_calls) are dropped, as NeMo Gym does. It fails on input it cannot
+// max_tool_calls) are dropped, as NeMo Gym does; the model server refuses
+// the values it cannot honour before converting (modelproxy's unsupported). It fails on input it cannot
 // express in Chat: unknown item types or content parts, non-function tools,
 // partial token fields, or a tool_choice that needs tools when none are offered.
 func ResponsesToChat(req *ResponsesRequest, model string) (*ChatRequest, error) {
