@@ -56,10 +56,18 @@ func decodeChatRequest(body []byte) (chatFields, error) {
 // streaming reports whether the body asks for SSE.
 func (f chatFields) streaming() bool { return string(bytes.TrimSpace(f["stream"])) == "true" }
 
+// wantsLogprobs reports whether the client asked for log-probs itself.
+func (f chatFields) wantsLogprobs() bool { return string(bytes.TrimSpace(f["logprobs"])) == "true" }
+
 // prepareChat sets the upstream model, the request extras (extras.go)
 // and, with return_token_ids, vLLM's token-id parameters, and returns the
 // body to send.
-func (s *Server) prepareChat(f chatFields) ([]byte, error) {
+//
+// A client that asks for logprobs gets them as vLLM answers them (token
+// strings, its top_logprobs): the generated ids then come from
+// return_token_ids alone, not from return_tokens_as_token_ids, which would
+// turn its tokens into "token_id:N".
+func (s *Server) prepareChat(f chatFields, clientLogprobs bool) ([]byte, error) {
 	model, err := codec.MarshalStable(s.cfg.Upstream.Model)
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err)
@@ -89,9 +97,16 @@ func (s *Server) prepareChat(f chatFields) ([]byte, error) {
 				return nil, apierror.New(apierror.InvalidRequest, "n must be 1: token ids are captured for one choice")
 			}
 		}
-		f["logprobs"] = codec.RawMessage("true")
-		f["top_logprobs"] = codec.RawMessage("0")
-		f["return_tokens_as_token_ids"] = codec.RawMessage("true")
+		if clientLogprobs {
+			// vLLM reads a null top_logprobs as no log-probs at all.
+			if tl := string(bytes.TrimSpace(f["top_logprobs"])); tl == "" || tl == "null" {
+				f["top_logprobs"] = codec.RawMessage("0")
+			}
+		} else {
+			f["logprobs"] = codec.RawMessage("true")
+			f["top_logprobs"] = codec.RawMessage("0")
+			f["return_tokens_as_token_ids"] = codec.RawMessage("true")
+		}
 		f["return_token_ids"] = codec.RawMessage("true")
 	}
 	underBody(f, extra)
@@ -204,7 +219,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		// Before prepareChat adds the token parameters: what the client asked.
 		s.ckpt.describe(t, digest, stream, constrainedChat(f))
 	}
-	up, err := s.prepareChat(f)
+	clientLogprobs := f.wantsLogprobs()
+	up, err := s.prepareChat(f, clientLogprobs)
 	if err != nil {
 		fail(err)
 		return
@@ -213,11 +229,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.streamChat(w, r, t, up, digest)
 		return
 	}
-	s.finish(w, r, t, s.chatOnce(r.Context(), t, up, digest))
+	s.finish(w, r, t, s.chatOnce(r.Context(), t, up, digest, clientLogprobs))
 }
 
 // chatOnce makes a non-streaming call and builds its reply.
-func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest string) reply {
+func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest string, clientLogprobs bool) reply {
 	b, err := s.completeUpstream(ctx, t, up)
 	if err != nil {
 		if contextOverflow(err) {
@@ -241,7 +257,7 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 	if !s.cfg.ReturnTokenIDs {
 		return reply{body: bytes.TrimSpace(b), capture: capt, outcome: outcomeOK}
 	}
-	out, err := rewriteChatReply(b, tf, terr == nil)
+	out, err := rewriteChatReply(b, tf, terr == nil, clientLogprobs)
 	if err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
@@ -256,10 +272,10 @@ func finishReason(c *openai.ChatCompletion) string {
 }
 
 // rewriteChatReply removes vLLM's transport fields (top-level
-// prompt_token_ids, each choice's token_ids and logprobs) and, when the
-// tokens are usable, puts the training token fields on choices[0].message.
-// Every other field passes through.
-func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens bool) ([]byte, error) {
+// prompt_token_ids, each choice's token_ids, and logprobs unless the client
+// asked for them) and, when the tokens are usable, puts the training token
+// fields on choices[0].message. Every other field passes through.
+func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
 	var top map[string]codec.RawMessage
 	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
 		return nil, errors.New("not a JSON object")
@@ -271,7 +287,9 @@ func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens bool) ([]by
 	}
 	for _, c := range choices {
 		delete(c, "token_ids")
-		delete(c, "logprobs")
+		if !keepLogprobs {
+			delete(c, "logprobs")
+		}
 	}
 	if withTokens && len(choices) > 0 && choices[0] != nil {
 		var msg map[string]codec.RawMessage

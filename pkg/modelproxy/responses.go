@@ -149,7 +149,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		fail(err)
 		return
 	}
-	s.setTokenParams(chat)
+	s.setTokenParams(chat, wantsLogprobs(req))
 	var digest string
 	if t.captureKey != "" {
 		if digest, err = chatDigest(chat); err != nil {
@@ -172,18 +172,36 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	s.finish(w, r, t, s.responsesOnce(r.Context(), t, req, chat, digest))
 }
 
+// wantsLogprobs reports whether a Responses request asks for the output
+// text's log-probs (vLLM honours top_logprobs only then).
+func wantsLogprobs(req *openai.ResponsesRequest) bool {
+	return slices.Contains(req.Include, IncludeLogprobs)
+}
+
 // setTokenParams asks the upstream for token ids, or, with return_token_ids
-// off, keeps the history's token fields from going upstream.
-func (s *Server) setTokenParams(c *openai.ChatRequest) {
+// off, keeps the history's token fields from going upstream. A client that
+// asks for log-probs gets them as vLLM answers them (token strings, its
+// top_logprobs), and the generated ids come from return_token_ids alone.
+func (s *Server) setTokenParams(c *openai.ChatRequest, clientLogprobs bool) {
+	yes, zero := true, 0
+	if clientLogprobs {
+		c.Logprobs = &yes
+		if c.TopLogprobs == nil {
+			c.TopLogprobs = &zero
+		}
+	} else {
+		c.TopLogprobs = nil
+	}
 	if !s.cfg.ReturnTokenIDs {
 		for i := range c.Messages {
 			c.Messages[i].TokenFields = openai.TokenFields{}
 		}
 		return
 	}
-	yes, zero := true, 0
-	c.Logprobs, c.TopLogprobs = &yes, &zero
-	c.ReturnTokensAsTokenIDs, c.ReturnTokenIDs = &yes, &yes
+	c.ReturnTokenIDs = &yes
+	if !clientLogprobs {
+		c.Logprobs, c.TopLogprobs, c.ReturnTokensAsTokenIDs = &yes, &zero, &yes
+	}
 }
 
 // applyExtras merges the request extras (extras.go) into a converted
@@ -283,7 +301,7 @@ func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.Respo
 		s.applyTokens(c, tf, terr)
 		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
 	}
-	resp, err := openai.ChatToResponse(req, c, openai.ResponseOptions{Model: s.cfg.Upstream.Model})
+	resp, err := openai.ChatToResponse(req, c, openai.ResponseOptions{Model: s.cfg.Upstream.Model, Logprobs: wantsLogprobs(req)})
 	if err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "converting the upstream reply: %v", err), outcome: outcomeUpstreamError}
 	}

@@ -474,3 +474,33 @@ func chatCalls(up *stub) int {
 	}
 	return n
 }
+
+// TestSDK_ClientLogprobs: a client's logprobs and top_logprobs come back as
+// token strings with alternatives, while the ledger still gets the ids.
+func TestSDK_ClientLogprobs(t *testing.T) {
+	f := startFleet(t)
+	ctx := context.Background()
+	const key = "sdk-logprobs"
+	c := f.client(key)
+	resp, err := c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{
+		Model: "anything", Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("Say hello")},
+		Logprobs: oai.Bool(true), TopLogprobs: oai.Int(2),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := resp.Choices[0].Logprobs.Content
+	if len(content) == 0 {
+		t.Fatalf("no logprobs in %s", resp.RawJSON())
+	}
+	for _, e := range content {
+		if strings.HasPrefix(e.Token, "token_id:") || len(e.TopLogprobs) != 2 {
+			t.Fatalf("logprob entry %+v, want a token string with 2 alternatives", e)
+		}
+	}
+	_, gen, _ := tokenFields(t, resp.Choices[0].Message.JSON.ExtraFields)
+	if len(gen) != len(content) {
+		t.Fatalf("%d generation ids for %d logprobs", len(gen), len(content))
+	}
+	checkLedger(t, f, key, gen)
+}

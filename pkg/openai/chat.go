@@ -207,6 +207,7 @@ type TokenLogprob struct {
 type TopLogprob struct {
 	Token   string  `json:"token"`
 	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes,omitempty"`
 }
 
 // Usage counts tokens of a call.
