@@ -274,7 +274,8 @@ func finishReason(c *openai.ChatCompletion) string {
 // rewriteChatReply removes vLLM's transport fields (top-level
 // prompt_token_ids, each choice's token_ids, and logprobs unless the client
 // asked for them) and, when the tokens are usable, puts the training token
-// fields on choices[0].message. Every other field passes through.
+// fields on choices[0].message, with vLLM's choice-level routed_experts.
+// Every other field passes through.
 func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
 	var top map[string]codec.RawMessage
 	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
@@ -291,20 +292,34 @@ func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogpro
 			delete(c, "logprobs")
 		}
 	}
-	if withTokens && len(choices) > 0 && choices[0] != nil {
+	var routed codec.RawMessage
+	if len(choices) > 0 && choices[0] != nil {
+		if re := bytes.TrimSpace(choices[0]["routed_experts"]); len(re) > 0 && string(re) != "null" {
+			routed = re
+		}
+	}
+	if (withTokens || routed != nil) && len(choices) > 0 && choices[0] != nil {
 		var msg map[string]codec.RawMessage
 		if err := codec.Unmarshal(choices[0]["message"], &msg); err != nil || msg == nil {
 			return nil, errors.New("choices[0].message is not an object")
 		}
 		var err error
-		if msg["prompt_token_ids"], err = codec.Marshal(tf.PromptTokenIDs); err != nil {
-			return nil, err
+		if withTokens {
+			if msg["prompt_token_ids"], err = codec.Marshal(tf.PromptTokenIDs); err != nil {
+				return nil, err
+			}
+			if msg["generation_token_ids"], err = codec.Marshal(tf.GenerationTokenIDs); err != nil {
+				return nil, err
+			}
+			if msg["generation_log_probs"], err = codec.Marshal(tf.GenerationLogProbs); err != nil {
+				return nil, err
+			}
 		}
-		if msg["generation_token_ids"], err = codec.Marshal(tf.GenerationTokenIDs); err != nil {
-			return nil, err
-		}
-		if msg["generation_log_probs"], err = codec.Marshal(tf.GenerationLogProbs); err != nil {
-			return nil, err
+		if routed != nil {
+			// vLLM's choice-level routing moves to the message, beside the
+			// token fields, where NeMo Gym's consumers read it.
+			msg["routed_experts"] = routed
+			delete(choices[0], "routed_experts")
 		}
 		if choices[0]["message"], err = encodeObject(msg); err != nil {
 			return nil, err

@@ -244,10 +244,15 @@ func digestChat(c *openai.ChatRequest) (string, error) {
 }
 
 // applyTokens puts usable token fields on choices[0].message (where
-// ChatToResponse takes them from) and clears anything partial there.
+// ChatToResponse takes them from) and clears anything partial there. The
+// routing a vLLM returns on the choice (routed_experts) joins them, so it
+// lands on the output item that carries the token ids.
 func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, err error) {
 	if len(c.Choices) == 0 {
 		return
+	}
+	if ch := &c.Choices[0]; len(ch.Message.RoutedExperts) == 0 {
+		ch.Message.RoutedExperts = ch.RoutedExperts
 	}
 	if s.cfg.ReturnTokenIDs && err == nil {
 		c.Choices[0].Message.TokenFields = tf

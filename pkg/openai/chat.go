@@ -73,6 +73,9 @@ type ChatMessage struct {
 	ReasoningContent *string         `json:"reasoning_content,omitempty"`
 	Reasoning        *string         `json:"reasoning,omitempty"`
 	TokenFields
+	// RoutedExperts is a reply's per-token MoE routing (NeMo Gym's
+	// routed_experts: a string or [[[int]]]), kept opaque.
+	RoutedExperts codec.RawMessage `json:"routed_experts,omitempty"`
 }
 
 // TokenFields are NeMo Gym's training token fields: all three or none.
@@ -187,6 +190,8 @@ type ChatChoice struct {
 	Logprobs     *ChoiceLogprobs `json:"logprobs,omitempty"`
 	// TokenIDs is vLLM's return_token_ids field: the generated ids.
 	TokenIDs codec.Ints `json:"token_ids,omitempty"`
+	// RoutedExperts is vLLM's per-choice routed_experts, kept opaque.
+	RoutedExperts codec.RawMessage `json:"routed_experts,omitempty"`
 }
 
 // ChoiceLogprobs holds one entry per generated token.
@@ -251,6 +256,8 @@ type ChunkChoice struct {
 	FinishReason *string         `json:"finish_reason"`
 	Logprobs     *ChoiceLogprobs `json:"logprobs,omitempty"`
 	TokenIDs     codec.Ints      `json:"token_ids,omitempty"`
+	// RoutedExperts, when a chunk carries it, is the choice's routing.
+	RoutedExperts codec.RawMessage `json:"routed_experts,omitempty"`
 }
 
 // ChunkDelta is what a chunk adds to the message.

@@ -469,6 +469,9 @@ func ChatToResponse(req *ResponsesRequest, c *ChatCompletion, opts ResponseOptio
 	if msg.HasTokens() {
 		output[len(output)-1].TokenFields = msg.TokenFields
 	}
+	if re := msg.RoutedExperts; len(re) > 0 && string(re) != "null" {
+		output[len(output)-1].RoutedExperts = re
+	}
 
 	resp := &Response{
 		ID:                idOr(opts.ID, "resp_"),
