@@ -251,7 +251,7 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 	if err := codec.Unmarshal(b, &c); err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
-	tf, terr := extractTokens(&c)
+	tf, terr := s.completeTokens(ctx, &c, up)
 	s.countTokens(c.Usage, tf)
 	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(&c), err: terr}
 	if !s.cfg.ReturnTokenIDs {
@@ -500,7 +500,7 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 		s.done(t, outcomeStreamError)
 		return
 	}
-	tf, terr := extractTokens(c)
+	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
 	if err := out.open(); err != nil {
 		s.done(t, outcomeCanceled)

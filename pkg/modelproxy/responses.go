@@ -301,7 +301,7 @@ func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.Respo
 		if err := codec.Unmarshal(b, c); err != nil {
 			return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 		}
-		tf, terr := extractTokens(c)
+		tf, terr := s.completeTokens(ctx, c, up)
 		s.countTokens(c.Usage, tf)
 		s.applyTokens(c, tf, terr)
 		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
@@ -394,7 +394,7 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 		s.done(t, outcomeStreamError)
 		return
 	}
-	tf, terr := extractTokens(c)
+	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
 	s.applyTokens(c, tf, terr)
 	s.endResponseStream(rs, c, &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}, outcomeOK)

@@ -159,7 +159,7 @@ func TestChat_CaptureFailuresNeverFailTheCall(t *testing.T) {
 			if len(m.Records) != 0 || len(m.Failures) != 1 || !strings.Contains(m.Failures[0].Reason, tt.wantReason) {
 				t.Fatalf("manifest = %+v", m)
 			}
-			if m.Failures[0].CallID != up.last(t).Header.Get(modelproxy.HeaderModelCallID) {
+			if m.Failures[0].CallID != up.lastChat(t).Header.Get(modelproxy.HeaderModelCallID) {
 				t.Fatalf("failure names call %s", m.Failures[0].CallID)
 			}
 			if got := metricValue(t, p.reg, "gymfleet_model_capture_failures_total", nil); got != 1 {
