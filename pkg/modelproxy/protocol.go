@@ -27,10 +27,13 @@ const (
 )
 
 // Probe bounds: one probe of the upstream, and how long /readyz reuses a
-// probe's answer, so a poller never turns into a probe per request.
+// probe's answer, so a poller never turns into a probe per request. A
+// failure is kept shorter, so a fleet coming up waits little past its
+// upstream.
 const (
 	probeTimeout = 3 * time.Second
 	readyTTL     = 2 * time.Second
+	notReadyTTL  = 250 * time.Millisecond
 )
 
 // upstreamConn holds the clients of the upstream and the protocol they
@@ -52,6 +55,8 @@ type upstreamConn struct {
 	chosen           atomic.Pointer[http.Client]
 	chosenCut        atomic.Pointer[http.Client]
 	probeMu          sync.Mutex
+	// injected: the data client came from Deps and is used as it is.
+	injected bool
 
 	readyMu  sync.Mutex
 	readyAt  time.Time
@@ -62,7 +67,7 @@ func newUpstreamConn(cfg Config, deps Deps, log *slog.Logger) *upstreamConn {
 	base := strings.TrimRight(cfg.Upstream.BaseURL, "/")
 	u := &upstreamConn{log: log, mode: cfg.Upstream.protocol(), baseURL: base, modelsURL: base + "/models", apiKey: cfg.Upstream.APIKey}
 	if deps.Upstream != nil {
-		u.h2c, u.http1 = deps.Upstream, deps.Upstream
+		u.h2c, u.http1, u.injected = deps.Upstream, deps.Upstream, true
 		u.chosen.Store(deps.Upstream)
 	} else {
 		if u.mode != ProtocolHTTP1 {
@@ -130,7 +135,7 @@ func (u *upstreamConn) resolve(ctx context.Context) (*http.Client, error) {
 	if c := u.chosen.Load(); c != nil {
 		return c, nil
 	}
-	h2cErr := u.probe(ctx, u.h2c)
+	h2cErr := u.probe(ctx, true)
 	if h2cErr == nil {
 		u.choose(u.h2c, "h2c")
 		return u.h2c, nil
@@ -138,7 +143,7 @@ func (u *upstreamConn) resolve(ctx context.Context) (*http.Client, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	http1Err := u.probe(ctx, u.http1)
+	http1Err := u.probe(ctx, false)
 	if http1Err == nil {
 		u.choose(u.http1, "HTTP/1.1")
 		return u.http1, nil
@@ -154,11 +159,22 @@ func (u *upstreamConn) choose(c *http.Client, name string) {
 	u.log.Info("upstream protocol found out", "protocol", name, "base_url", u.baseURL)
 }
 
-// probe sends GET <base_url>/models: any HTTP answer means the protocol is
-// the server's.
-func (u *upstreamConn) probe(ctx context.Context, c *http.Client) error {
-	_, err := u.getModels(ctx, c)
+// probe sends GET <base_url>/models over h2c or HTTP/1.1: any HTTP answer
+// means the protocol is the server's. It goes on a transport of its own,
+// without the data clients' resending of unsent requests, so a probe of an
+// upstream that is down fails at once.
+func (u *upstreamConn) probe(ctx context.Context, h2c bool) error {
+	_, err := u.probeStatus(ctx, h2c)
 	return err
+}
+
+func (u *upstreamConn) probeStatus(ctx context.Context, h2c bool) (int, error) {
+	if u.injected {
+		return u.getModels(ctx, u.h2c)
+	}
+	tr := httpclient.NewTransport(httpclient.Options{H2C: h2c, DialTimeout: probeTimeout})
+	defer tr.CloseIdleConnections()
+	return u.getModels(ctx, &http.Client{Transport: tr})
 }
 
 // getModels sends GET <base_url>/models with a bounded wait and returns
@@ -183,11 +199,15 @@ func (u *upstreamConn) getModels(ctx context.Context, c *http.Client) (int, erro
 }
 
 // ready is /readyz's check: the upstream answers GET /models with 200. A
-// check's answer is reused for readyTTL.
+// check's answer is reused for readyTTL (notReadyTTL when it failed).
 func (u *upstreamConn) ready() error {
 	u.readyMu.Lock()
 	defer u.readyMu.Unlock()
-	if !u.readyAt.IsZero() && time.Since(u.readyAt) < readyTTL {
+	ttl := readyTTL
+	if u.readyErr != nil {
+		ttl = notReadyTTL
+	}
+	if !u.readyAt.IsZero() && time.Since(u.readyAt) < ttl {
 		return u.readyErr
 	}
 	u.readyErr = u.checkModels(context.Background())
@@ -200,7 +220,7 @@ func (u *upstreamConn) checkModels(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	status, err := u.getModels(ctx, c)
+	status, err := u.probeStatus(ctx, c == u.h2c)
 	if err != nil {
 		return u.explain(ctx, fmt.Errorf("the upstream %s does not answer: %w", u.modelsURL, err))
 	}
@@ -214,12 +234,10 @@ func (u *upstreamConn) checkModels(ctx context.Context) error {
 // was forced to h2c and the server speaks HTTP/1.1 (every vLLM): h2c
 // against HTTP/1.1 fails as "http2: frame too large", which names neither.
 func (u *upstreamConn) explain(ctx context.Context, err error) error {
-	if u.mode != ProtocolH2C || u.chosen.Load() != u.h2c || u.h2c == u.http1 || ctx.Err() != nil {
+	if u.mode != ProtocolH2C || u.injected || ctx.Err() != nil {
 		return err
 	}
-	probe := httpclient.New(httpclient.Options{})
-	defer probe.CloseIdleConnections()
-	if _, herr := u.getModels(ctx, probe); herr != nil {
+	if u.probe(ctx, false) != nil {
 		return err
 	}
 	return fmt.Errorf("%w: the upstream speaks HTTP/1.1 but upstream.protocol is h2c (or upstream.h2c is true); set upstream.protocol to auto or http1", err)

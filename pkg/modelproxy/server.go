@@ -33,6 +33,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
@@ -128,6 +129,17 @@ func (s *Server) routes(r chi.Router) {
 	r.Get("/v1/models", s.handleModels)
 	r.Post("/v1/chat/completions", s.handleChat)
 	r.Post("/v1/responses", s.handleResponses)
+	// The rest of /v1 answers in OpenAI's error shape too. (A route, not a
+	// sub-router: the upstream request carries the handler's context, and
+	// an in-process upstream's router would read a sub-router's state.)
+	r.HandleFunc("/v1/*", func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/v1/models", "/v1/chat/completions", "/v1/responses":
+			apierror.WriteOpenAI(w, req, s.log, apierror.New(apierror.MethodNotAllowed, "method %s not allowed on %s", req.Method, req.URL.Path))
+		default:
+			apierror.WriteOpenAI(w, req, s.log, apierror.New(apierror.NotFound, "no route %s %s", req.Method, req.URL.Path))
+		}
+	})
 	r.Route("/capture/rollouts", func(r chi.Router) {
 		r.Use(s.requireControlToken)
 		r.Get("/{capture_key}/manifest", httpserver.Handle(s.log, s.handleManifest))

@@ -175,6 +175,16 @@ func TestOwnErrorsOpenAIShapedOnV1Only(t *testing.T) {
 	if status != 400 || e["type"] != "invalid_request_error" || e["code"] != "invalid_request" || e["message"] == "" || e["message"] != e["detail"] {
 		t.Fatalf("/v1 error = %d %s", status, b)
 	}
+	status, b = p.get(t, "/v1/embeddings")
+	e, _ = decode(t, b)["error"].(map[string]any)
+	if status != 404 || e["type"] != "not_found_error" || e["code"] != "not_found" {
+		t.Fatalf("/v1 unknown route = %d %s", status, b)
+	}
+	status, b = p.get(t, "/ng-rollout/k/v1/chat/completions")
+	e, _ = decode(t, b)["error"].(map[string]any)
+	if status != 405 || e["type"] != "invalid_request_error" || e["code"] != "method_not_allowed" {
+		t.Fatalf("/v1 wrong method = %d %s", status, b)
+	}
 	// The capture routes keep the fleet's envelope.
 	status, b = p.post(t, "/capture/rollouts/retire", `{"rollout_ids":[]}`)
 	e, _ = decode(t, b)["error"].(map[string]any)
