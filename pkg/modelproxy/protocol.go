@@ -2,7 +2,6 @@ package modelproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -98,6 +97,16 @@ func newUpstreamConn(cfg Config, deps Deps, log *slog.Logger) *upstreamConn {
 }
 
 func (u *upstreamConn) chooseCut(data *http.Client) {
+	if u.injected {
+		// An injected data client says nothing of the protocol: the
+		// configuration does.
+		if u.mode == ProtocolH2C {
+			u.chosenCut.Store(u.cutH2C)
+		} else {
+			u.chosenCut.Store(u.cutHTTP1)
+		}
+		return
+	}
 	if data == u.h2c {
 		u.chosenCut.Store(u.cutH2C)
 	} else {
@@ -243,13 +252,13 @@ func (u *upstreamConn) explain(ctx context.Context, err error) error {
 	return fmt.Errorf("%w: the upstream speaks HTTP/1.1 but upstream.protocol is h2c (or upstream.h2c is true); set upstream.protocol to auto or http1", err)
 }
 
-// errH2CMismatch is in the text of an h2c call a HTTP/1.1 server answered.
-var errH2CMismatch = errors.New("frame too large")
+// h2cMismatch is in the text of an h2c call an HTTP/1.1 server answered.
+const h2cMismatch = "frame too large"
 
 // callError explains a failed call the way explain does, for a call that
 // failed the way h2c against HTTP/1.1 fails.
 func (u *upstreamConn) callError(ctx context.Context, err error) error {
-	if err == nil || !strings.Contains(err.Error(), errH2CMismatch.Error()) {
+	if err == nil || !strings.Contains(err.Error(), h2cMismatch) {
 		return err
 	}
 	return u.explain(ctx, err)
