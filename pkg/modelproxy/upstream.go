@@ -176,8 +176,27 @@ func parseUpstreamError(body []byte) (e upstreamError, ok bool) {
 		if flat.Message != "" {
 			return flat.upstreamError, true
 		}
-		if d, isText := flat.Detail.(string); isText && d != "" {
-			return upstreamError{Message: d}, true
+		switch d := flat.Detail.(type) {
+		case string:
+			if d != "" {
+				return upstreamError{Message: d}, true
+			}
+		case []any:
+			// FastAPI's request validation: [{"loc": [...], "msg": ...}].
+			var msgs []string
+			for _, it := range d {
+				if m, isObj := it.(map[string]any); isObj {
+					if text, isText := m["msg"].(string); isText {
+						if loc, isList := m["loc"].([]any); isList && len(loc) > 0 {
+							text = fmt.Sprint(loc[len(loc)-1]) + ": " + text
+						}
+						msgs = append(msgs, text)
+					}
+				}
+			}
+			if len(msgs) > 0 {
+				return upstreamError{Message: strings.Join(msgs, "; ")}, true
+			}
 		}
 	}
 	return upstreamError{}, false

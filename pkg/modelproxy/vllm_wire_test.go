@@ -135,7 +135,10 @@ func TestUpstream4xxKeepStatusOpenAIShaped(t *testing.T) {
 	}{
 		{"400", vllmBadTemperature, 400, "invalid_request", "BadRequestError", "temperature", "temperature must be non-negative, got -1.0."},
 		{"404", vllmUnknownModel, 404, "not_found", "NotFoundError", nil, "The model `fake-model` does not exist."},
+		// FastAPI's own shapes (HTTPException, request validation), as a
+		// FastAPI server without vLLM's handlers (NeMo Gym's) answers.
 		{"422 fastapi", `{"detail":"Field required"}`, 422, "invalid_request", "invalid_request_error", nil, "Field required"},
+		{"422 fastapi validation", `{"detail":[{"type":"missing","loc":["body","messages"],"msg":"Field required","input":{}}]}`, 422, "invalid_request", "invalid_request_error", nil, "messages: Field required"},
 	} {
 		up.script(replyJSON(tt.status, tt.upstream))
 		for _, path := range []string{"/v1/chat/completions", "/ng-rollout/k/v1/responses"} {
