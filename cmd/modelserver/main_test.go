@@ -31,7 +31,7 @@ func TestShippedConfigLoadsAndValidates(t *testing.T) {
 	if cfg.Listen != "127.0.0.1:18010" || cfg.Name != "policy_model" || !cfg.ReturnTokenIDs {
 		t.Errorf("unexpected config: %+v", cfg)
 	}
-	if u := cfg.Upstream; u.BaseURL != "http://127.0.0.1:18000/v1" || u.Model != "fake-model" || !u.H2C || u.APIKey != "" {
+	if u := cfg.Upstream; u.BaseURL != "http://127.0.0.1:18000/v1" || u.Model != "fake-model" || u.H2C || u.Protocol != "auto" || u.APIKey != "" {
 		t.Errorf("upstream = %+v", u)
 	}
 	if cfg.Capture.Dir != ".gymfleet/capture/policy_model" || cfg.Checkpoint.Enabled || cfg.Checkpoint.LeaseGraceSeconds != 600 {
@@ -64,7 +64,7 @@ func TestUnknownKeyFailsNamingIt(t *testing.T) {
 func TestEnvironmentOverrides(t *testing.T) {
 	env := map[string]string{
 		"GYMFLEET_UPSTREAM_BASE_URL":                  "http://gpu1:8000/v1",
-		"GYMFLEET_UPSTREAM_H2C":                       "false",
+		"GYMFLEET_UPSTREAM_PROTOCOL":                  "http1",
 		"GYMFLEET_RETURN_TOKEN_IDS":                   "false",
 		"GYMFLEET_GENERATION_CUTS_CONTROL_AUTH_TOKEN": "cut-secret",
 	}
@@ -72,7 +72,7 @@ func TestEnvironmentOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Upstream.BaseURL != "http://gpu1:8000/v1" || cfg.Upstream.H2C || cfg.ReturnTokenIDs || cfg.Listen != "127.0.0.1:0" ||
+	if cfg.Upstream.BaseURL != "http://gpu1:8000/v1" || cfg.Upstream.Protocol != "http1" || cfg.ReturnTokenIDs || cfg.Listen != "127.0.0.1:0" ||
 		cfg.GenerationCuts.ControlAuthToken != "cut-secret" {
 		t.Errorf("overrides not applied: %+v", cfg)
 	}

@@ -116,7 +116,11 @@ type Error struct {
 	Code   Code
 	Detail string
 	Status int
-	cause  error
+	// Type and Param are OpenAI's error.type and error.param, written only
+	// by WriteOpenAI; empty Type is derived from the status.
+	Type  string
+	Param string
+	cause error
 }
 
 func (e *Error) Error() string {
@@ -210,6 +214,71 @@ func Write(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) 
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// OpenAIEnvelope is the error reply of an OpenAI-compatible route: the
+// error object OpenAI's SDKs read (message, type, param, code), with our
+// stable code as code and the detail kept beside it, so our own clients
+// (Parse) read it as the fleet's envelope.
+type OpenAIEnvelope struct {
+	Error OpenAIBody `json:"error"`
+}
+
+// OpenAIBody is the inside of OpenAIEnvelope.
+type OpenAIBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    Code    `json:"code"`
+	Detail  string  `json:"detail"`
+}
+
+// OpenAIType is the OpenAI error type of a status: what an SDK shows as
+// the error's kind.
+func OpenAIType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusNotFound:
+		return "not_found_error"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status >= 400 && status < 500:
+		return "invalid_request_error"
+	}
+	return "server_error"
+}
+
+// WriteOpenAI answers a request on an OpenAI-compatible route with err in
+// OpenAIEnvelope; otherwise it is Write.
+func WriteOpenAI(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	e := From(err)
+	status := e.HTTPStatus()
+	if log != nil && status >= 500 {
+		log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "code", e.Code, "err", err)
+	}
+	b, _ := codec.MarshalStable(OpenAIEnvelopeOf(e))
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// OpenAIEnvelopeOf is e as an OpenAI error object.
+func OpenAIEnvelopeOf(e *Error) OpenAIEnvelope {
+	typ := e.Type
+	if typ == "" {
+		typ = OpenAIType(e.HTTPStatus())
+	}
+	var param *string
+	if e.Param != "" {
+		p := e.Param
+		param = &p
+	}
+	return OpenAIEnvelope{Error: OpenAIBody{Message: e.Detail, Type: typ, Param: param, Code: e.Code, Detail: e.Detail}}
 }
 
 // Parse reads an error envelope from a reply body. It returns nil when body is

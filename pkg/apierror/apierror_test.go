@@ -335,3 +335,27 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestWriteOpenAI(t *testing.T) {
+	for _, tt := range []struct {
+		err  *apierror.Error
+		want string
+	}{
+		{apierror.New(apierror.InvalidRequest, "bad JSON"),
+			`{"error":{"message":"bad JSON","type":"invalid_request_error","param":null,"code":"invalid_request","detail":"bad JSON"}}`},
+		{&apierror.Error{Code: apierror.InvalidRequest, Detail: "bad t", Status: 400, Type: "BadRequestError", Param: "temperature"},
+			`{"error":{"message":"bad t","type":"BadRequestError","param":"temperature","code":"invalid_request","detail":"bad t"}}`},
+		{apierror.New(apierror.UpstreamError, "boom"),
+			`{"error":{"message":"boom","type":"server_error","param":null,"code":"upstream_error","detail":"boom"}}`},
+	} {
+		rec := httptest.NewRecorder()
+		apierror.WriteOpenAI(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil), nil, tt.err)
+		if got := strings.TrimSpace(rec.Body.String()); got != tt.want || rec.Code != tt.err.HTTPStatus() {
+			t.Errorf("%v: %d %s, want %s", tt.err, rec.Code, got, tt.want)
+		}
+		// Our own clients still read the fleet's envelope from it.
+		if e := apierror.Parse(rec.Code, rec.Body.Bytes()); e == nil || e.Code != tt.err.Code || e.Detail != tt.err.Detail {
+			t.Errorf("Parse(%s) = %+v", rec.Body.String(), e)
+		}
+	}
+}

@@ -93,7 +93,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, route string) (t 
 	if s.ckpt != nil {
 		ctx, err := s.ckpt.register(r.Context(), t)
 		if err != nil {
-			apierror.Write(w, r, s.log, err)
+			apierror.WriteOpenAI(w, r, s.log, err)
 			s.metrics.calls.WithLabelValues(route, outcomeOf(err)).Inc()
 			return nil, r, false
 		}
@@ -115,7 +115,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request, t *ticket) {
 	abort := false
 	if !t.started.Load() {
 		if cause := context.Cause(r.Context()); apierror.HasCode(cause, apierror.StaleAttempt) {
-			apierror.Write(w, r, s.log, cause)
+			apierror.WriteOpenAI(w, r, s.log, cause)
 		} else {
 			abort = s.ckpt.shuttingDown()
 		}
@@ -237,7 +237,7 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, t *ticket, rep r
 	}
 	s.stage(ctx, t, rep.capture)
 	if rep.err != nil {
-		apierror.Write(w, r, s.log, rep.err)
+		apierror.WriteOpenAI(w, r, s.log, rep.err)
 	} else {
 		httpserver.WriteRawJSON(w, http.StatusOK, rep.body)
 	}

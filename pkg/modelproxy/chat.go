@@ -56,14 +56,39 @@ func decodeChatRequest(body []byte) (chatFields, error) {
 // streaming reports whether the body asks for SSE.
 func (f chatFields) streaming() bool { return string(bytes.TrimSpace(f["stream"])) == "true" }
 
-// prepareChat sets the upstream model and, with return_token_ids, vLLM's
-// token-id parameters, and returns the body to send.
-func (s *Server) prepareChat(f chatFields) ([]byte, error) {
+// wantsLogprobs reports whether the client asked for log-probs itself.
+func (f chatFields) wantsLogprobs() bool { return string(bytes.TrimSpace(f["logprobs"])) == "true" }
+
+// prepareChat sets the upstream model, the request extras (extras.go)
+// and, with return_token_ids, vLLM's token-id parameters, and returns the
+// body to send.
+//
+// A client that asks for logprobs gets them as vLLM answers them (token
+// strings, its top_logprobs): the generated ids then come from
+// return_token_ids alone, not from return_tokens_as_token_ids, which would
+// turn its tokens into "token_id:N".
+func (s *Server) prepareChat(f chatFields, clientLogprobs bool) ([]byte, error) {
 	model, err := codec.MarshalStable(s.cfg.Upstream.Model)
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err)
 	}
 	f["model"] = model
+	var extra map[string]codec.RawMessage
+	if md, ok := f["metadata"]; ok || s.extraBody != nil || s.chatTemplateKwargs != nil {
+		metaBody, metaKwargs, err := chatMetadataExtras(md)
+		if err != nil {
+			return nil, err
+		}
+		var kwargs map[string]codec.RawMessage
+		if extra, kwargs, err = s.requestExtras(metaBody, metaKwargs); err != nil {
+			return nil, err
+		}
+		if len(kwargs) > 0 {
+			if f["chat_template_kwargs"], err = withKwargs(kwargs, f["chat_template_kwargs"]); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if s.cfg.ReturnTokenIDs {
 		if n, ok := f["n"]; ok {
 			switch string(bytes.TrimSpace(n)) {
@@ -72,11 +97,19 @@ func (s *Server) prepareChat(f chatFields) ([]byte, error) {
 				return nil, apierror.New(apierror.InvalidRequest, "n must be 1: token ids are captured for one choice")
 			}
 		}
-		f["logprobs"] = codec.RawMessage("true")
-		f["top_logprobs"] = codec.RawMessage("0")
-		f["return_tokens_as_token_ids"] = codec.RawMessage("true")
+		if clientLogprobs {
+			// vLLM reads a null top_logprobs as no log-probs at all.
+			if tl := string(bytes.TrimSpace(f["top_logprobs"])); tl == "" || tl == "null" {
+				f["top_logprobs"] = codec.RawMessage("0")
+			}
+		} else {
+			f["logprobs"] = codec.RawMessage("true")
+			f["top_logprobs"] = codec.RawMessage("0")
+			f["return_tokens_as_token_ids"] = codec.RawMessage("true")
+		}
 		f["return_token_ids"] = codec.RawMessage("true")
 	}
+	underBody(f, extra)
 	return encodeObject(f)
 }
 
@@ -186,7 +219,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		// Before prepareChat adds the token parameters: what the client asked.
 		s.ckpt.describe(t, digest, stream, constrainedChat(f))
 	}
-	up, err := s.prepareChat(f)
+	clientLogprobs := f.wantsLogprobs()
+	up, err := s.prepareChat(f, clientLogprobs)
 	if err != nil {
 		fail(err)
 		return
@@ -195,11 +229,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.streamChat(w, r, t, up, digest)
 		return
 	}
-	s.finish(w, r, t, s.chatOnce(r.Context(), t, up, digest))
+	s.finish(w, r, t, s.chatOnce(r.Context(), t, up, digest, clientLogprobs))
 }
 
 // chatOnce makes a non-streaming call and builds its reply.
-func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest string) reply {
+func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest string, clientLogprobs bool) reply {
 	b, err := s.completeUpstream(ctx, t, up)
 	if err != nil {
 		if contextOverflow(err) {
@@ -210,19 +244,20 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 			return reply{body: body, outcome: outcomeOverflow,
 				capture: &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens}}
 		}
-		return reply{err: asAPIError(err), outcome: outcomeOf(err)}
+		err = asAPIError(err)
+		return reply{err: err, outcome: outcomeOf(err)}
 	}
 	var c openai.ChatCompletion
 	if err := codec.Unmarshal(b, &c); err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
-	tf, terr := extractTokens(&c)
+	tf, terr := s.completeTokens(ctx, &c, up)
 	s.countTokens(c.Usage, tf)
 	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(&c), err: terr}
 	if !s.cfg.ReturnTokenIDs {
 		return reply{body: bytes.TrimSpace(b), capture: capt, outcome: outcomeOK}
 	}
-	out, err := rewriteChatReply(b, tf, terr == nil)
+	out, err := rewriteChatReply(b, tf, terr == nil, clientLogprobs)
 	if err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
@@ -237,10 +272,11 @@ func finishReason(c *openai.ChatCompletion) string {
 }
 
 // rewriteChatReply removes vLLM's transport fields (top-level
-// prompt_token_ids, each choice's token_ids and logprobs) and, when the
-// tokens are usable, puts the training token fields on choices[0].message.
+// prompt_token_ids, each choice's token_ids, and logprobs unless the client
+// asked for them) and, when the tokens are usable, puts the training token
+// fields on choices[0].message, with vLLM's choice-level routed_experts.
 // Every other field passes through.
-func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens bool) ([]byte, error) {
+func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
 	var top map[string]codec.RawMessage
 	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
 		return nil, errors.New("not a JSON object")
@@ -252,22 +288,38 @@ func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens bool) ([]by
 	}
 	for _, c := range choices {
 		delete(c, "token_ids")
-		delete(c, "logprobs")
+		if !keepLogprobs {
+			delete(c, "logprobs")
+		}
 	}
-	if withTokens && len(choices) > 0 && choices[0] != nil {
+	var routed codec.RawMessage
+	if len(choices) > 0 && choices[0] != nil {
+		if re := bytes.TrimSpace(choices[0]["routed_experts"]); len(re) > 0 && string(re) != "null" {
+			routed = re
+		}
+	}
+	if (withTokens || routed != nil) && len(choices) > 0 && choices[0] != nil {
 		var msg map[string]codec.RawMessage
 		if err := codec.Unmarshal(choices[0]["message"], &msg); err != nil || msg == nil {
 			return nil, errors.New("choices[0].message is not an object")
 		}
 		var err error
-		if msg["prompt_token_ids"], err = codec.Marshal(tf.PromptTokenIDs); err != nil {
-			return nil, err
+		if withTokens {
+			if msg["prompt_token_ids"], err = codec.Marshal(tf.PromptTokenIDs); err != nil {
+				return nil, err
+			}
+			if msg["generation_token_ids"], err = codec.Marshal(tf.GenerationTokenIDs); err != nil {
+				return nil, err
+			}
+			if msg["generation_log_probs"], err = codec.Marshal(tf.GenerationLogProbs); err != nil {
+				return nil, err
+			}
 		}
-		if msg["generation_token_ids"], err = codec.Marshal(tf.GenerationTokenIDs); err != nil {
-			return nil, err
-		}
-		if msg["generation_log_probs"], err = codec.Marshal(tf.GenerationLogProbs); err != nil {
-			return nil, err
+		if routed != nil {
+			// vLLM's choice-level routing moves to the message, beside the
+			// token fields, where NeMo Gym's consumers read it.
+			msg["routed_experts"] = routed
+			delete(choices[0], "routed_experts")
 		}
 		if choices[0]["message"], err = encodeObject(msg); err != nil {
 			return nil, err
@@ -342,17 +394,46 @@ func (e *eventSink) send(ev *openai.StreamEvent) error {
 }
 
 // streamError is the data of the event that ends a chat stream the upstream
-// broke: OpenAI's error shape, with our envelope's code and detail.
+// broke: OpenAI's error object with our stable code, as vLLM ends a failed
+// stream (data: {"error": {...}}, then data: [DONE]).
 func streamError(err error) []byte {
-	e := apierror.From(err)
-	b, _ := codec.MarshalStable(map[string]any{"error": map[string]string{
-		"code": string(e.Code), "detail": e.Detail, "message": e.Detail, "type": string(e.Code),
-	}})
+	b, _ := codec.MarshalStable(apierror.OpenAIEnvelopeOf(apierror.From(streamFailure(err))))
 	return b
 }
 
+// streamFailure is the error a stream that already started reports: an
+// upstream error event keeps vLLM's message, type and param under our
+// upstream_error code.
+func streamFailure(err error) error {
+	var us *upstreamStatus
+	if !errors.As(err, &us) {
+		return err
+	}
+	e := &apierror.Error{Code: apierror.UpstreamError, Detail: us.Error()}
+	if ue, ok := parseUpstreamError(us.body); ok {
+		e.Detail, e.Type = ue.Message, ue.Type
+		if p, isText := ue.Param.(string); isText {
+			e.Param = p
+		}
+	}
+	return e
+}
+
+// unfinished is the failure of an upstream stream that ended, with [DONE]
+// or without, before choice 0 had a finish_reason: the generation is
+// truncated, and nothing downstream may score or train on it.
+func unfinished(sawDone bool) error {
+	if sawDone {
+		return apierror.New(apierror.UpstreamError, "the upstream ended the stream with [DONE] before the completion had a finish_reason")
+	}
+	return apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+}
+
 // streamChat relays an upstream SSE stream chunk by chunk. The final
-// [DONE] is held until the ledger row is staged.
+// [DONE] is held until the ledger row is staged. A stream that fails (an
+// upstream error event, a [DONE] or EOF before a finish_reason, a broken
+// connection) is a failed call: no ledger row, a capture failure recorded,
+// and, once the client's stream started, an error event and [DONE].
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string) {
 	ctx := r.Context()
 	start := time.Now()
@@ -363,7 +444,8 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 			s.overflowChatStream(w, r, t, digest)
 			return
 		}
-		s.finish(w, r, t, reply{err: asAPIError(err), outcome: outcomeOf(err)})
+		err = asAPIError(err)
+		s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 		return
 	}
 	defer resp.Body.Close()
@@ -387,6 +469,9 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 		}
 		var ch openai.ChatChunk
 		if codec.Unmarshal(ev.Data, &ch) == nil {
+			if upErr = eventError(ch.Error, ev.Data); upErr != nil {
+				break
+			}
 			acc.Add(&ch)
 		}
 		if err := out.raw(ev.Name, ev.Data); err != nil {
@@ -396,22 +481,26 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 	}
 	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
 	c := acc.Completion()
-	if upErr == nil && !sawDone && finishReason(c) == "" {
-		upErr = apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+	if upErr == nil && finishReason(c) == "" {
+		upErr = unfinished(sawDone)
 	}
 	if upErr != nil {
 		if !out.started() {
-			s.finish(w, r, t, reply{err: upErr, outcome: outcomeOf(upErr)})
+			err := asAPIError(upErr)
+			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {
 			s.captureFailed(ctx, t, upErr)
 		}
-		_ = out.raw("", streamError(upErr))
+		s.log.WarnContext(ctx, "the upstream stream failed after the reply started", "model_call_id", t.callID, "err", upErr)
+		if out.raw("", streamError(upErr)) == nil {
+			_ = out.raw("", []byte(sse.Done))
+		}
 		s.done(t, outcomeStreamError)
 		return
 	}
-	tf, terr := extractTokens(c)
+	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
 	if err := out.open(); err != nil {
 		s.done(t, outcomeCanceled)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"runtime"
 	"slices"
 	"sync"
@@ -30,11 +29,10 @@ import (
 // Its records are the ledger rows of delivered calls plus at most one cut
 // per episode.
 type participant struct {
-	s         *Server
-	log       *slog.Logger
-	metrics   *ckptMetrics
-	cutURL    string
-	cutClient *http.Client
+	s       *Server
+	log     *slog.Logger
+	metrics *ckptMetrics
+	cutURL  string
 	// ctl is the server's controller: its fence (re-checked when a call
 	// registers) and phase (to name cut rounds and refuse ledger removal).
 	ctl *ctlplane.Controller

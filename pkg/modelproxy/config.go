@@ -67,11 +67,25 @@ type UpstreamConfig struct {
 	APIKey string `mapstructure:"api_key"`
 	// Model is the model every call is made with, whatever the client named.
 	Model string `mapstructure:"model"`
-	// H2C speaks HTTP/2 without TLS (fakeinference, our own servers). A real
-	// vLLM speaks HTTP/1.1: set it false there.
+	// Protocol is how the upstream is spoken to: auto (the default) finds
+	// it out with a GET of <base_url>/models, h2c first, then HTTP/1.1, at
+	// the first model call or readiness check; h2c is HTTP/2 without TLS
+	// (fakeinference, our own servers); http1 is HTTP/1.1 (every vLLM) or
+	// HTTPS.
+	Protocol string `mapstructure:"protocol"`
+	// H2C true is the older spelling of protocol: h2c.
 	H2C bool `mapstructure:"h2c"`
 	// MaxConnsPerHost bounds HTTP/1.1 connections; 0 means 1024.
 	MaxConnsPerHost int `mapstructure:"max_conns_per_host"`
+	// ExtraBody is a JSON object text of fields merged under every upstream
+	// request (NeMo Gym's extra_body): a request's own field wins, and a
+	// row's metadata.extra_body updates it. A text, not a map: viper would
+	// lower-case a map's keys.
+	ExtraBody string `mapstructure:"extra_body"`
+	// ChatTemplateKwargs is a JSON object text sent as chat_template_kwargs,
+	// updated by a row's metadata.chat_template_kwargs (NeMo Gym's
+	// chat_template_kwargs).
+	ChatTemplateKwargs string `mapstructure:"chat_template_kwargs"`
 }
 
 // CaptureConfig configures token capture.
@@ -90,15 +104,32 @@ func DefaultConfig() Config {
 		Name:     DefaultName,
 		LogLevel: "info",
 		Upstream: UpstreamConfig{
-			BaseURL: DefaultUpstreamBaseURL,
-			Model:   DefaultUpstreamModel,
-			H2C:     true,
+			BaseURL:  DefaultUpstreamBaseURL,
+			Model:    DefaultUpstreamModel,
+			Protocol: ProtocolAuto,
 		},
 		ReturnTokenIDs: true,
 		Capture:        CaptureConfig{Dir: DefaultCaptureDir},
 		Checkpoint:     ctlplane.DefaultConfig(),
 		GenerationCuts: GenerationCutsConfig{Enabled: true},
 	}
+}
+
+// protocol is the protocol the configuration asks for: h2c, http1 or auto.
+func (u UpstreamConfig) protocol() string {
+	switch {
+	case u.H2C:
+		return ProtocolH2C
+	case u.Protocol == "":
+		if strings.HasPrefix(u.BaseURL, "https:") {
+			return ProtocolHTTP1
+		}
+		return ProtocolAuto
+	case u.Protocol == ProtocolAuto && strings.HasPrefix(u.BaseURL, "https:"):
+		// TLS negotiates its protocol itself.
+		return ProtocolHTTP1
+	}
+	return u.Protocol
 }
 
 // cutsOn reports whether generation cuts are asked for.
@@ -129,11 +160,25 @@ func (c Config) Validate() error {
 	}
 	if u, err := url.Parse(c.Upstream.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, fmt.Errorf("upstream.base_url %q must be an absolute http(s) URL such as http://127.0.0.1:18000/v1", c.Upstream.BaseURL))
-	} else if u.Scheme == "https" && c.Upstream.H2C {
-		errs = append(errs, errors.New("upstream.h2c is HTTP/2 without TLS and cannot be used with an https base_url"))
+	} else if u.Scheme == "https" && c.Upstream.protocol() == ProtocolH2C {
+		errs = append(errs, errors.New("upstream.protocol h2c (upstream.h2c) is HTTP/2 without TLS and cannot be used with an https base_url"))
+	}
+	switch c.Upstream.Protocol {
+	case "", ProtocolAuto, ProtocolH2C, ProtocolHTTP1:
+	default:
+		errs = append(errs, fmt.Errorf("upstream.protocol %q must be auto, h2c or http1", c.Upstream.Protocol))
+	}
+	if c.Upstream.H2C && c.Upstream.Protocol == ProtocolHTTP1 {
+		errs = append(errs, errors.New("upstream.h2c: true contradicts upstream.protocol: http1; drop upstream.h2c"))
 	}
 	if strings.TrimSpace(c.Upstream.Model) == "" {
 		errs = append(errs, errors.New("upstream.model must not be empty"))
+	}
+	if _, err := parseObject(c.Upstream.ExtraBody); err != nil {
+		errs = append(errs, fmt.Errorf("upstream.extra_body: %w", err))
+	}
+	if _, err := parseObject(c.Upstream.ChatTemplateKwargs); err != nil {
+		errs = append(errs, fmt.Errorf("upstream.chat_template_kwargs: %w", err))
 	}
 	if c.Upstream.MaxConnsPerHost < 0 {
 		errs = append(errs, fmt.Errorf("upstream.max_conns_per_host must be >= 0, got %d", c.Upstream.MaxConnsPerHost))

@@ -99,7 +99,11 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 func (p *participant) postCut(ctx context.Context, req gencut.Request) (*gencut.Receipt, error) {
 	body := gencut.EncodeRequest(req)
 	h := http.Header{"Authorization": {"Bearer " + p.s.cfg.GenerationCuts.ControlAuthToken}}
-	rep, err := httpclient.Do(ctx, p.cutClient, http.MethodPost, p.cutURL, h, body)
+	c, err := p.s.upstream.cutClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := httpclient.Do(ctx, c, http.MethodPost, p.cutURL, h, body)
 	if err != nil {
 		return nil, err
 	}

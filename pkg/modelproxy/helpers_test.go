@@ -86,6 +86,20 @@ func (s *stub) last(t *testing.T) stubRequest {
 	return r[len(r)-1]
 }
 
+// lastChat is the last model call the upstream got (not a probe or a
+// /tokenize).
+func (s *stub) lastChat(t *testing.T) stubRequest {
+	t.Helper()
+	r := s.requests()
+	for i := len(r) - 1; i >= 0; i-- {
+		if r[i].Path == "/v1/chat/completions" {
+			return r[i]
+		}
+	}
+	t.Fatal("the upstream got no model call")
+	return stubRequest{}
+}
+
 // replyJSON answers with a fixed JSON body.
 func replyJSON(status int, body string) func(http.ResponseWriter, *http.Request, map[string]any) {
 	return func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {

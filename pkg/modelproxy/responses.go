@@ -62,7 +62,63 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 	if err := codec.Unmarshal(body, &req); err != nil {
 		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
 	}
+	if err := unsupported(&req); err != nil {
+		return nil, err
+	}
 	return &req, nil
+}
+
+// IncludeLogprobs is the one include entry the server implements: the
+// output text's log-probs, as vLLM returns them.
+const IncludeLogprobs = "message.output_text.logprobs"
+
+// unsupported refuses the Responses parameters the server does not
+// implement, naming them, rather than answering as if they had been
+// honoured: stored and background responses, chaining by
+// previous_response_id, prompt templates, structured text formats, automatic
+// truncation and include entries other than the output text's log-probs.
+// Their null, false or default values (what NeMo Gym's rows and agents
+// send) pass.
+func unsupported(req *openai.ResponsesRequest) error {
+	refuse := func(param, format string, args ...any) error {
+		e := apierror.New(apierror.InvalidRequest, format, args...)
+		e.Param = param
+		return e
+	}
+	if req.PreviousResponseID != nil && *req.PreviousResponseID != "" {
+		return refuse("previous_response_id", "previous_response_id is not supported: this server stores no responses; send the whole conversation as input")
+	}
+	if req.Store != nil && *req.Store {
+		return refuse("store", "store: true is not supported: this server stores no responses; send store: false or leave it out")
+	}
+	if req.Background != nil && *req.Background {
+		return refuse("background", "background: true is not supported; responses are answered in the request")
+	}
+	if p := bytes.TrimSpace(req.Prompt); len(p) > 0 && string(p) != "null" {
+		return refuse("prompt", "prompt templates are not supported; send the input itself")
+	}
+	if t := bytes.TrimSpace(req.Truncation); len(t) > 0 && string(t) != "null" && string(t) != `"disabled"` {
+		return refuse("truncation", "truncation %s is not supported; only \"disabled\" (a prompt too long for the context ends the response as incomplete)", t)
+	}
+	if t := bytes.TrimSpace(req.Text); len(t) > 0 && string(t) != "null" {
+		var text struct {
+			Format *struct {
+				Type string `json:"type"`
+			} `json:"format"`
+		}
+		if err := codec.Unmarshal(t, &text); err != nil {
+			return refuse("text", "text must be an object")
+		}
+		if text.Format != nil && text.Format.Type != "text" {
+			return refuse("text.format", "text.format of type %q is not supported; only plain text", text.Format.Type)
+		}
+	}
+	for _, inc := range req.Include {
+		if inc != IncludeLogprobs {
+			return refuse("include", "include %q is not supported; only %q", inc, IncludeLogprobs)
+		}
+	}
+	return nil
 }
 
 // handleResponses serves POST /v1/responses: convert, call Chat Completions
@@ -89,7 +145,11 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		fail(apierror.New(apierror.InvalidRequest, "%v", err))
 		return
 	}
-	s.setTokenParams(chat)
+	if err := s.applyExtras(req, chat); err != nil {
+		fail(err)
+		return
+	}
+	s.setTokenParams(chat, wantsLogprobs(req))
 	var digest string
 	if t.captureKey != "" {
 		if digest, err = chatDigest(chat); err != nil {
@@ -112,18 +172,55 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	s.finish(w, r, t, s.responsesOnce(r.Context(), t, req, chat, digest))
 }
 
+// wantsLogprobs reports whether a Responses request asks for the output
+// text's log-probs (vLLM honours top_logprobs only then).
+func wantsLogprobs(req *openai.ResponsesRequest) bool {
+	return slices.Contains(req.Include, IncludeLogprobs)
+}
+
 // setTokenParams asks the upstream for token ids, or, with return_token_ids
-// off, keeps the history's token fields from going upstream.
-func (s *Server) setTokenParams(c *openai.ChatRequest) {
+// off, keeps the history's token fields from going upstream. A client that
+// asks for log-probs gets them as vLLM answers them (token strings, its
+// top_logprobs), and the generated ids come from return_token_ids alone.
+func (s *Server) setTokenParams(c *openai.ChatRequest, clientLogprobs bool) {
+	yes, zero := true, 0
+	if clientLogprobs {
+		c.Logprobs = &yes
+		if c.TopLogprobs == nil {
+			c.TopLogprobs = &zero
+		}
+	} else {
+		c.TopLogprobs = nil
+	}
 	if !s.cfg.ReturnTokenIDs {
 		for i := range c.Messages {
 			c.Messages[i].TokenFields = openai.TokenFields{}
 		}
 		return
 	}
-	yes, zero := true, 0
-	c.Logprobs, c.TopLogprobs = &yes, &zero
-	c.ReturnTokensAsTokenIDs, c.ReturnTokenIDs = &yes, &yes
+	c.ReturnTokenIDs = &yes
+	if !clientLogprobs {
+		c.Logprobs, c.TopLogprobs, c.ReturnTokensAsTokenIDs = &yes, &zero, &yes
+	}
+}
+
+// applyExtras merges the request extras (extras.go) into a converted
+// request.
+func (s *Server) applyExtras(req *openai.ResponsesRequest, chat *openai.ChatRequest) error {
+	if req.Metadata == nil && s.extraBody == nil && s.chatTemplateKwargs == nil {
+		return nil
+	}
+	extra, kwargs, err := s.requestExtras(req.Metadata[metaExtraBody], req.Metadata[metaChatTemplateKwargs])
+	if err != nil {
+		return err
+	}
+	if len(kwargs) > 0 {
+		if chat.ChatTemplateKwargs, err = withKwargs(kwargs, nil); err != nil {
+			return err
+		}
+	}
+	chat.ExtraBody = extra
+	return nil
 }
 
 // chatDigest is requestDigest of a converted request, taken on a goroutine
@@ -147,10 +244,15 @@ func digestChat(c *openai.ChatRequest) (string, error) {
 }
 
 // applyTokens puts usable token fields on choices[0].message (where
-// ChatToResponse takes them from) and clears anything partial there.
+// ChatToResponse takes them from) and clears anything partial there. The
+// routing a vLLM returns on the choice (routed_experts) joins them, so it
+// lands on the output item that carries the token ids.
 func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, err error) {
 	if len(c.Choices) == 0 {
 		return
+	}
+	if ch := &c.Choices[0]; len(ch.Message.RoutedExperts) == 0 {
+		ch.Message.RoutedExperts = ch.RoutedExperts
 	}
 	if s.cfg.ReturnTokenIDs && err == nil {
 		c.Choices[0].Message.TokenFields = tf
@@ -163,7 +265,16 @@ func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, er
 // of its own: goccy's encoder would double the stack of the handler, which
 // then waits in the upstream call (freshstack).
 func marshalUpstream(chat *openai.ChatRequest) ([]byte, error) {
-	return freshstack.Call(func() ([]byte, error) { return codec.Marshal(chat) })
+	b, err := freshstack.Call(func() ([]byte, error) { return codec.Marshal(chat) })
+	if err != nil || len(chat.ExtraBody) == 0 {
+		return b, err
+	}
+	var f map[string]codec.RawMessage
+	if err := codec.Unmarshal(b, &f); err != nil {
+		return nil, err
+	}
+	underBody(f, chat.ExtraBody)
+	return encodeObject(f)
 }
 
 // responsesOnce makes a non-streaming call and builds the Response.
@@ -183,18 +294,19 @@ func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.Respo
 		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens}
 		outcome = outcomeOverflow
 	case err != nil:
-		return reply{err: asAPIError(err), outcome: outcomeOf(err)}
+		err = asAPIError(err)
+		return reply{err: err, outcome: outcomeOf(err)}
 	default:
 		c = new(openai.ChatCompletion)
 		if err := codec.Unmarshal(b, c); err != nil {
 			return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 		}
-		tf, terr := extractTokens(c)
+		tf, terr := s.completeTokens(ctx, c, up)
 		s.countTokens(c.Usage, tf)
 		s.applyTokens(c, tf, terr)
 		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
 	}
-	resp, err := openai.ChatToResponse(req, c, openai.ResponseOptions{Model: s.cfg.Upstream.Model})
+	resp, err := openai.ChatToResponse(req, c, openai.ResponseOptions{Model: s.cfg.Upstream.Model, Logprobs: wantsLogprobs(req)})
 	if err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "converting the upstream reply: %v", err), outcome: outcomeUpstreamError}
 	}
@@ -223,7 +335,8 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	resp, err := s.callUpstream(ctx, t, up, true)
 	if err != nil {
 		if !contextOverflow(err) {
-			s.finish(w, r, t, reply{err: asAPIError(err), outcome: outcomeOf(err)})
+			err = asAPIError(err)
+			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 			return
 		}
 		c := syntheticOverflow(s.cfg.Upstream.Model)
@@ -253,6 +366,9 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 			upErr = apierror.New(apierror.UpstreamError, "the upstream sent an undecodable chunk: %v", err)
 			break
 		}
+		if upErr = eventError(ch.Error, ev.Data); upErr != nil {
+			break
+		}
 		acc.Add(&ch)
 		if err := rs.chunk(&ch); err != nil {
 			s.done(t, outcomeCanceled)
@@ -261,22 +377,24 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	}
 	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
 	c := acc.Completion()
-	if upErr == nil && !sawDone && finishReason(c) == "" {
-		upErr = apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+	if upErr == nil && finishReason(c) == "" {
+		upErr = unfinished(sawDone)
 	}
 	if upErr != nil {
 		if !rs.out.started() {
-			s.finish(w, r, t, reply{err: upErr, outcome: outcomeOf(upErr)})
+			err := asAPIError(upErr)
+			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {
 			s.captureFailed(ctx, t, upErr)
 		}
-		rs.fail(upErr)
+		s.log.WarnContext(ctx, "the upstream stream failed after the response started", "model_call_id", t.callID, "err", upErr)
+		rs.fail(streamFailure(upErr))
 		s.done(t, outcomeStreamError)
 		return
 	}
-	tf, terr := extractTokens(c)
+	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
 	s.applyTokens(c, tf, terr)
 	s.endResponseStream(rs, c, &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}, outcomeOK)

@@ -39,8 +39,12 @@ type responseStream struct {
 	next    int
 	err     error
 
-	think     thinkFilter
-	summary   []string
+	think   thinkFilter
+	summary []string
+	// logprobs are the current chunk's log-probs, given to its first text
+	// delta when the client asked for them (they are all in the final
+	// Response either way).
+	logprobs  []openai.TokenLogprob
 	reasoning *streamItem
 	message   *streamItem
 	calls     []*streamItem
@@ -105,6 +109,9 @@ func (rs *responseStream) chunk(ch *openai.ChatChunk) error {
 			continue
 		}
 		d := &cc.Delta
+		if cc.Logprobs != nil && wantsLogprobs(rs.req) {
+			rs.logprobs = cc.Logprobs.Content
+		}
 		if d.ReasoningContent != nil {
 			rs.reasoningText(*d.ReasoningContent, false)
 		} else if d.Reasoning != nil {
@@ -122,6 +129,7 @@ func (rs *responseStream) chunk(ch *openai.ChatChunk) error {
 		for _, tc := range d.ToolCalls {
 			rs.toolCall(tc)
 		}
+		rs.logprobs = nil
 	}
 	return rs.err
 }
@@ -157,7 +165,14 @@ func (rs *responseStream) visibleText(text string) {
 		return
 	}
 	rs.message.text.WriteString(text)
-	rs.emit(&openai.StreamEvent{Type: openai.EventOutputTextDelta, ItemID: rs.message.id, OutputIndex: intp(rs.message.index), ContentIndex: intp(0), Delta: &text})
+	ev := &openai.StreamEvent{Type: openai.EventOutputTextDelta, ItemID: rs.message.id, OutputIndex: intp(rs.message.index), ContentIndex: intp(0), Delta: &text}
+	if len(rs.logprobs) > 0 {
+		for _, lp := range openai.ResponseLogprobs(rs.logprobs) {
+			ev.Logprobs = append(ev.Logprobs, lp)
+		}
+		rs.logprobs = nil
+	}
+	rs.emit(ev)
 }
 
 // maxToolCalls bounds the tool calls one reply may open.
@@ -250,7 +265,7 @@ func (rs *responseStream) final(c *openai.ChatCompletion) (*openai.Response, err
 	if rest := rs.think.flush(); rest != "" {
 		rs.visibleText(rest)
 	}
-	opts := openai.ResponseOptions{Model: rs.s.cfg.Upstream.Model, ID: rs.id}
+	opts := openai.ResponseOptions{Model: rs.s.cfg.Upstream.Model, ID: rs.id, Logprobs: wantsLogprobs(rs.req)}
 	if rs.reasoning != nil {
 		opts.ReasoningID = rs.reasoning.id
 	}

@@ -3,6 +3,7 @@ package modelproxy_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -426,4 +427,80 @@ func TestSDK_Responses(t *testing.T) {
 	if _, err := pc.Models.List(ctx); err != nil {
 		t.Fatalf("models: %v", err)
 	}
+}
+
+// TestSDK_BackendRefusal: a 400 from the backend (vLLM's bytes, see
+// vllm_wire_test.go) reaches the SDK as a 400 with vLLM's message, and the
+// SDK, at its default retry policy, calls once: a 4xx is not retryable.
+func TestSDK_BackendRefusal(t *testing.T) {
+	up := newStub(t)
+	up.script(replyJSON(http.StatusBadRequest, vllmBadTemperature))
+	p := newProxy(t, up, nil)
+	client := oai.NewClient(option.WithBaseURL(p.url+"/v1"), option.WithAPIKey("unused"),
+		option.WithHTTPClient(&http.Client{Timeout: 30 * time.Second}))
+	ctx := context.Background()
+	check := func(what string, err error) {
+		t.Helper()
+		var apiErr *oai.Error
+		if !errors.As(err, &apiErr) {
+			t.Fatalf("%s: %v is not an API error", what, err)
+		}
+		if apiErr.StatusCode != http.StatusBadRequest || apiErr.Message != "temperature must be non-negative, got -1.0." ||
+			apiErr.Type != "BadRequestError" || apiErr.Param != "temperature" || apiErr.Code != "invalid_request" {
+			t.Fatalf("%s: status %d, message %q, type %q, param %q, code %q", what, apiErr.StatusCode, apiErr.Message, apiErr.Type, apiErr.Param, apiErr.Code)
+		}
+	}
+	before := chatCalls(up)
+	_, err := client.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{
+		Model: "anything", Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("q")}, Temperature: oai.Float(-1),
+	})
+	check("chat", err)
+	_, err = client.Responses.New(ctx, responses.ResponseNewParams{
+		Input: responses.ResponseNewParamsInputUnion{OfString: oai.String("q")}, Temperature: oai.Float(-1),
+	})
+	check("responses", err)
+	if n := chatCalls(up) - before; n != 2 {
+		t.Fatalf("the backend got %d calls for 2 SDK calls: the SDK retried a 4xx", n)
+	}
+}
+
+// chatCalls counts the model calls the stub upstream got.
+func chatCalls(up *stub) int {
+	n := 0
+	for _, r := range up.requests() {
+		if r.Path == "/v1/chat/completions" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSDK_ClientLogprobs: a client's logprobs and top_logprobs come back as
+// token strings with alternatives, while the ledger still gets the ids.
+func TestSDK_ClientLogprobs(t *testing.T) {
+	f := startFleet(t)
+	ctx := context.Background()
+	const key = "sdk-logprobs"
+	c := f.client(key)
+	resp, err := c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{
+		Model: "anything", Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("Say hello")},
+		Logprobs: oai.Bool(true), TopLogprobs: oai.Int(2),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := resp.Choices[0].Logprobs.Content
+	if len(content) == 0 {
+		t.Fatalf("no logprobs in %s", resp.RawJSON())
+	}
+	for _, e := range content {
+		if strings.HasPrefix(e.Token, "token_id:") || len(e.TopLogprobs) != 2 {
+			t.Fatalf("logprob entry %+v, want a token string with 2 alternatives", e)
+		}
+	}
+	_, gen, _ := tokenFields(t, resp.Choices[0].Message.JSON.ExtraFields)
+	if len(gen) != len(content) {
+		t.Fatalf("%d generation ids for %d logprobs", len(gen), len(content))
+	}
+	checkLedger(t, f, key, gen)
 }

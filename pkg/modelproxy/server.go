@@ -33,8 +33,9 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -57,11 +58,11 @@ type Deps struct {
 // Server is the policy model server.
 type Server struct {
 	*httpserver.Server
-	cfg     Config
-	log     *slog.Logger
-	ledger  *tokencapture.Ledger
-	client  *http.Client
-	metrics *metrics
+	cfg      Config
+	log      *slog.Logger
+	ledger   *tokencapture.Ledger
+	upstream *upstreamConn
+	metrics  *metrics
 	// ckpt and ctl are nil with checkpointing off: the data path then pays
 	// a nil check only.
 	ckpt *participant
@@ -69,6 +70,10 @@ type Server struct {
 
 	chatURL, modelsURL string
 	handler            http.Handler
+
+	// extraBody and chatTemplateKwargs are upstream.extra_body and
+	// upstream.chat_template_kwargs, parsed; nil when not set.
+	extraBody, chatTemplateKwargs map[string]codec.RawMessage
 }
 
 // New opens the capture ledger and builds the server; call Listen and Serve.
@@ -82,10 +87,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Registry == nil {
 		deps.Registry = prometheus.NewRegistry()
 	}
-	client := deps.Upstream
-	if client == nil {
-		client = httpclient.New(httpclient.Options{H2C: cfg.Upstream.H2C, MaxConnsPerHost: cfg.Upstream.MaxConnsPerHost})
-	}
 	ledger, err := tokencapture.Open(cfg.Capture.Dir, tokencapture.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("capture ledger: %w", err)
@@ -95,18 +96,17 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		cfg:       cfg,
 		log:       deps.Logger,
 		ledger:    ledger,
-		client:    client,
+		upstream:  newUpstreamConn(cfg, deps, deps.Logger),
 		metrics:   newMetrics(deps.Registry),
 		chatURL:   base + "/chat/completions",
 		modelsURL: base + "/models",
 	}
+	// Validate parsed both already.
+	s.extraBody, _ = parseObject(cfg.Upstream.ExtraBody)
+	s.chatTemplateKwargs, _ = parseObject(cfg.Upstream.ChatTemplateKwargs)
 	var mw []func(http.Handler) http.Handler
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newParticipant(s, deps.Registry)
-		s.ckpt.cutClient = deps.Control
-		if s.ckpt.cutClient == nil {
-			s.ckpt.cutClient = httpclient.New(httpclient.Options{H2C: cfg.Upstream.H2C})
-		}
 		ctl, err := ctlplane.New(cfg.Checkpoint, s.ckpt, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
 		if err != nil {
 			_ = ledger.Close()
@@ -115,7 +115,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.ctl, s.ckpt.ctl = ctl, ctl
 		mw = append(mw, ctl.Middleware(classify))
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof})
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})
 	s.routes(r)
 	if s.ctl != nil {
 		s.ctl.Mount(r)
@@ -129,6 +129,17 @@ func (s *Server) routes(r chi.Router) {
 	r.Get("/v1/models", s.handleModels)
 	r.Post("/v1/chat/completions", s.handleChat)
 	r.Post("/v1/responses", s.handleResponses)
+	// The rest of /v1 answers in OpenAI's error shape too. (A route, not a
+	// sub-router: the upstream request carries the handler's context, and
+	// an in-process upstream's router would read a sub-router's state.)
+	r.HandleFunc("/v1/*", func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/v1/models", "/v1/chat/completions", "/v1/responses":
+			apierror.WriteOpenAI(w, req, s.log, apierror.New(apierror.MethodNotAllowed, "method %s not allowed on %s", req.Method, req.URL.Path))
+		default:
+			apierror.WriteOpenAI(w, req, s.log, apierror.New(apierror.NotFound, "no route %s %s", req.Method, req.URL.Path))
+		}
+	})
 	r.Route("/capture/rollouts", func(r chi.Router) {
 		r.Use(s.requireControlToken)
 		r.Get("/{capture_key}/manifest", httpserver.Handle(s.log, s.handleManifest))
@@ -175,12 +186,11 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.ckpt != nil {
 		s.ckpt.close()
-		s.ckpt.cutClient.CloseIdleConnections()
 	}
 	if lerr := s.ledger.Close(); lerr != nil && !errors.Is(lerr, tokencapture.ErrClosed) {
 		err = errors.Join(err, fmt.Errorf("close capture ledger: %w", lerr))
 	}
-	s.client.CloseIdleConnections()
+	s.upstream.close()
 	return err
 }
 

@@ -159,7 +159,7 @@ func TestChat_CaptureFailuresNeverFailTheCall(t *testing.T) {
 			if len(m.Records) != 0 || len(m.Failures) != 1 || !strings.Contains(m.Failures[0].Reason, tt.wantReason) {
 				t.Fatalf("manifest = %+v", m)
 			}
-			if m.Failures[0].CallID != up.last(t).Header.Get(modelproxy.HeaderModelCallID) {
+			if m.Failures[0].CallID != up.lastChat(t).Header.Get(modelproxy.HeaderModelCallID) {
 				t.Fatalf("failure names call %s", m.Failures[0].CallID)
 			}
 			if got := metricValue(t, p.reg, "gymfleet_model_capture_failures_total", nil); got != 1 {
@@ -296,7 +296,7 @@ func TestChat_StreamBrokenUpstream(t *testing.T) {
 	p := newProxy(t, up, nil)
 	status, body := p.post(t, "/ng-rollout/b/v1/chat/completions", `{"messages":[{"role":"user","content":"q"}],"stream":true}`)
 	evs := events(t, body)
-	if status != http.StatusOK || len(evs) != 2 || !strings.Contains(string(evs[1].Data), `"code":"upstream_error"`) {
+	if status != http.StatusOK || len(evs) != 3 || !strings.Contains(string(evs[1].Data), `"code":"upstream_error"`) || string(evs[2].Data) != "[DONE]" {
 		t.Fatalf("broken stream relayed as %d %q", status, body)
 	}
 	if m := p.manifest(t, "b"); len(m.Records) != 0 || len(m.Failures) != 1 {
@@ -683,7 +683,11 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"defaults", func(*modelproxy.Config) {}, ""},
 		{"bad url", func(c *modelproxy.Config) { c.Upstream.BaseURL = "localhost:8000" }, "upstream.base_url"},
-		{"h2c over https", func(c *modelproxy.Config) { c.Upstream.BaseURL = "https://x/v1" }, "upstream.h2c"},
+		{"h2c over https", func(c *modelproxy.Config) { c.Upstream.BaseURL, c.Upstream.H2C = "https://x/v1", true }, "upstream.h2c"},
+		{"protocol h2c over https", func(c *modelproxy.Config) { c.Upstream.BaseURL, c.Upstream.Protocol = "https://x/v1", "h2c" }, "upstream.protocol h2c"},
+		{"auto over https", func(c *modelproxy.Config) { c.Upstream.BaseURL = "https://x/v1" }, ""},
+		{"unknown protocol", func(c *modelproxy.Config) { c.Upstream.Protocol = "http3" }, "upstream.protocol"},
+		{"h2c and http1", func(c *modelproxy.Config) { c.Upstream.H2C, c.Upstream.Protocol = true, "http1" }, "contradicts"},
 		{"no model", func(c *modelproxy.Config) { c.Upstream.Model = " " }, "upstream.model"},
 		{"bad name", func(c *modelproxy.Config) { c.Name = "a b" }, "name"},
 		{"no capture dir", func(c *modelproxy.Config) { c.Capture.Dir = "" }, "capture.dir"},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
@@ -57,10 +58,14 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 	if t.continueKey != "" {
 		h.Set(HeaderContinueCut, t.continueKey)
 	}
-	s.upstreamRunning(t, true)
-	resp, err := s.client.Do(req)
+	client, err := s.upstream.client(ctx)
 	if err != nil {
 		return nil, transportError(ctx, err)
+	}
+	s.upstreamRunning(t, true)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, transportError(ctx, s.upstream.callError(ctx, err))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -117,10 +122,13 @@ func (s *Server) completeUpstream(ctx context.Context, t *ticket, body []byte) (
 	}
 }
 
-// upstreamStatus is a non-2xx upstream reply.
+// upstreamStatus is a non-2xx upstream reply, or an error event in the
+// middle of an upstream stream (vLLM's data: {"error": {...}}, whose code is
+// the status).
 type upstreamStatus struct {
-	status int
-	body   []byte
+	status    int
+	body      []byte
+	midStream bool
 }
 
 func (e *upstreamStatus) Error() string {
@@ -128,7 +136,87 @@ func (e *upstreamStatus) Error() string {
 	if len(text) > maxErrorText {
 		text = text[:maxErrorText] + "..."
 	}
+	if e.midStream {
+		return fmt.Sprintf("the upstream stream failed (%d): %s", e.status, text)
+	}
 	return fmt.Sprintf("upstream answered %d: %s", e.status, text)
+}
+
+// upstreamError is the error object of a vLLM error body: ErrorResponse
+// {"error": {"message", "type", "param", "code"}} (vllm/entrypoints/openai/
+// engine/protocol.py at 040a2cc2), or the flat shape of older vLLMs
+// {"object": "error", "message", ...}.
+type upstreamError struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Param   any    `json:"param"`
+	Code    any    `json:"code"`
+}
+
+// parseUpstreamError reads the error object of an upstream error body; ok is
+// false when the body is not one.
+func parseUpstreamError(body []byte) (e upstreamError, ok bool) {
+	var nested struct {
+		Error codec.RawMessage `json:"error"`
+	}
+	if codec.Unmarshal(body, &nested) == nil && len(nested.Error) > 0 {
+		if codec.Unmarshal(nested.Error, &e) == nil && e.Message != "" {
+			return e, true
+		}
+		var text string
+		if codec.Unmarshal(nested.Error, &text) == nil && text != "" {
+			return upstreamError{Message: text}, true
+		}
+	}
+	var flat struct {
+		upstreamError
+		Detail any `json:"detail"`
+	}
+	if codec.Unmarshal(body, &flat) == nil {
+		if flat.Message != "" {
+			return flat.upstreamError, true
+		}
+		switch d := flat.Detail.(type) {
+		case string:
+			if d != "" {
+				return upstreamError{Message: d}, true
+			}
+		case []any:
+			// FastAPI's request validation: [{"loc": [...], "msg": ...}].
+			var msgs []string
+			for _, it := range d {
+				if m, isObj := it.(map[string]any); isObj {
+					if text, isText := m["msg"].(string); isText {
+						if loc, isList := m["loc"].([]any); isList && len(loc) > 0 {
+							text = fmt.Sprint(loc[len(loc)-1]) + ": " + text
+						}
+						msgs = append(msgs, text)
+					}
+				}
+			}
+			if len(msgs) > 0 {
+				return upstreamError{Message: strings.Join(msgs, "; ")}, true
+			}
+		}
+	}
+	return upstreamError{}, false
+}
+
+// eventError reports an upstream stream event that is vLLM's error object
+// (create_streaming_error_response in vllm/entrypoints/openai/engine/
+// serving.py at 00bd1493: data: {"error": {...}}, then data: [DONE]). The
+// error's code is its HTTP status; anything else counts as 500.
+func eventError(raw codec.RawMessage, data []byte) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	status := http.StatusInternalServerError
+	if e, ok := parseUpstreamError(data); ok {
+		if code, isNum := e.Code.(float64); isNum && code >= 400 && code < 600 {
+			status = int(code)
+		}
+	}
+	return &upstreamStatus{status: status, body: bytes.TrimSpace(data), midStream: true}
 }
 
 // contextOverflow reports vLLM refusing a prompt that leaves no room to
@@ -136,19 +224,43 @@ func (e *upstreamStatus) Error() string {
 // agent ends the episode as incomplete instead of failing.
 func contextOverflow(err error) bool {
 	var us *upstreamStatus
-	if !errors.As(err, &us) || us.status != http.StatusBadRequest {
+	if !errors.As(err, &us) || us.status != http.StatusBadRequest || us.midStream {
 		return false
 	}
 	return bytes.Contains(us.body, []byte("maximum context length")) || bytes.Contains(us.body, []byte("max_tokens"))
 }
 
-// asAPIError turns an upstream failure into the reply's error.
+// asAPIError turns an upstream failure into the reply's error. A 4xx keeps
+// its status and vLLM's message, type and param (an SDK must not retry a
+// request the backend refused), except 401 and 403, which say our own
+// upstream.api_key is wrong and are the upstream's fault to the client.
+// Everything else is 502 upstream_error.
 func asAPIError(err error) error {
 	var us *upstreamStatus
-	if errors.As(err, &us) {
-		return &apierror.Error{Code: apierror.UpstreamError, Detail: us.Error()}
+	if !errors.As(err, &us) {
+		return err
 	}
-	return err
+	if us.status >= 400 && us.status < 500 && us.status != http.StatusUnauthorized && us.status != http.StatusForbidden {
+		ue, ok := parseUpstreamError(us.body)
+		if !ok {
+			ue.Message = us.Error()
+		}
+		code := apierror.InvalidRequest
+		switch us.status {
+		case http.StatusNotFound:
+			code = apierror.NotFound
+		case http.StatusRequestEntityTooLarge:
+			code = apierror.BodyTooLarge
+		case http.StatusRequestTimeout, http.StatusTooManyRequests:
+			code = apierror.UpstreamError
+		}
+		e := &apierror.Error{Code: code, Detail: ue.Message, Status: us.status, Type: ue.Type}
+		if p, isText := ue.Param.(string); isText {
+			e.Param = p
+		}
+		return e
+	}
+	return &apierror.Error{Code: apierror.UpstreamError, Detail: us.Error()}
 }
 
 func transportError(ctx context.Context, err error) error {
@@ -179,7 +291,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	defer func() { s.metrics.calls.WithLabelValues(routeModels, outcome).Inc() }()
 	fail := func(err error) {
 		outcome = outcomeOf(err)
-		apierror.Write(w, r, s.log, err)
+		apierror.WriteOpenAI(w, r, s.log, err)
 	}
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, s.modelsURL, nil)
 	if err != nil {
@@ -189,9 +301,14 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Upstream.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+s.cfg.Upstream.APIKey)
 	}
-	resp, err := s.client.Do(req)
+	client, err := s.upstream.client(r.Context())
 	if err != nil {
 		fail(transportError(r.Context(), err))
+		return
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		fail(transportError(r.Context(), s.upstream.callError(r.Context(), err)))
 		return
 	}
 	defer resp.Body.Close()

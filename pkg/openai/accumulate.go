@@ -20,6 +20,7 @@ type ChatAccumulator struct {
 	tokenIDs     []int
 	hasTokenIDs  bool
 	promptTokens []int
+	routed       []byte
 }
 
 // Add folds one chunk in.
@@ -62,6 +63,9 @@ func (a *ChatAccumulator) Add(ch *ChatChunk) {
 		if cc.Logprobs != nil {
 			a.hasLogprobs = true
 			a.logprobs = append(a.logprobs, cc.Logprobs.Content...)
+		}
+		if re := cc.RoutedExperts; len(re) > 0 && string(re) != "null" {
+			a.routed = re
 		}
 		if cc.TokenIDs != nil {
 			a.hasTokenIDs = true
@@ -132,6 +136,7 @@ func (a *ChatAccumulator) Completion() *ChatCompletion {
 	if a.hasTokenIDs {
 		choice.TokenIDs = append([]int{}, a.tokenIDs...)
 	}
+	choice.RoutedExperts = a.routed
 	c.Choices = []ChatChoice{choice}
 	if a.promptTokens != nil {
 		c.PromptTokenIDs = append([]int{}, a.promptTokens...)

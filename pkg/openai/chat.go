@@ -36,9 +36,12 @@ type ChatRequest struct {
 	Logprobs            *bool             `json:"logprobs,omitempty"`
 	TopLogprobs         *int              `json:"top_logprobs,omitempty"`
 	// vLLM extensions.
-	ReturnTokenIDs         *bool          `json:"return_token_ids,omitempty"`
-	ReturnTokensAsTokenIDs *bool          `json:"return_tokens_as_token_ids,omitempty"`
-	ChatTemplateKwargs     map[string]any `json:"chat_template_kwargs,omitempty"`
+	ReturnTokenIDs         *bool            `json:"return_token_ids,omitempty"`
+	ReturnTokensAsTokenIDs *bool            `json:"return_tokens_as_token_ids,omitempty"`
+	ChatTemplateKwargs     codec.RawMessage `json:"chat_template_kwargs,omitempty"`
+	// ExtraBody are top-level fields a proxy merges under the encoded
+	// request (a field the request has wins); never encoded itself.
+	ExtraBody map[string]codec.RawMessage `json:"-"`
 }
 
 // StreamOptions is stream_options of a streaming request.
@@ -70,6 +73,9 @@ type ChatMessage struct {
 	ReasoningContent *string         `json:"reasoning_content,omitempty"`
 	Reasoning        *string         `json:"reasoning,omitempty"`
 	TokenFields
+	// RoutedExperts is a reply's per-token MoE routing (NeMo Gym's
+	// routed_experts: a string or [[[int]]]), kept opaque.
+	RoutedExperts codec.RawMessage `json:"routed_experts,omitempty"`
 }
 
 // TokenFields are NeMo Gym's training token fields: all three or none.
@@ -184,6 +190,8 @@ type ChatChoice struct {
 	Logprobs     *ChoiceLogprobs `json:"logprobs,omitempty"`
 	// TokenIDs is vLLM's return_token_ids field: the generated ids.
 	TokenIDs codec.Ints `json:"token_ids,omitempty"`
+	// RoutedExperts is vLLM's per-choice routed_experts, kept opaque.
+	RoutedExperts codec.RawMessage `json:"routed_experts,omitempty"`
 }
 
 // ChoiceLogprobs holds one entry per generated token.
@@ -204,6 +212,7 @@ type TokenLogprob struct {
 type TopLogprob struct {
 	Token   string  `json:"token"`
 	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes,omitempty"`
 }
 
 // Usage counts tokens of a call.
@@ -235,6 +244,9 @@ type ChatChunk struct {
 	Usage   *Usage        `json:"usage,omitempty"`
 	// PromptTokenIDs comes on the first chunk only (vLLM return_token_ids).
 	PromptTokenIDs codec.Ints `json:"prompt_token_ids,omitempty"`
+	// Error is set on the event a vLLM stream fails with instead of a
+	// chunk: data: {"error": {...}}, then data: [DONE].
+	Error codec.RawMessage `json:"error,omitempty"`
 }
 
 // ChunkChoice is one choice's delta.
@@ -244,6 +256,8 @@ type ChunkChoice struct {
 	FinishReason *string         `json:"finish_reason"`
 	Logprobs     *ChoiceLogprobs `json:"logprobs,omitempty"`
 	TokenIDs     codec.Ints      `json:"token_ids,omitempty"`
+	// RoutedExperts, when a chunk carries it, is the choice's routing.
+	RoutedExperts codec.RawMessage `json:"routed_experts,omitempty"`
 }
 
 // ChunkDelta is what a chunk adds to the message.

@@ -54,7 +54,8 @@ func NewID(prefix string) string {
 // ResponsesToChat converts a Responses request into the Chat Completions
 // request sent upstream, with model set to model. Fields Chat does not declare
 // (include, background, previous_response_id, text, truncation, prompt,
-// max_tool_calls) are dropped, as NeMo Gym does. It fails on input it cannot
+// max_tool_calls) are dropped, as NeMo Gym does; the model server refuses
+// the values it cannot honour before converting (modelproxy's unsupported). It fails on input it cannot
 // express in Chat: unknown item types or content parts, non-function tools,
 // partial token fields, or a tool_choice that needs tools when none are offered.
 func ResponsesToChat(req *ResponsesRequest, model string) (*ChatRequest, error) {
@@ -332,6 +333,50 @@ type ResponseOptions struct {
 	// means a fresh random id ("resp_…", "rs_…", "msg_…"). A streaming
 	// converter passes the ids it already announced.
 	ID, ReasoningID, MessageID string
+	// Logprobs puts the choice's log-probs on the message's output_text
+	// part (include "message.output_text.logprobs").
+	Logprobs bool
+}
+
+// ResponseLogprob is one token's log-probability on an output_text part
+// (OpenAI's Responses Logprob: token, bytes, logprob, top_logprobs).
+type ResponseLogprob struct {
+	Token       string               `json:"token"`
+	Bytes       []int                `json:"bytes"`
+	Logprob     float64              `json:"logprob"`
+	TopLogprobs []ResponseTopLogprob `json:"top_logprobs"`
+}
+
+// ResponseTopLogprob is one alternative token of a ResponseLogprob.
+type ResponseTopLogprob struct {
+	Token   string  `json:"token"`
+	Bytes   []int   `json:"bytes"`
+	Logprob float64 `json:"logprob"`
+}
+
+// ResponseLogprobs converts Chat Completions log-prob entries into the
+// Responses shape; a token without bytes gets its UTF-8 bytes.
+func ResponseLogprobs(entries []TokenLogprob) []ResponseLogprob {
+	out := make([]ResponseLogprob, len(entries))
+	for i, e := range entries {
+		top := make([]ResponseTopLogprob, len(e.TopLogprobs))
+		for j, t := range e.TopLogprobs {
+			top[j] = ResponseTopLogprob{Token: t.Token, Bytes: tokenBytes(t.Token, t.Bytes), Logprob: t.Logprob}
+		}
+		out[i] = ResponseLogprob{Token: e.Token, Bytes: tokenBytes(e.Token, e.Bytes), Logprob: e.Logprob, TopLogprobs: top}
+	}
+	return out
+}
+
+func tokenBytes(token string, b []int) []int {
+	if b != nil {
+		return b
+	}
+	out := make([]int, len(token))
+	for i := 0; i < len(token); i++ {
+		out[i] = int(token[i])
+	}
+	return out
 }
 
 var thinkBlock = regexp.MustCompile(`(?s)<think>(.*?)</think>`)
@@ -394,9 +439,21 @@ func ChatToResponse(req *ResponsesRequest, c *ChatCompletion, opts ResponseOptio
 		if role == "" {
 			role = "assistant"
 		}
+		part := OutputText(text)
+		if opts.Logprobs {
+			var entries []TokenLogprob
+			if choice.Logprobs != nil {
+				entries = choice.Logprobs.Content
+			}
+			b, err := codec.Marshal(ResponseLogprobs(entries))
+			if err != nil {
+				return nil, err
+			}
+			part.Logprobs = b
+		}
 		output = append(output, Item{
 			Type: ItemMessage, ID: idOr(opts.MessageID, "msg_"), Role: role, Status: StatusCompleted,
-			Content: &MessageContent{IsParts: true, Parts: []ContentPart{OutputText(text)}},
+			Content: &MessageContent{IsParts: true, Parts: []ContentPart{part}},
 		})
 	}
 	for _, tc := range msg.ToolCalls {
@@ -411,6 +468,9 @@ func ChatToResponse(req *ResponsesRequest, c *ChatCompletion, opts ResponseOptio
 	}
 	if msg.HasTokens() {
 		output[len(output)-1].TokenFields = msg.TokenFields
+	}
+	if re := msg.RoutedExperts; len(re) > 0 && string(re) != "null" {
+		output[len(output)-1].RoutedExperts = re
 	}
 
 	resp := &Response{

@@ -104,6 +104,12 @@ func (it Item) appendJSON(b []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(it.RoutedExperts) > 0 {
+		b = append(b, `,"routed_experts":`...)
+		if b, err = codec.AppendRaw(b, it.RoutedExperts); err != nil {
+			return nil, err
+		}
+	}
 	return append(b, '}'), nil
 }
 

@@ -108,6 +108,9 @@ type Item struct {
 	EncryptedContent *string
 	// NeMo Gym's training token fields, on the last output item of a call.
 	TokenFields
+	// RoutedExperts rides with the token fields (NeMo Gym's routed_experts,
+	// read by NeMo RL's router replay); opaque, and written only on output.
+	RoutedExperts codec.RawMessage
 }
 
 // SummaryText is one summary entry of a reasoning item.

@@ -25,14 +25,6 @@ import (
 	"github.com/gymfleet/gymfleet/tests/fleettest"
 )
 
-// pending lists the branches of issue 32 whose behaviour has not landed
-// yet: a fixture whose needs is listed here is skipped, naming the branch.
-// Empty it as the branches merge; every fixture must then pass.
-var pending = map[string]bool{
-	"vllm": true,
-}
-
-// knownNeeds are the branches a fixture may name.
 var knownNeeds = map[string]bool{"vllm": true, "stand-in": true, "identity": true, "gymsurface": true}
 
 // Source names the upstream code a fixture's shapes come from.
@@ -51,8 +43,6 @@ type Fixture struct {
 	Name        string   `json:"name"`
 	Description string   `json:"description"`
 	Source      []Source `json:"source"`
-	// Needs names the issue-32 branch whose behaviour the fixture checks.
-	Needs string `json:"needs,omitempty"`
 	// Script is the fake policy's script for the whole fixture (a test
 	// harness detail: it makes the stand-in call the tools the upstream
 	// dataset row asks for).
@@ -161,9 +151,6 @@ func loadFixtures(t *testing.T) []*Fixture {
 				t.Fatalf("%s: source %+v must name repo, path, a full commit and lines or symbols", p, s)
 			}
 		}
-		if f.Needs != "" && !knownNeeds[f.Needs] {
-			t.Fatalf("%s: needs %q is not a branch of issue 32", p, f.Needs)
-		}
 		out = append(out, &f)
 	}
 	return out
@@ -172,9 +159,6 @@ func loadFixtures(t *testing.T) []*Fixture {
 func TestCorpus(t *testing.T) {
 	for _, f := range loadFixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
-			if pending[f.Needs] {
-				t.Skipf("needs the %s branch of issue 32 (listed in pending)", f.Needs)
-			}
 			t.Parallel()
 			newRun(t, f).replay(t)
 		})
