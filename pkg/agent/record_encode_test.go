@@ -211,7 +211,7 @@ func TestAppendSessionRecord_MatchesMarshal(t *testing.T) {
 		},
 		"numbers": func(r *sessionRecordOut) {
 			resp := r.Boundary.LastModelResponse
-			resp.CreatedAt, resp.Temperature, resp.TopP, resp.MaxOutputTokens = math.MinInt64, ptr(1e-7), ptr(1e21), num(-1)
+			resp.CreatedAt, resp.Temperature, resp.TopP, resp.MaxOutputTokens = -1e21, ptr(1e-7), ptr(1e21), num(-1)
 			r.Boundary.Usage = &openai.ResponseUsage{InputTokens: math.MaxInt, TotalTokens: -5,
 				InputTokensDetails: openai.InputTokensDetails{CachedTokens: num(0)}}
 			r.Session.Observations.Usage = nil
@@ -325,7 +325,7 @@ func fuzzRecord(s string, raw []byte, n int64, f float64, shape uint64) sessionR
 		{Type: openai.ItemReasoning, Summary: []openai.SummaryText{{Type: s, Text: s}}, EncryptedContent: &s},
 	}
 	resp := &openai.Response{
-		ID: s, Object: str(8), CreatedAt: n, Model: s, ParallelToolCalls: bit(9), ToolChoice: rawOr(10),
+		ID: s, Object: str(8), CreatedAt: float64(n), Model: s, ParallelToolCalls: bit(9), ToolChoice: rawOr(10),
 		Status: str(12), Error: rawOr(13), MaxOutputTokens: &k,
 	}
 	if bit(15) {

@@ -80,7 +80,7 @@ func (rs *responseStream) skeleton(created int64, status string) *openai.Respons
 		openai.ResponseOptions{Model: rs.s.cfg.Upstream.Model, ID: rs.id})
 	if err != nil {
 		// Unreachable: the completion has a choice.
-		resp = &openai.Response{ID: rs.id, Object: "response", CreatedAt: created, Model: rs.s.cfg.Upstream.Model}
+		resp = &openai.Response{ID: rs.id, Object: "response", CreatedAt: float64(created), Model: rs.s.cfg.Upstream.Model}
 	}
 	resp.Output, resp.Status, resp.Usage, resp.IncompleteDetails = []openai.Item{}, status, nil, nil
 	return resp

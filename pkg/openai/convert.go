@@ -476,7 +476,7 @@ func ChatToResponse(req *ResponsesRequest, c *ChatCompletion, opts ResponseOptio
 	resp := &Response{
 		ID:                idOr(opts.ID, "resp_"),
 		Object:            "response",
-		CreatedAt:         c.Created,
+		CreatedAt:         float64(c.Created),
 		Model:             opts.Model,
 		Output:            output,
 		ParallelToolCalls: req.ParallelToolCalls == nil || *req.ParallelToolCalls,

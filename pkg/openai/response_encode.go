@@ -23,7 +23,9 @@ func (r *Response) AppendJSON(b []byte) ([]byte, error) {
 	b = appendField(b, '{', "id", r.ID)
 	b = appendField(b, ',', "object", r.Object)
 	b = append(b, `,"created_at":`...)
-	b = strconv.AppendInt(b, r.CreatedAt, 10)
+	if b, err = codec.AppendFloat(b, r.CreatedAt); err != nil {
+		return nil, err
+	}
 	b = appendField(b, ',', "model", r.Model)
 	b = append(b, `,"output":`...)
 	if b, err = appendListOrNull(b, r.Output, Item.appendJSON); err != nil {

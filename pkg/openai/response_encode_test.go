@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -101,4 +102,25 @@ func FuzzResponseAppendJSON(f *testing.F) {
 		}
 		checkResponseAppendJSON(t, &r)
 	})
+}
+
+// A NeMo Gym model server's reply carries created_at as a float
+// (NeMoGymResponse in nemo_gym/openai_utils.py at 07d6b0d07b22 inherits
+// OpenAI's Response, whose created_at is a float), so an agent of ours
+// behind one must read it; integral values encode as before.
+func TestResponse_CreatedAtIsAFloat(t *testing.T) {
+	var r Response
+	if err := codec.Unmarshal([]byte(`{"id":"resp_1","object":"response","created_at":1700000000.0,"model":"m","output":[],"parallel_tool_calls":true,"tool_choice":"auto","tools":[]}`), &r); err != nil {
+		t.Fatalf("a Gym reply's float created_at: %v", err)
+	}
+	if r.CreatedAt != 1700000000 {
+		t.Fatalf("created_at = %v, want 1700000000", r.CreatedAt)
+	}
+	b, err := r.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"created_at":1700000000,`) {
+		t.Fatalf("an integral created_at encodes as an integer: %s", b)
+	}
 }

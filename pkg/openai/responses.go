@@ -165,9 +165,11 @@ func OutputText(text string) ContentPart {
 
 // Response is a Responses object (NeMo Gym's NeMoGymResponse).
 type Response struct {
-	ID                string             `json:"id"`
-	Object            string             `json:"object"`
-	CreatedAt         int64              `json:"created_at"`
+	ID     string `json:"id"`
+	Object string `json:"object"`
+	// CreatedAt is a float, as OpenAI's Response and NeMo Gym's
+	// NeMoGymResponse declare it: a Gym model server sends 1700000000.0.
+	CreatedAt         float64            `json:"created_at"`
 	Model             string             `json:"model"`
 	Output            []Item             `json:"output"`
 	ParallelToolCalls bool               `json:"parallel_tool_calls"`
