@@ -277,3 +277,21 @@ func TestH2COnly_HTTP1ServerFailsAtOnce(t *testing.T) {
 		t.Errorf("the POST arrived %d times, want never", n)
 	}
 }
+
+// Ensure auto sends an https:// address over HTTP/1.1 with TLS (h2c is
+// HTTP/2 without TLS only), where h2c only refuses it.
+func TestAuto_HTTPSGoesOverHTTP1(t *testing.T) {
+	var posts atomic.Int64
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		io.Copy(w, r.Body)
+	}))
+	t.Cleanup(srv.Close)
+	tr := NewTransport(Options{Protocol: ProtocolAuto})
+	t.Cleanup(tr.CloseIdleConnections)
+	tr.(*h2cPool).http1.(*http.Transport).TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
+	rep, err := Do(context.Background(), &http.Client{Transport: tr}, http.MethodPost, srv.URL+"/run", nil, []byte(`{"row":1}`))
+	if err != nil || rep.Status != 200 || string(rep.Body) != `{"row":1}` || posts.Load() != 1 {
+		t.Fatalf("Do = %+v, %v after %d POSTs; want the body echoed by one", rep, err, posts.Load())
+	}
+}

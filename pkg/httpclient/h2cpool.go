@@ -74,6 +74,9 @@ func newH2CPool(dial func(ctx context.Context, network, addr string) (net.Conn, 
 // none has and the host is under maxConns, else waiting on the least busy;
 // or on the http1 transport when the host speaks only HTTP/1.1.
 func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL != nil && req.URL.Scheme == "https" && p.http1 != nil {
+		return p.http1.RoundTrip(req) // h2c is HTTP/2 without TLS only
+	}
 	if req.URL == nil || req.URL.Scheme != "http" {
 		closeBody(req)
 		return nil, fmt.Errorf("h2c transport: only http:// addresses, got %v", req.URL)

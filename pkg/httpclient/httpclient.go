@@ -55,7 +55,8 @@ const (
 	// ProtocolAuto speaks h2c to a server that does and HTTP/1.1 to one
 	// that answers the h2c preface in HTTP/1.x (NeMo Gym's uvicorn
 	// servers), found out per host on the first connection and remembered
-	// for the transport's lifetime. For peers that may be ours or Gym's.
+	// for the transport's lifetime; https:// addresses go over HTTP/1.1
+	// with TLS. For peers that may be ours or Gym's.
 	ProtocolAuto
 )
 
