@@ -14,7 +14,8 @@
 // requests with bodies (flow-controlled both ways), replies streamed as they
 // arrive, cancellation (RST_STREAM), the server's stream limit, GOAWAY, and
 // PING and SETTINGS answered. It does not do server push (disabled in our
-// SETTINGS), priorities, trailers (read and dropped) or TLS.
+// SETTINGS), priorities, trailers (read and dropped) or TLS. A server that
+// answers the preface in HTTP/1.x fails the connection with ErrHTTP1Server.
 package h2client
 
 import (
