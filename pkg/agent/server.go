@@ -50,7 +50,8 @@ type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
 	// Client calls the model and resources servers; nil means
-	// httpclient.New(httpclient.Options{H2C: true}).
+	// httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto}):
+	// h2c to ours, HTTP/1.1 to NeMo Gym's.
 	Client *http.Client
 }
 
@@ -172,7 +173,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	ownClient := deps.Client == nil
 	if ownClient {
-		deps.Client = httpclient.New(httpclient.Options{H2C: true})
+		deps.Client = httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto})
 	}
 	s := &Server{
 		ownClient: ownClient,

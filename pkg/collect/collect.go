@@ -72,7 +72,9 @@ type Options struct {
 	Concurrency int
 	// Limit keeps the first Limit valid rows of the input (0: all).
 	Limit int
-	// Client sends /run; nil means an HTTP/2 (h2c) client for http URLs.
+	// Client sends /run; nil means h2c to our environment server and
+	// HTTP/1.1 to a server that speaks only that (a NeMo Gym agent) or to
+	// an https URL (httpclient.ProtocolAuto).
 	// /run is never retried blindly: a /run without a reply is retried as
 	// the next attempt, after the one without a reply is retired.
 	Client *http.Client
@@ -191,7 +193,7 @@ func New(opts Options) (*Collector, error) {
 		c.log = logging.Discard()
 	}
 	if c.client == nil {
-		c.client = httpclient.New(httpclient.Options{H2C: strings.HasPrefix(opts.EnvURL, "http://")})
+		c.client = httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto})
 	}
 	return c, nil
 }

@@ -78,7 +78,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{
 		cfg:     cfg,
 		log:     deps.Logger,
-		client:  httpclient.New(httpclient.Options{H2C: true}),
+		client:  httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto}), // peers may be NeMo Gym's (HTTP/1.1)
 		agents:  make(map[string]AgentConfig, len(cfg.Agents)),
 		metrics: newMetrics(deps.Registry),
 		live:    make(map[string]*episode),

@@ -14,7 +14,8 @@
 // requests with bodies (flow-controlled both ways), replies streamed as they
 // arrive, cancellation (RST_STREAM), the server's stream limit, GOAWAY, and
 // PING and SETTINGS answered. It does not do server push (disabled in our
-// SETTINGS), priorities, trailers (read and dropped) or TLS.
+// SETTINGS), priorities, trailers (read and dropped) or TLS. A server that
+// answers the preface in HTTP/1.x fails the connection with ErrHTTP1Server.
 package h2client
 
 import (
@@ -65,6 +66,21 @@ const (
 // opened. Sending it again is safe (RFC 9113 §8.7).
 var ErrNotProcessed = errors.New("h2client: request not processed by the server")
 
+// ErrHTTP1Server is wrapped by the error of a connection whose server
+// answered our preface with an HTTP/1.x status line: it does not speak h2c
+// (uvicorn, and any net/http server without h2c enabled, reply
+// "HTTP/1.1 400 Bad Request" or similar). It wraps ErrNotProcessed: an
+// HTTP/1 server cannot read an HTTP/2 frame as a request, so nothing sent
+// on the connection was processed. Sending again over h2c will fail the
+// same way; the request is for an HTTP/1.1 transport.
+var ErrHTTP1Server error = notProcessedError("h2client: the server speaks HTTP/1.x, not h2c")
+
+// notProcessedError is a sentinel that is ErrNotProcessed too.
+type notProcessedError string
+
+func (e notProcessedError) Error() string { return string(e) }
+func (e notProcessedError) Unwrap() error { return ErrNotProcessed }
+
 // errConnClosed is a connection's error once Close has been called.
 var errConnClosed = errors.New("h2client: connection closed")
 
@@ -72,6 +88,7 @@ var errConnClosed = errors.New("h2client: connection closed")
 // concurrent use.
 type Conn struct {
 	nc net.Conn
+	br *bufio.Reader // the read loop's alone
 
 	// wmu orders everything written: frames, the HPACK encoder's state and
 	// the assignment of stream ids (streams must open in id order).
@@ -96,6 +113,9 @@ type Conn struct {
 	goAway   bool
 	goAwayID uint32
 	err      error // set once: the connection is unusable
+	// spoke is set when the server's first bytes arrived and are not
+	// HTTP/1's (checkHTTP2); requests wait for it.
+	spoke bool
 	// nextID is the id of the next stream: assigned under mu and wmu both,
 	// so that streams open in id order.
 	nextID uint32
@@ -107,7 +127,8 @@ type Conn struct {
 }
 
 // Dial opens a connection to addr with dial and starts its read loop. The
-// connection takes requests at once.
+// connection takes requests at once; they go out once the server has spoken
+// (NewConn).
 func Dial(ctx context.Context, dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string) (*Conn, error) {
 	nc, err := dial(ctx, "tcp", addr)
 	if err != nil {
@@ -116,7 +137,8 @@ func Dial(ctx context.Context, dial func(ctx context.Context, network, addr stri
 	return NewConn(nc)
 }
 
-// NewConn starts HTTP/2 on nc, which it owns from then on.
+// NewConn starts HTTP/2 on nc, which it owns from then on. Requests are
+// written once the server's first bytes have arrived.
 func NewConn(nc net.Conn) (*Conn, error) {
 	c := &Conn{
 		nc:         nc,
@@ -128,7 +150,8 @@ func NewConn(nc net.Conn) (*Conn, error) {
 		readDone:   make(chan struct{}),
 	}
 	c.cond.L = &c.mu
-	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
+	c.br = bufio.NewReaderSize(nc, 64<<10)
+	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = maxHeaderListSize
 	c.fr.SetMaxReadFrameSize(maxReadFrameSize)
@@ -337,10 +360,14 @@ func (c *Conn) openStream(req *http.Request, hasBody bool) (*stream, error) {
 	if reserved {
 		c.reserved--
 	}
-	full := func() bool { return c.slotsLocked() >= c.peer.MaxStreams }
-	if !reserved && full() && c.usableLocked() == nil {
+	// Nothing follows our preface before the server's first bytes show it
+	// speaks HTTP/2: an HTTP/1 server closes the connection after its
+	// error reply, and a request written into that close would fail with
+	// a write error instead of ErrHTTP1Server.
+	wait := func() bool { return !c.spoke || (!reserved && c.slotsLocked() >= c.peer.MaxStreams) }
+	if wait() && c.usableLocked() == nil {
 		stop := context.AfterFunc(req.Context(), c.wake)
-		for full() && c.usableLocked() == nil && req.Context().Err() == nil {
+		for wait() && c.usableLocked() == nil && req.Context().Err() == nil {
 			c.cond.Wait()
 		}
 		stop()

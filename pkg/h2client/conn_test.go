@@ -526,3 +526,91 @@ func TestWaitingRequestsHoldNoGoroutineOfTheClient(t *testing.T) {
 		t.Errorf("%d goroutines beyond the callers and the handlers for %d requests waiting", extra, requests)
 	}
 }
+
+// Ensure a server that speaks only HTTP/1.1 fails the connection with
+// ErrHTTP1Server (which is ErrNotProcessed too) and that the request never
+// reaches its handler: net/http's server without h2c enabled answers our
+// preface with an HTTP/1.1 status line.
+func TestHTTP1Server_IsErrHTTP1Server(t *testing.T) {
+	var posts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c := dial(t, srv)
+	_, err := c.RoundTrip(request(t, context.Background(), http.MethodPost, srv.URL+"/run", []byte(`{"row":1}`)))
+	if !errors.Is(err, ErrHTTP1Server) || !errors.Is(err, ErrNotProcessed) {
+		t.Fatalf("RoundTrip to an HTTP/1.1-only server: %v; want ErrHTTP1Server and ErrNotProcessed", err)
+	}
+	if !strings.Contains(err.Error(), "HTTP/1.1") {
+		t.Errorf("error %q does not quote the server's status line", err)
+	}
+	waitFor(t, "the connection to fail", func() bool { return c.Err() != nil })
+	if !errors.Is(c.Err(), ErrHTTP1Server) {
+		t.Errorf("Err() = %v, want ErrHTTP1Server", c.Err())
+	}
+	if _, err := c.RoundTrip(request(t, context.Background(), http.MethodGet, srv.URL, nil)); !errors.Is(err, ErrHTTP1Server) {
+		t.Errorf("a later request: %v, want ErrHTTP1Server", err)
+	}
+	if n := posts.Load(); n != 0 {
+		t.Errorf("the handler saw %d POSTs, want none", n)
+	}
+}
+
+// http1BadRequest is what uvicorn writes to a client whose bytes do not
+// parse as HTTP/1.x, our preface included, before it closes the connection
+// (send_400_response in uvicorn/protocols/http/h11_impl.py at c1144fd4f130,
+// the uvicorn NeMo Gym's pyproject.toml at 07d6b0d07b22 names).
+const http1BadRequest = "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n" +
+	"connection: close\r\ntransfer-encoding: chunked\r\n\r\n1d\r\nInvalid HTTP request received.\r\n0\r\n\r\n"
+
+// http1RawServer accepts connections and answers each, once it has read the
+// HTTP/2 preface, with reply and closes it.
+func http1RawServer(t *testing.T, reply string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer nc.Close()
+				preface := make([]byte, len(http2.ClientPreface))
+				if _, err := io.ReadFull(nc, preface); err != nil {
+					return
+				}
+				io.WriteString(nc, reply)
+			})
+		}
+	})
+	return ln.Addr().String()
+}
+
+func TestHTTP1Server_RawBadRequest(t *testing.T) {
+	addr := http1RawServer(t, http1BadRequest)
+	for range 20 { // the server's close races our writes; each order must end the same
+		var d net.Dialer
+		c, err := Dial(context.Background(), d.DialContext, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.RoundTrip(request(t, context.Background(), http.MethodPost, "http://"+addr+"/run", []byte("x")))
+		if !errors.Is(err, ErrHTTP1Server) || !errors.Is(err, ErrNotProcessed) {
+			c.Close()
+			t.Fatalf("RoundTrip: %v; want ErrHTTP1Server and ErrNotProcessed", err)
+		}
+		if !strings.Contains(err.Error(), `"HTTP/1.1 400 Bad Request"`) {
+			t.Errorf("error %q does not quote the status line", err)
+		}
+		c.Close()
+	}
+}

@@ -1,6 +1,7 @@
 package h2client
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,12 @@ func (c *Conn) readLoop() {
 	c.nc.Close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err == nil {
+	switch {
+	case errors.Is(err, ErrHTTP1Server):
+		// Said over any other error (a write that failed as the server
+		// closed): it is what the caller needs to know to fall back.
+		c.err = err
+	case c.err == nil:
 		c.err = fmt.Errorf("h2client: connection lost: %w", err)
 	}
 	for id, st := range c.streams {
@@ -35,6 +41,9 @@ func (c *Conn) readLoop() {
 
 // readFrames dispatches frames until the connection fails.
 func (c *Conn) readFrames() error {
+	if err := c.checkHTTP2(); err != nil {
+		return err
+	}
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
@@ -75,6 +84,32 @@ func (c *Conn) readFrames() error {
 			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
 	}
+}
+
+// http1Prefix begins the status line of an HTTP/1.x reply. A server's
+// first HTTP/2 frame is SETTINGS, whose 9-byte header starts with its
+// length and type 4, never these bytes.
+const http1Prefix = "HTTP/1."
+
+// checkHTTP2 waits for the server's first bytes and fails with
+// ErrHTTP1Server when they are an HTTP/1.x status line: read as a frame
+// header they would be "frame too large", which says nothing of the cause.
+func (c *Conn) checkHTTP2() error {
+	first, err := c.br.Peek(len(http1Prefix) + 1)
+	if err != nil {
+		return err
+	}
+	if !bytes.HasPrefix(first, []byte(http1Prefix)) {
+		c.mu.Lock()
+		c.spoke = true
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		return nil
+	}
+	line, _ := c.br.Peek(c.br.Buffered())
+	line, _, _ = bytes.Cut(line, []byte("\n"))
+	line = bytes.TrimRight(line[:min(len(line), 80)], "\r")
+	return fmt.Errorf("%w (its reply to our preface began %q)", ErrHTTP1Server, line)
 }
 
 // lookup is the open stream with id (nil when there is none) and whether

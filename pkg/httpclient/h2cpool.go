@@ -28,6 +28,14 @@ import (
 // server itself, no handler runs), and the server answering it has read our
 // SETTINGS; a connection dropped before that carried nothing of ours and is
 // simply opened again.
+//
+// The same handshake finds out a server that does not speak h2c: it
+// answers the preface in HTTP/1.x (h2client.ErrHTTP1Server). With an
+// http1 transport (ProtocolAuto) the host is then marked, for the pool's
+// lifetime, and its requests go to http1 from then on, the one that opened
+// the connection included: none of them was sent on it, only the
+// handshake was, so even a POST goes out once. Without one (h2c only) the
+// request fails at once with that error.
 type h2cPool struct {
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxConns int // per host
@@ -36,8 +44,13 @@ type h2cPool struct {
 	// handshakes bounds the connections opened for one request whose
 	// handshake failed before the pool gives up.
 	handshakes int
+	// http1 takes the requests of hosts that speak only HTTP/1.1; nil when
+	// the pool speaks h2c only.
+	http1 Transport
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// hosts has an entry per address the pool was asked for: the peers a
+	// server is configured with, so it stays small.
 	hosts map[string]*hostConns
 }
 
@@ -48,25 +61,34 @@ type hostConns struct {
 	// failed; nil when none is being opened. One at a time per host: a burst
 	// waits for it rather than dialing a connection per request.
 	opening chan struct{}
+	// http1 is set once the host answered the h2c preface in HTTP/1.x and
+	// the pool has an http1 transport: its requests go there.
+	http1 bool
 }
 
-func newH2CPool(dial func(ctx context.Context, network, addr string) (net.Conn, error), maxConns int) *h2cPool {
-	return &h2cPool{dial: dial, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, hosts: map[string]*hostConns{}}
+func newH2CPool(dial func(ctx context.Context, network, addr string) (net.Conn, error), maxConns int, http1 Transport) *h2cPool {
+	return &h2cPool{dial: dial, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, http1: http1, hosts: map[string]*hostConns{}}
 }
 
 // RoundTrip sends req on a connection with a free stream, opening one when
-// none has and the host is under maxConns, else waiting on the least busy.
+// none has and the host is under maxConns, else waiting on the least busy;
+// or on the http1 transport when the host speaks only HTTP/1.1.
 func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL != nil && req.URL.Scheme == "https" && p.http1 != nil {
+		return p.http1.RoundTrip(req) // h2c is HTTP/2 without TLS only
+	}
 	if req.URL == nil || req.URL.Scheme != "http" {
 		closeBody(req)
 		return nil, fmt.Errorf("h2c transport: only http:// addresses, got %v", req.URL)
 	}
 	addr := hostPort(req.URL)
 	for {
-		cc, opening, err := p.pick(addr)
+		cc, opening, http1 := p.pick(addr)
 		switch {
 		case cc != nil:
 			return cc.RoundTrip(req)
+		case http1:
+			return p.http1.RoundTrip(req)
 		case opening != nil:
 			select {
 			case <-opening:
@@ -75,7 +97,7 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, context.Cause(req.Context())
 			}
 		default: // this request opens the connection
-			if err = p.open(req.Context(), addr); err != nil {
+			if err := p.open(req.Context(), addr); err != nil {
 				closeBody(req)
 				return nil, err
 			}
@@ -84,15 +106,19 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // pick returns a connection with a stream reserved for the caller, or the
-// channel of a connection being opened to wait for, or (nil, nil) when the
-// caller is to open one itself (p.open).
-func (p *h2cPool) pick(addr string) (*h2client.Conn, chan struct{}, error) {
+// channel of a connection being opened to wait for, or http1 when the host
+// speaks only HTTP/1.1, or none of these when the caller is to open a
+// connection itself (p.open).
+func (p *h2cPool) pick(addr string) (*h2client.Conn, chan struct{}, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	h := p.hosts[addr]
 	if h == nil {
 		h = &hostConns{}
 		p.hosts[addr] = h
+	}
+	if h.http1 {
+		return nil, nil, true
 	}
 	live := h.conns[:0]
 	for _, cc := range h.conns {
@@ -104,11 +130,11 @@ func (p *h2cPool) pick(addr string) (*h2client.Conn, chan struct{}, error) {
 	h.conns = live
 	for _, cc := range h.conns {
 		if cc.Reserve() == nil {
-			return cc, nil, nil
+			return cc, nil, false
 		}
 	}
 	if h.opening != nil {
-		return nil, h.opening, nil
+		return nil, h.opening, false
 	}
 	if len(h.conns) >= p.maxConns {
 		// Every connection is at the server's stream limit: the request
@@ -119,16 +145,18 @@ func (p *h2cPool) pick(addr string) (*h2client.Conn, chan struct{}, error) {
 				least = cc
 			}
 		}
-		return least, nil, nil
+		return least, nil, false
 	}
 	h.opening = make(chan struct{})
-	return nil, nil, nil
+	return nil, nil, false
 }
 
 // open opens a connection to addr and adds it to the pool once the server
 // has answered on it. A connection the server closed during the handshake
 // is opened again, up to p.handshakes times; a dial error is returned as
-// it is. Requests waiting on the host are woken either way.
+// it is. A server that answered in HTTP/1.x marks the host for http1 when
+// the pool has it (nil error) and fails the call when it has not.
+// Requests waiting on the host are woken either way.
 func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 	// The connection is the pool's, not the request's: its dial and
 	// handshake carry none of the request's values (a client trace would
@@ -137,12 +165,14 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 	defer cancel(nil)
 	defer context.AfterFunc(reqCtx, func() { cancel(context.Cause(reqCtx)) })()
 	var cc *h2client.Conn
+	http1 := false
 	defer func() {
 		p.mu.Lock()
 		h := p.hosts[addr]
 		if cc != nil {
 			h.conns = append(h.conns, cc)
 		}
+		h.http1 = h.http1 || http1
 		close(h.opening)
 		h.opening = nil
 		p.mu.Unlock()
@@ -158,6 +188,13 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 		}
 		cc.Close()
 		cc = nil
+		if errors.Is(herr, h2client.ErrHTTP1Server) {
+			if p.http1 == nil {
+				return fmt.Errorf("h2c connection to %s: %w", addr, herr)
+			}
+			http1 = true
+			return nil
+		}
 		if ctx.Err() != nil || attempt >= p.handshakes {
 			return fmt.Errorf("h2c connection to %s: no answer to the first request (%d tries): %w", addr, attempt, herr)
 		}
@@ -187,8 +224,12 @@ func (p *h2cPool) handshake(ctx context.Context, cc *h2client.Conn, addr string)
 	return nil
 }
 
-// CloseIdleConnections closes every connection carrying no request.
+// CloseIdleConnections closes every connection carrying no request, the
+// http1 transport's included.
 func (p *h2cPool) CloseIdleConnections() {
+	if p.http1 != nil {
+		p.http1.CloseIdleConnections()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, h := range p.hosts {

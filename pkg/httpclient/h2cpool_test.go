@@ -18,7 +18,7 @@ import (
 
 // h2cServer starts an HTTP/2-without-TLS server of h allowing streams
 // concurrent streams per connection, counting the connections it accepts.
-func h2cServer(t *testing.T, ln net.Listener, streams int, h http.Handler) (url string, conns *atomic.Int64) {
+func h2cServer(t testing.TB, ln net.Listener, streams int, h http.Handler) (url string, conns *atomic.Int64) {
 	t.Helper()
 	conns = new(atomic.Int64)
 	srv := httptest.NewUnstartedServer(h)

@@ -4,7 +4,9 @@
 //
 // Between our own servers the transport speaks HTTP/2 without TLS (prior
 // knowledge), so thousands of rollouts in flight share a handful of
-// connections instead of needing a socket each. Clients carry no overall
+// connections instead of needing a socket each. Peers that may be NeMo
+// Gym's servers (uvicorn: HTTP/1.1 only) get ProtocolAuto: h2c first, and
+// HTTP/1.1 for a host that answers the h2c preface in HTTP/1.x. Clients carry no overall
 // Timeout: generations and held calls are long by design, and every call is
 // bounded by its context instead.
 package httpclient
@@ -36,13 +38,39 @@ import (
 // requests in flight to one server.
 const DefaultH2CConnsPerHost = 128
 
+// DefaultHTTP1ConnsPerHost bounds the HTTP/1.1 connections to one server:
+// each request in flight holds one.
+const DefaultHTTP1ConnsPerHost = 1024
+
+// Protocol is what a transport speaks to its servers.
+type Protocol uint8
+
+const (
+	// ProtocolHTTP1 speaks HTTP/1.1 (a vLLM endpoint, for example). It is
+	// the zero value: Options{H2C: true} still means ProtocolH2C.
+	ProtocolHTTP1 Protocol = iota
+	// ProtocolH2C speaks only HTTP/2 without TLS (prior knowledge): our
+	// own servers.
+	ProtocolH2C
+	// ProtocolAuto speaks h2c to a server that does and HTTP/1.1 to one
+	// that answers the h2c preface in HTTP/1.x (NeMo Gym's uvicorn
+	// servers), found out per host on the first connection and remembered
+	// for the transport's lifetime; https:// addresses go over HTTP/1.1
+	// with TLS. For peers that may be ours or Gym's.
+	ProtocolAuto
+)
+
 // Options configures a transport.
 type Options struct {
-	// H2C speaks HTTP/2 without TLS; set it for our own servers. Without it
-	// the transport speaks HTTP/1.1 (a vLLM endpoint, for example).
+	// Protocol is what the transport speaks; see H2C.
+	Protocol Protocol
+	// H2C speaks HTTP/2 without TLS only; set it for our own servers. It
+	// is Protocol: ProtocolH2C, kept for the callers that set it, and is
+	// ignored when Protocol is set.
 	H2C bool
-	// MaxConnsPerHost bounds connections per host; 0 means 1024 for
-	// HTTP/1.1 and DefaultH2CConnsPerHost for h2c.
+	// MaxConnsPerHost bounds connections per host; 0 means
+	// DefaultHTTP1ConnsPerHost for HTTP/1.1 and DefaultH2CConnsPerHost for
+	// h2c (each with ProtocolAuto).
 	MaxConnsPerHost int
 	DialTimeout     time.Duration
 	IdleConnTimeout time.Duration
@@ -54,9 +82,11 @@ type Transport interface {
 	CloseIdleConnections()
 }
 
-// NewTransport returns a transport configured by opts: for H2C, a pool of
+// NewTransport returns a transport configured by opts: for h2c, a pool of
 // HTTP/2 connections (h2client) that take requests only once the server
-// has answered on them (h2cPool); else net/http's HTTP/1.1 transport.
+// has answered on them (h2cPool); for HTTP/1.1, net/http's transport; for
+// ProtocolAuto, the h2c pool falling back to the HTTP/1.1 transport per
+// host.
 func NewTransport(opts Options) Transport {
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 10 * time.Second
@@ -64,35 +94,67 @@ func NewTransport(opts Options) Transport {
 	if opts.IdleConnTimeout == 0 {
 		opts.IdleConnTimeout = 90 * time.Second
 	}
-	switch {
-	case opts.MaxConnsPerHost > 0:
-	case opts.H2C:
-		opts.MaxConnsPerHost = DefaultH2CConnsPerHost
-	default:
-		opts.MaxConnsPerHost = 1024
+	proto := opts.Protocol
+	if proto == ProtocolHTTP1 && opts.H2C {
+		proto = ProtocolH2C
 	}
-	if opts.H2C {
-		// No HTTP/2 PING health check: its answer must come from the
-		// peer's user space, and a peer with 100,000 goroutines runnable
-		// on 2 cores has gone more than 15 s without reading; net/http's
-		// check then closed the connection and failed every stream on it
-		// (26 and 4,000 rollouts in two runs at 100,000). A peer that is
-		// gone is seen by the kernel instead: its process's death closes
-		// the socket at once, its host's by TCP keepalive (dialer).
-		return newH2CPool(dialer(opts).DialContext, opts.MaxConnsPerHost)
+	switch proto {
+	case ProtocolH2C:
+		return newH2C(opts, nil)
+	case ProtocolAuto:
+		http1 := opts
+		// Idle connections are dropped before the peer drops them, so that
+		// a POST is never written into the peer's close (net/http cannot
+		// send it again): NeMo Gym's servers close after 30 s idle and its
+		// own client after 15 s (timeout_keep_alive and keepalive_timeout
+		// in nemo_gym/server_utils.py at 07d6b0d07b22).
+		http1.IdleConnTimeout = min(http1.IdleConnTimeout, peerHTTP1IdleTimeout)
+		return newH2C(opts, newHTTP1(http1))
 	}
-	t := &http.Transport{
+	return newHTTP1(opts)
+}
+
+// peerHTTP1IdleTimeout bounds how long ProtocolAuto keeps an idle HTTP/1.1
+// connection.
+const peerHTTP1IdleTimeout = 15 * time.Second
+
+// newH2C is the h2c pool, handing the hosts that speak only HTTP/1.1 to
+// http1 (nil: h2c only).
+func newH2C(opts Options, http1 Transport) *h2cPool {
+	conns := opts.MaxConnsPerHost
+	if conns <= 0 {
+		conns = DefaultH2CConnsPerHost
+	}
+	// No HTTP/2 PING health check: its answer must come from the peer's
+	// user space, and a peer with 100,000 goroutines runnable on 2 cores
+	// has gone more than 15 s without reading; net/http's check then
+	// closed the connection and failed every stream on it (26 and 4,000
+	// rollouts in two runs at 100,000). A peer that is gone is seen by the
+	// kernel instead: its process's death closes the socket at once, its
+	// host's by TCP keepalive (dialer).
+	return newH2CPool(dialer(opts).DialContext, conns, http1)
+}
+
+// newHTTP1 is net/http's HTTP/1.1 transport, keeping connections alive.
+func newHTTP1(opts Options) *http.Transport {
+	conns := opts.MaxConnsPerHost
+	if conns <= 0 {
+		conns = DefaultHTTP1ConnsPerHost
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	return &http.Transport{
 		Proxy:               nil,
 		DialContext:         dialer(opts).DialContext,
-		MaxIdleConns:        opts.MaxConnsPerHost,
-		MaxIdleConnsPerHost: opts.MaxConnsPerHost,
-		MaxConnsPerHost:     opts.MaxConnsPerHost,
+		Protocols:           &protos,
+		MaxIdleConns:        conns,
+		MaxIdleConnsPerHost: conns,
+		MaxConnsPerHost:     conns,
 		IdleConnTimeout:     opts.IdleConnTimeout,
 		// Bodies we forward are already compact JSON; gzip only costs CPU on
 		// loopback and hides SSE framing.
 		DisableCompression: true,
 	}
-	return t
 }
 
 // Probe timings of the kernel's TCP keepalive: a connection with nothing

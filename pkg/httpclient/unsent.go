@@ -71,7 +71,14 @@ func unsentPause(n int) time.Duration { return 50 * time.Millisecond << (n - 1) 
 // drops one whose SETTINGS it has not read within a fixed 2 s, which a
 // CPU-starved pair of processes can miss) carries no request: h2cPool
 // sends its own first and opens another.
+//
+// A server that answered in HTTP/1.x (h2client.ErrHTTP1Server) processed
+// nothing either, but sending again over h2c would only fail the same way:
+// the error is returned at once.
 func neverProcessed(err error) bool {
+	if errors.Is(err, h2client.ErrHTTP1Server) {
+		return false
+	}
 	if errors.Is(err, h2client.ErrNotProcessed) {
 		return true
 	}

@@ -73,6 +73,13 @@ func TestResendUnsent(t *testing.T) {
 			t.Fatalf("err %v after %d sends, want the error after 1", err, len(next.bodies))
 		}
 	})
+	t.Run("a server that speaks HTTP/1.x is not sent to again", func(t *testing.T) {
+		http1 := fmt.Errorf("h2c connection to x: %w", h2client.ErrHTTP1Server)
+		next := &scriptedTransport{errs: []error{http1}}
+		if _, err := post(t, context.Background(), resendUnsent{next: next, pause: noPause}); !errors.Is(err, h2client.ErrHTTP1Server) || len(next.bodies) != 1 {
+			t.Fatalf("err %v after %d sends, want ErrHTTP1Server after 1", err, len(next.bodies))
+		}
+	})
 	t.Run("any other error is not retried", func(t *testing.T) {
 		next := &scriptedTransport{errs: []error{errors.New("http2: client connection lost")}}
 		if _, err := post(t, context.Background(), resendUnsent{next: next, pause: noPause}); err == nil || len(next.bodies) != 1 {

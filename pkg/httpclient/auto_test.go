@@ -1,0 +1,297 @@
+package httpclient
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/h2client"
+	"github.com/gymfleet/gymfleet/pkg/httpserver"
+)
+
+// http1Peer is an HTTP/1.1-only server that echoes what is POSTed to it,
+// counting the POSTs by body, the protocol they came over and the h2c
+// prefaces it was sent (probes).
+type http1Peer struct {
+	url    string
+	probes atomic.Int64
+	notH1  atomic.Int64
+	mu     sync.Mutex
+	posts  map[string]int
+}
+
+func (p *http1Peer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == "PRI" {
+		// net/http's server hands the preface's first line to the handler
+		// as a request, answers it and then fails on the rest.
+		p.probes.Add(1)
+		return
+	}
+	if r.ProtoMajor != 1 {
+		p.notH1.Add(1)
+	}
+	b, _ := io.ReadAll(r.Body)
+	if r.Method == http.MethodPost {
+		p.mu.Lock()
+		p.posts[string(b)]++
+		p.mu.Unlock()
+	}
+	w.Write(b)
+}
+
+// postsOf is how many times body was POSTed.
+func (p *http1Peer) postsOf(body string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.posts[body]
+}
+
+// uvicorn400 is what uvicorn writes to a client whose bytes do not parse
+// as HTTP/1.x, the h2c preface included, before it closes the connection
+// (send_400_response in uvicorn/protocols/http/httptools_impl.py at
+// c1144fd4f130, the uvicorn release NeMo Gym's pyproject.toml at
+// 07d6b0d07b22 names; default_headers left out).
+const uvicorn400 = "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n" +
+	"content-length: 29\r\nconnection: close\r\n\r\nInvalid HTTP request received."
+
+// uvicornConn answers the h2c preface as uvicorn does and passes any other
+// first bytes to net/http's HTTP/1.1 server.
+type uvicornConn struct {
+	net.Conn
+	br      *bufio.Reader
+	checked bool
+	probes  *atomic.Int64
+}
+
+func (c *uvicornConn) Read(p []byte) (int, error) {
+	if !c.checked { // net/http reads a connection from one goroutine
+		c.checked = true
+		const priLine = "PRI * HTTP/2.0"
+		if b, err := c.br.Peek(len(priLine)); err == nil && string(b) == priLine {
+			c.probes.Add(1)
+			io.WriteString(c.Conn, uvicorn400)
+			c.Conn.Close()
+			return 0, io.EOF
+		}
+	}
+	return c.br.Read(p)
+}
+
+type uvicornListener struct {
+	net.Listener
+	probes *atomic.Int64
+}
+
+func (l uvicornListener) Accept() (net.Conn, error) {
+	nc, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &uvicornConn{Conn: nc, br: bufio.NewReader(nc), probes: l.probes}, nil
+}
+
+// startHTTP1Peer starts an HTTP/1.1-only peer: net/http's server without
+// h2c, or with uvicorn set, one that answers the preface as uvicorn does.
+func startHTTP1Peer(t *testing.T, uvicorn bool) *http1Peer {
+	t.Helper()
+	p := &http1Peer{posts: map[string]int{}}
+	srv := httptest.NewUnstartedServer(p)
+	if uvicorn {
+		srv.Listener = uvicornListener{Listener: srv.Listener, probes: &p.probes}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	p.url = srv.URL
+	return p
+}
+
+// hostState reports whether the client's pool sends addr's requests over
+// HTTP/1.1 and how many h2c connections it holds to it.
+func hostState(c *http.Client, url string) (http1 bool, conns int) {
+	pool := c.Transport.(resendUnsent).next.(*h2cPool)
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	h := pool.hosts[strings.TrimPrefix(url, "http://")]
+	if h == nil {
+		return false, 0
+	}
+	return h.http1, len(h.conns)
+}
+
+func TestNewTransport_Protocols(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		opts        Options
+		pool, http1 bool
+	}{
+		{"zero options speak HTTP/1.1", Options{}, false, true},
+		{"H2C speaks h2c only", Options{H2C: true}, true, false},
+		{"ProtocolH2C speaks h2c only", Options{Protocol: ProtocolH2C}, true, false},
+		{"ProtocolAuto falls back to HTTP/1.1", Options{Protocol: ProtocolAuto}, true, true},
+		{"Protocol wins over H2C", Options{Protocol: ProtocolAuto, H2C: true}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTransport(tc.opts)
+			defer tr.CloseIdleConnections()
+			pool, isPool := tr.(*h2cPool)
+			_, isHTTP1 := tr.(*http.Transport)
+			switch {
+			case isPool != tc.pool:
+				t.Errorf("transport %T, want the h2c pool: %v", tr, tc.pool)
+			case isPool && (pool.http1 != nil) != tc.http1:
+				t.Errorf("pool with an HTTP/1.1 fallback: %v, want %v", pool.http1 != nil, tc.http1)
+			case !isPool && !isHTTP1:
+				t.Errorf("transport %T, want *http.Transport", tr)
+			}
+		})
+	}
+}
+
+// Ensure auto keeps our own servers, which speak both protocols on one port,
+// on h2c: one multiplexed connection, no fallback.
+func TestAuto_OurServerStaysH2C(t *testing.T) {
+	var notH2, arrived atomic.Int64
+	s := httpserver.New(httpserver.Config{Addr: "127.0.0.1:0"}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		if r.ProtoMajor != 2 {
+			notH2.Add(1)
+		}
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	}))
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve() }()
+	t.Cleanup(func() {
+		if err := s.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	c := poolClient(t, Options{Protocol: ProtocolAuto})
+
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"row":%d}`, i)
+			rep, err := Do(context.Background(), c, http.MethodPost, s.URL()+"/run", nil, []byte(body))
+			if err != nil || rep.Status != 200 || string(rep.Body) != body {
+				t.Errorf("Do = %+v, %v", rep, err)
+			}
+		})
+	}
+	wg.Wait()
+	if arrived.Load() != 8 || notH2.Load() != 0 {
+		t.Errorf("%d requests arrived, %d of them not over HTTP/2; want 8 over HTTP/2", arrived.Load(), notH2.Load())
+	}
+	if http1, conns := hostState(c, s.URL()); http1 || conns != 1 {
+		t.Errorf("host marked HTTP/1.1: %v, %d h2c connections; want h2c on 1", http1, conns)
+	}
+}
+
+// Ensure auto reaches an HTTP/1.1-only server, probing it once, and that a
+// POST arrives exactly once: the probe is the pool's own handshake, never
+// the request.
+func TestAuto_HTTP1OnlyServer(t *testing.T) {
+	for _, uvicorn := range []bool{false, true} {
+		name := map[bool]string{false: "net/http without h2c", true: "uvicorn's answer to the preface"}[uvicorn]
+		t.Run(name, func(t *testing.T) {
+			p := startHTTP1Peer(t, uvicorn)
+			c := poolClient(t, Options{Protocol: ProtocolAuto})
+			for i := range 3 {
+				body := fmt.Sprintf(`{"row":%d}`, i)
+				rep, err := Do(context.Background(), c, http.MethodPost, p.url+"/run", nil, []byte(body))
+				if err != nil || rep.Status != 200 || string(rep.Body) != body {
+					t.Fatalf("POST %d: %+v, %v", i, rep, err)
+				}
+				if n := p.postsOf(body); n != 1 {
+					t.Errorf("POST %d arrived %d times, want once", i, n)
+				}
+			}
+			if n := p.probes.Load(); n != 1 {
+				t.Errorf("%d h2c prefaces reached the server, want 1 (the host is remembered)", n)
+			}
+			if p.notH1.Load() != 0 {
+				t.Errorf("%d requests not over HTTP/1.1", p.notH1.Load())
+			}
+			if http1, conns := hostState(c, p.url); !http1 || conns != 0 {
+				t.Errorf("host marked HTTP/1.1: %v, %d h2c connections; want marked, none", http1, conns)
+			}
+		})
+	}
+}
+
+// Ensure a burst of first requests to a new HTTP/1.1 host waits for one
+// probe and then all go over HTTP/1.1, each once.
+func TestAuto_ConcurrentFirstRequestsProbeOnce(t *testing.T) {
+	p := startHTTP1Peer(t, true)
+	c := poolClient(t, Options{Protocol: ProtocolAuto})
+	const requests = 32
+	var wg sync.WaitGroup
+	for i := range requests {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"row":%d}`, i)
+			rep, err := Do(context.Background(), c, http.MethodPost, p.url+"/run", nil, []byte(body))
+			if err != nil || rep.Status != 200 || string(rep.Body) != body {
+				t.Errorf("POST %d: %+v, %v", i, rep, err)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range requests {
+		if n := p.postsOf(fmt.Sprintf(`{"row":%d}`, i)); n != 1 {
+			t.Errorf("POST %d arrived %d times, want once", i, n)
+		}
+	}
+	if n := p.probes.Load(); n != 1 {
+		t.Errorf("%d h2c prefaces reached the server, want 1", n)
+	}
+}
+
+// Ensure an h2c-only client fails at once against an HTTP/1.1 server with
+// an error that says so: no handshake retries, no resends, nothing sent.
+func TestH2COnly_HTTP1ServerFailsAtOnce(t *testing.T) {
+	p := startHTTP1Peer(t, true)
+	c := poolClient(t, Options{H2C: true})
+	_, err := Do(context.Background(), c, http.MethodPost, p.url+"/run", nil, []byte(`{"row":1}`))
+	if !errors.Is(err, h2client.ErrHTTP1Server) {
+		t.Fatalf("err = %v, want ErrHTTP1Server", err)
+	}
+	if n := p.probes.Load(); n != 1 {
+		t.Errorf("%d h2c prefaces reached the server, want 1 (no retry can succeed)", n)
+	}
+	if n := p.postsOf(`{"row":1}`); n != 0 {
+		t.Errorf("the POST arrived %d times, want never", n)
+	}
+}
+
+// Ensure auto sends an https:// address over HTTP/1.1 with TLS (h2c is
+// HTTP/2 without TLS only), where h2c only refuses it.
+func TestAuto_HTTPSGoesOverHTTP1(t *testing.T) {
+	var posts atomic.Int64
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		io.Copy(w, r.Body)
+	}))
+	t.Cleanup(srv.Close)
+	tr := NewTransport(Options{Protocol: ProtocolAuto})
+	t.Cleanup(tr.CloseIdleConnections)
+	tr.(*h2cPool).http1.(*http.Transport).TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
+	rep, err := Do(context.Background(), &http.Client{Transport: tr}, http.MethodPost, srv.URL+"/run", nil, []byte(`{"row":1}`))
+	if err != nil || rep.Status != 200 || string(rep.Body) != `{"row":1}` || posts.Load() != 1 {
+		t.Fatalf("Do = %+v, %v after %d POSTs; want the body echoed by one", rep, err, posts.Load())
+	}
+}
