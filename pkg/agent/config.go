@@ -22,10 +22,6 @@ type Config struct {
 	ModelServerURL string `mapstructure:"model_server_url"`
 	// ResourcesServerURL is the resources server's base URL.
 	ResourcesServerURL string `mapstructure:"resources_server_url"`
-	// ResourcesHTTP1 calls the resources server over HTTP/1.1 instead of
-	// HTTP/2 without TLS: a NeMo Gym resources server (uvicorn) speaks
-	// nothing else.
-	ResourcesHTTP1 bool `mapstructure:"resources_http1"`
 	// MaxSteps bounds model calls per activation; 0 means unlimited.
 	MaxSteps int `mapstructure:"max_steps"`
 	// Stream calls the model server with stream: true and reads Responses SSE.

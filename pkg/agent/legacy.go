@@ -260,7 +260,7 @@ func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.E
 		case stageSeed:
 			restart := false
 			err := e.Step(ctx, episode.Replay, func(ctx context.Context) error {
-				rep, err := httpclient.Do(ctx, s.resClient, http.MethodPost, resources+rollout.Path(ep, "/seed_session"), p.resources().header(), body)
+				rep, err := httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/seed_session"), p.resources().header(), body)
 				if err == nil {
 					err = rep.Err("seed_session")
 				}
@@ -307,7 +307,7 @@ func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.E
 		case stageVerify:
 			row[openaiResponseField] = p.response
 			err := e.Step(ctx, p.verify, func(ctx context.Context) error {
-				rep, err := httpclient.Do(ctx, s.resClient, http.MethodPost, resources+rollout.Path(ep, "/verify"), p.resources().header(), row)
+				rep, err := httpclient.Do(ctx, s.client, http.MethodPost, resources+rollout.Path(ep, "/verify"), p.resources().header(), row)
 				if err == nil {
 					err = rep.Err("verify")
 				}

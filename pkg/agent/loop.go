@@ -404,7 +404,7 @@ func (a *activation) callTool(ctx context.Context, call openai.Item) (output str
 		return string(b), 0, nil
 	}
 	u := baseURL(a.srv.cfg.ResourcesServerURL) + a.path("/"+url.PathEscape(call.Name))
-	rep, err := httpclient.Do(ctx, a.srv.resClient, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
+	rep, err := httpclient.Do(ctx, a.srv.client, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
 	if err != nil {
 		return "", 0, upstream(ctx, "resources server", err)
 	}

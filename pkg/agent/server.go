@@ -63,9 +63,6 @@ type Server struct {
 	client *http.Client
 	// ownClient is set when New made client, so Close closes its connections.
 	ownClient bool
-	// resClient calls the resources server: client, or an HTTP/1.1 client
-	// New made when resources_http1 is set.
-	resClient *http.Client
 	router    http.Handler
 	metrics   *metrics
 
@@ -180,13 +177,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		cfg:       cfg,
 		log:       deps.Logger,
 		client:    deps.Client,
-		resClient: deps.Client,
 		metrics:   newMetrics(deps.Registry),
 		sessions:  map[string]*session{},
 		byRollout: map[string]map[string]*session{},
-	}
-	if cfg.ResourcesHTTP1 {
-		s.resClient = httpclient.New(httpclient.Options{})
 	}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
@@ -230,9 +223,6 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.ownClient {
 		s.client.CloseIdleConnections()
-	}
-	if s.resClient != s.client {
-		s.resClient.CloseIdleConnections()
 	}
 	return err
 }
@@ -608,7 +598,7 @@ func (s *Server) closeResourcesSession(ctx context.Context, ep rollout.EpisodeID
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 	defer cancel()
 	u := baseURL(s.cfg.ResourcesServerURL) + rollout.Path(ep, "/close_session")
-	rep, err := httpclient.Do(ctx, s.resClient, http.MethodPost, u, res.header(), codec.RawMessage("{}"))
+	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, u, res.header(), codec.RawMessage("{}"))
 	if err == nil && rep.Status != http.StatusNotFound {
 		// A NeMo Gym resources server has no /close_session (its sessions
 		// are never closed): its 404 leaves nothing to close.

@@ -74,13 +74,11 @@ type AgentConfig struct {
 	ResourcesURL string `mapstructure:"resources_url"`
 	// Protocol overrides the server's protocol for this agent's rows.
 	Protocol string `mapstructure:"protocol"`
-	// HTTP1 and ResourcesHTTP1 call the agent, and the resources server,
-	// over HTTP/1.1 instead of HTTP/2 without TLS: NeMo Gym's servers
-	// (uvicorn) speak nothing else. An HTTP1 agent is taken for Gym's and
-	// gets a legacy /run without the /ng-rollout prefix, which Gym's
-	// agents do not route.
-	HTTP1          bool `mapstructure:"http1"`
-	ResourcesHTTP1 bool `mapstructure:"resources_http1"`
+	// Gym marks a NeMo Gym agent: its legacy /run goes without the
+	// /ng-rollout prefix, which Gym's agents do not route (the row names
+	// its rollout to them). Whether a peer speaks h2c or only HTTP/1.1,
+	// as Gym's uvicorn servers do, is found out per host by the client.
+	Gym bool `mapstructure:"gym"`
 }
 
 // DefaultConfig returns the defaults: single_agent_turn on 127.0.0.1:18040

@@ -144,13 +144,20 @@ func TestEnvironment_CookiesSurviveRestore(t *testing.T) {
 	}
 }
 
-// TestRun_LegacyToGymAgent: an agent configured http1 (NeMo Gym's simple
-// agent under uvicorn) is called over HTTP/1.1 and gets /run unprefixed,
-// the only /run it routes; the row names its rollout in the body.
+// TestRun_LegacyToGymAgent: an agent configured gym (NeMo Gym's simple
+// agent under uvicorn) is called over HTTP/1.1, found out by the client,
+// and gets /run unprefixed, the only /run it routes; the row names its
+// rollout in the body.
 func TestRun_LegacyToGymAgent(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
 	gymAgent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "PRI" {
+			// The client's h2c preface: uvicorn answers it with a 400
+			// (net/http hands its first line to the handler).
+			http.Error(w, "Invalid HTTP request received.", http.StatusBadRequest)
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
 		seen = append(seen, fmt.Sprintf("%s HTTP/%d", r.URL.Path, r.ProtoMajor), string(body))
@@ -164,7 +171,7 @@ func TestRun_LegacyToGymAgent(t *testing.T) {
 	t.Cleanup(gymAgent.Close)
 	cfg := environment.DefaultConfig()
 	cfg.Protocol = environment.ProtocolLegacy
-	cfg.Agents = []environment.AgentConfig{{Name: "weather_agent", URL: gymAgent.URL, ResourcesURL: "http://127.0.0.1:1", HTTP1: true, ResourcesHTTP1: true}}
+	cfg.Agents = []environment.AgentConfig{{Name: "weather_agent", URL: gymAgent.URL, ResourcesURL: "http://127.0.0.1:1", Gym: true}}
 	_, url := startEnv(t, cfg)
 	status, body, err := postRun(t.Context(), t, url, row)
 	if err != nil || status != 200 {

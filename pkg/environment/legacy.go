@@ -25,7 +25,7 @@ func (s *Server) runLegacy(ctx context.Context, ep *episode) (codec.RawMessage, 
 		// (base_responses_api_agent.py, Gym 07d6b0d07b22); the row names
 		// its rollout to them.
 		path := rollout.Path(ep.id, "/run")
-		if ep.agent.HTTP1 {
+		if ep.agent.Gym {
 			path = "/run"
 		}
 		rep, err = s.post(ctx, "agent", ep.agent.URL, path, nil, ep.req.Row)

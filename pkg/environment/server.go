@@ -41,13 +41,9 @@ type Deps struct {
 // Server is an environment server.
 type Server struct {
 	*httpserver.Server
-	cfg    Config
-	log    *slog.Logger
-	client *http.Client
-	// client1 speaks HTTP/1.1 to the base URLs in http1 (agents and
-	// resources servers configured http1 / resources_http1); nil when none.
-	client1 *http.Client
-	http1   map[string]bool
+	cfg     Config
+	log     *slog.Logger
+	client  *http.Client
 	agents  map[string]AgentConfig
 	metrics *metrics
 	// tracker and ctl exist only with checkpointing on.
@@ -88,14 +84,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		a.URL = strings.TrimRight(a.URL, "/")
 		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
 		s.agents[a.Name] = a
-		for url, one := range map[string]bool{a.URL: a.HTTP1, a.ResourcesURL: a.ResourcesHTTP1} {
-			if one {
-				if s.http1 == nil {
-					s.http1, s.client1 = map[string]bool{}, httpclient.New(httpclient.Options{})
-				}
-				s.http1[url] = true
-			}
-		}
 	}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
@@ -142,9 +130,6 @@ func (s *Server) Close(ctx context.Context) error {
 		s.ctl.Close()
 	}
 	s.client.CloseIdleConnections()
-	if s.client1 != nil {
-		s.client1.CloseIdleConnections()
-	}
 	return err
 }
 

@@ -243,15 +243,10 @@ func (s *Server) call(ctx context.Context, kind, base string, id rollout.Episode
 	return s.post(ctx, kind, base, rollout.Path(id, path), header, body)
 }
 
-// post POSTs body to base + path, over HTTP/1.1 to a base configured so,
-// and returns the 2xx reply as call does.
+// post POSTs body to base + path and returns the 2xx reply as call does.
 func (s *Server) post(ctx context.Context, kind, base, path string, header http.Header, body any) (*httpclient.Reply, error) {
 	url := base + path
-	client := s.client
-	if s.http1[base] {
-		client = s.client1
-	}
-	rep, err := httpclient.Do(ctx, client, http.MethodPost, url, header, body)
+	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, url, header, body)
 	if err != nil {
 		return nil, fmt.Errorf("%s POST %s: %w", kind, url, err)
 	}

@@ -138,17 +138,13 @@ func Start(t testing.TB, opts Options) *Fleet {
 		acfg.ModelServerURL, acfg.ResourcesServerURL = f.ModelURL, f.ResourcesURLs[a.res]
 		acfg.Stream = opts.Stream
 		acfg.MaxSteps = 10
-		// A resources server put in place of ours is a NeMo Gym one, which
-		// speaks HTTP/1.1 only.
-		_, gym := opts.Resources[a.res]
-		acfg.ResourcesHTTP1 = gym
 		as, err := agent.New(acfg, agent.Deps{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		url := Serve(t, a.name, as)
 		f.AgentURLs[a.name] = url
-		agents = append(agents, environment.AgentConfig{Name: a.name, URL: url, ResourcesURL: f.ResourcesURLs[a.res], ResourcesHTTP1: gym})
+		agents = append(agents, environment.AgentConfig{Name: a.name, URL: url, ResourcesURL: f.ResourcesURLs[a.res]})
 	}
 
 	for _, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {

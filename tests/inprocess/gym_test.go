@@ -67,17 +67,17 @@ func startCounter(t *testing.T, name string) string {
 }
 
 // startAgent starts one of our agents on the fleet's model server, against
-// resourcesURL (over HTTP/1.1 when http1).
-func (f *testFleet) startAgent(t *testing.T, name, resourcesURL string, http1 bool) environment.AgentConfig {
+// resourcesURL.
+func (f *testFleet) startAgent(t *testing.T, name, resourcesURL string) environment.AgentConfig {
 	t.Helper()
 	acfg := agent.DefaultConfig()
 	acfg.Name, acfg.Listen, acfg.MaxSteps = name, "127.0.0.1:0", 10
-	acfg.ModelServerURL, acfg.ResourcesServerURL, acfg.ResourcesHTTP1 = f.modelURL, resourcesURL, http1
+	acfg.ModelServerURL, acfg.ResourcesServerURL = f.modelURL, resourcesURL
 	as, err := agent.New(acfg, agent.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return environment.AgentConfig{Name: name, URL: startServer(t, name, as), ResourcesURL: resourcesURL, ResourcesHTTP1: http1}
+	return environment.AgentConfig{Name: name, URL: startServer(t, name, as), ResourcesURL: resourcesURL}
 }
 
 // startEnv starts an environment on agents, running rows without
@@ -141,7 +141,7 @@ func (f *testFleet) runGymRows(t *testing.T, envURL string, rolloutIndex int) {
 // through our environment, agent and counter, on both protocols.
 func TestGymCounterDataset(t *testing.T) {
 	f := startFleet(t, false)
-	a := f.startAgent(t, "gym_counter_agent", startCounter(t, "counter"), false)
+	a := f.startAgent(t, "gym_counter_agent", startCounter(t, "counter"))
 	for i, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		t.Run(protocol, func(t *testing.T) {
 			f.runGymRows(t, startEnv(t, "gym_env_"+protocol, protocol, a), i)
@@ -164,6 +164,13 @@ type gymCounterServer struct {
 const gymCookie = "StatefulCounterResourcesServer___example_session_state_mgmt_resources_server"
 
 func (g *gymCounterServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == "PRI" {
+		// A client's h2c preface: uvicorn answers it with a 400 (net/http
+		// hands its first line to the handler), and our clients then speak
+		// HTTP/1.1 to this host.
+		http.Error(w, "Invalid HTTP request received.", http.StatusBadRequest)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	_, path, _ := rollout.SplitPath(r.URL.Path)
 	g.mu.Lock()
@@ -212,7 +219,7 @@ func TestOurFleetDrivesGymCounter(t *testing.T) {
 	gym := &gymCounterServer{counters: map[string]int{}}
 	srv := httptest.NewServer(gym)
 	t.Cleanup(srv.Close)
-	a := f.startAgent(t, "gym_counter_agent", srv.URL, true)
+	a := f.startAgent(t, "gym_counter_agent", srv.URL)
 	for i, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		t.Run(protocol, func(t *testing.T) {
 			f.runGymRows(t, startEnv(t, "gym_cookie_env_"+protocol, protocol, a), 10+i)
@@ -231,7 +238,7 @@ func TestOurFleetDrivesGymCounter(t *testing.T) {
 // key (nemo_gym/base_responses_api_agent.py, Gym 07d6b0d07b22).
 func TestTrainingTokenCapturePath(t *testing.T) {
 	f := startFleet(t, false)
-	a := f.startAgent(t, "ttc_agent", startCounter(t, "counter"), false)
+	a := f.startAgent(t, "ttc_agent", startCounter(t, "counter"))
 	model := fakeinference.DefaultConfig().Model
 	for key, c := range map[string]struct{ url, body string }{
 		"ttc-responses": {f.modelURL + "/ng-rollout/ttc-responses/training-token-capture/v1/responses", `{"model":"` + model + `","input":"hello"}`},
@@ -285,7 +292,7 @@ func gymPost(t *testing.T, url string, body []byte, cookies []*http.Cookie) ([]b
 func TestGymAgentFlowAroundOurs(t *testing.T) {
 	f := startFleet(t, false)
 	counterURL := startCounter(t, "counter")
-	a := f.startAgent(t, "counter_agent", counterURL, false)
+	a := f.startAgent(t, "counter_agent", counterURL)
 	rows := loadDataset(t, "gym_counter_example.jsonl")
 	for i, path := range []string{"/v1/responses", "/ng-rollout/gym-7/training-token-capture/v1/responses"} {
 		row := map[string]json.RawMessage{}
