@@ -2,7 +2,9 @@ package rollout
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -65,14 +67,27 @@ func Path(id EpisodeID, path string) string {
 func StripPrefix(onInvalid func(http.ResponseWriter, *http.Request, error)) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key, rest, ok := SplitPath(r.URL.Path)
+			// Split the escaped path: in the decoded one an escaped "/"
+			// inside the key (a%2Fb) would end the key early and send the
+			// rest of it to another route.
+			rawKey, rawRest, ok := SplitPath(r.URL.EscapedPath())
 			if !ok {
 				next.ServeHTTP(w, r)
+				return
+			}
+			key, err := url.PathUnescape(rawKey)
+			if err != nil {
+				onInvalid(w, r, fmt.Errorf("%w: capture key %q is not a valid path segment", ErrInvalidID, rawKey))
 				return
 			}
 			id, err := ParseCaptureKey(key)
 			if err != nil {
 				onInvalid(w, r, err)
+				return
+			}
+			rest, err := url.PathUnescape(rawRest)
+			if err != nil {
+				onInvalid(w, r, fmt.Errorf("%w: path %q is not validly escaped", ErrInvalidID, rawRest))
 				return
 			}
 			// A shallow copy: only the URL changes, and the handler never
@@ -81,15 +96,10 @@ func StripPrefix(onInvalid func(http.ResponseWriter, *http.Request, error)) func
 			u := *r.URL
 			u.Path, u.RawPath = rest, ""
 			// chi routes on RawPath when it is set (an escaped "/" in a
-			// segment), so the prefix goes from RawPath too, or a prefixed
-			// request would route differently from the same one unprefixed.
-			// As in url.URL, RawPath stays empty when it is the default
-			// encoding, and is dropped if it does not encode Path.
-			if _, rawRest, ok := SplitPath(r.URL.RawPath); ok && rawRest != u.EscapedPath() {
+			// segment), so RawPath keeps the escaped rest when it is not the
+			// default encoding of Path, as in url.URL.
+			if u.EscapedPath() != rawRest {
 				u.RawPath = rawRest
-				if u.EscapedPath() != rawRest {
-					u.RawPath = ""
-				}
 			}
 			r2.URL = &u
 			next.ServeHTTP(w, r2)

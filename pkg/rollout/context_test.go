@@ -166,6 +166,8 @@ func TestStripPrefix_InvalidKey(t *testing.T) {
 		"/ng-rollout/w-a1-a2/items/a", // a rollout id ending in -aN
 		"/ng-rollout/.w/items/a",
 		"/ng-rollout/w%20x/items/a",
+		"/ng-rollout/w%2Fitems/a", // an escaped "/" does not end the key
+		"/ng-rollout/a%2Fb/items/c",
 		"/ng-rollout/" + strings.Repeat("w", rollout.MaxIDLength+1) + "/items/a",
 	} {
 		t.Run(target[:min(len(target), 40)], func(t *testing.T) {
