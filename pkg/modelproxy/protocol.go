@@ -2,6 +2,7 @@ package modelproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/h2client"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 )
 
@@ -256,9 +258,10 @@ func (u *upstreamConn) explain(ctx context.Context, err error) error {
 const h2cMismatch = "frame too large"
 
 // callError explains a failed call the way explain does, for a call that
-// failed the way h2c against HTTP/1.1 fails.
+// failed the way h2c against HTTP/1.1 fails: h2client's ErrHTTP1Server, or
+// a first reply read as a frame too large.
 func (u *upstreamConn) callError(ctx context.Context, err error) error {
-	if err == nil || !strings.Contains(err.Error(), h2cMismatch) {
+	if err == nil || !(errors.Is(err, h2client.ErrHTTP1Server) || strings.Contains(err.Error(), h2cMismatch)) {
 		return err
 	}
 	return u.explain(ctx, err)
