@@ -2,103 +2,22 @@ package agent_test
 
 import (
 	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
 
-// gymCounter is a resources server that keeps sessions as NeMo Gym's
-// StatefulCounterResourcesServer does
-// (resources_servers/example_session_state_mgmt/app.py with the session
-// middleware of nemo_gym/server_utils.py, Gym commit 07d6b0d07b22): the
-// session is the cookie "StatefulCounterResourcesServer___<name>" alone
-// (X-Ng-Session-Id means nothing to it); a request without the cookie
-// starts a new session; every reply sets the cookie again, its value
-// re-signed (here: a counter after the id, as a timestamp would change it).
-// It has no /close_session (404, as FastAPI answers).
-type gymCounter struct {
-	url string
+// gymCookieName is the session cookie of Gym's counter stand-in.
+const gymCookieName = gymstandin.CounterCookie
 
-	mu       sync.Mutex
-	counters map[string]int
-	next     int
-	signed   int
-	// log is every request as "<path> session=<id>" ("new" for none).
-	log []string
-}
-
-const gymCookieName = "StatefulCounterResourcesServer___example_session_state_mgmt_resources_server"
-
-func newGymCounter(t *testing.T) *gymCounter {
-	g := &gymCounter{counters: map[string]int{}}
-	g.url = newH2C(t, http.HandlerFunc(g.serve)).URL
-	return g
-}
-
-func (g *gymCounter) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	// RolloutContextMiddleware strips the /ng-rollout/<id> prefix.
-	_, path, _ := rollout.SplitPath(r.URL.Path)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	sid, seen := "", "new"
-	if c, err := r.Cookie(gymCookieName); err == nil {
-		if id, _, ok := strings.Cut(c.Value, "."); ok && id != "" {
-			sid, seen = id, id
-		}
-	}
-	if sid == "" {
-		g.next++
-		sid = "s" + strconv.Itoa(g.next)
-	}
-	g.log = append(g.log, path+" session="+seen)
-	g.signed++
-	http.SetCookie(w, &http.Cookie{Name: gymCookieName, Value: sid + "." + strconv.Itoa(g.signed), Path: "/", MaxAge: 1209600, HttpOnly: true, SameSite: http.SameSiteLaxMode})
-	w.Header().Set("Content-Type", "application/json")
-	var in map[string]json.RawMessage
-	_ = json.Unmarshal(body, &in)
-	num := func(k string) int { n, _ := strconv.Atoi(string(in[k])); return n }
-	switch path {
-	case "/seed_session":
-		if _, ok := g.counters[sid]; !ok {
-			g.counters[sid] = num("initial_count")
-		}
-		io.WriteString(w, `{}`)
-	case "/increment_counter":
-		g.counters[sid] += num("count")
-		io.WriteString(w, `{"success":true}`)
-	case "/get_counter_value":
-		fmt.Fprintf(w, `{"count":%d}`, g.counters[sid])
-	case "/verify":
-		reward := "0.0"
-		if n, ok := g.counters[sid]; ok && n == num("expected_count") {
-			reward = "1.0"
-		}
-		fmt.Fprintf(w, `{"responses_create_params":%s,"response":%s,"reward":%s}`, in["responses_create_params"], in["response"], reward)
-	default:
-		w.WriteHeader(http.StatusNotFound)
-		io.WriteString(w, `{"detail":"Not Found"}`)
-	}
-}
-
-func (g *gymCounter) requests() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Clone(g.log)
-}
-
-func (g *gymCounter) count(sid string) (int, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	n, ok := g.counters[sid]
-	return n, ok
+// newGymCounter serves NeMo Gym's counter stand-in (a cookie-only resources
+// server, tests/gymstandin) over h2c like the agent's other stand-ins, and
+// returns it with its URL.
+func newGymCounter(t *testing.T) (*gymstandin.Counter, string) {
+	gym := gymstandin.NewCounter(gymstandin.CounterOptions{})
+	return gym, newH2C(t, gym).URL
 }
 
 // gymCounterParams is the responses_create_params of the first row of Gym's
@@ -124,8 +43,8 @@ func gymCounterReplies() []string {
 // close, which it does not have (404, and the run still succeeds).
 func TestGymCounter_LegacyRun(t *testing.T) {
 	rec := &recorder{}
-	gym := newGymCounter(t)
-	ta := startAgent(t, newModel(t, rec, gymCounterReplies()...), &resourcesStandIn{url: gym.url}, rec)
+	gym, gymURL := newGymCounter(t)
+	ta := startAgent(t, newModel(t, rec, gymCounterReplies()...), &resourcesStandIn{url: gymURL}, rec)
 	r := ta.post("/run", nil, gymCounterRow)
 	if r.status != 200 || !strings.Contains(r.body, `"reward":1.0`) {
 		t.Fatalf("run: %d %s", r.status, r.body)
@@ -138,7 +57,7 @@ func TestGymCounter_LegacyRun(t *testing.T) {
 		"/verify session=s1",
 		"/close_session session=s1",
 	}
-	if got := gym.requests(); !slices.Equal(got, want) {
+	if got := gym.Requests(); !slices.Equal(got, want) {
 		t.Errorf("resources requests:\n got %q\nwant %q", got, want)
 	}
 	if got := field(t, field(t, r.body, "response"), "output"); !strings.Contains(got, `"output":"{\"count\":6}"`) {
@@ -151,8 +70,8 @@ func TestGymCounter_LegacyRun(t *testing.T) {
 // are refused at the open.
 func TestGymCounter_SessionCookies(t *testing.T) {
 	rec := &recorder{}
-	gym := newGymCounter(t)
-	ta := startAgent(t, newModel(t, rec, gymCounterReplies()...), &resourcesStandIn{url: gym.url}, rec)
+	gym, gymURL := newGymCounter(t)
+	ta := startAgent(t, newModel(t, rec, gymCounterReplies()...), &resourcesStandIn{url: gymURL}, rec)
 	cookie := gymCookieName + "=s7.1"
 	open := func(sid, cookies string) reply {
 		b, _ := json.Marshal(map[string]any{"session_id": sid, "resources_session_id": "rs", "resources_cookies": cookies, "request": json.RawMessage(gymCounterRow)})
@@ -161,16 +80,14 @@ func TestGymCounter_SessionCookies(t *testing.T) {
 	if r := open("a", cookie); r.status != 200 {
 		t.Fatalf("open: %d %s", r.status, r.body)
 	}
-	gym.mu.Lock()
-	gym.counters["s7"] = 3
-	gym.mu.Unlock()
+	gym.SetCount("s7", 3)
 	if r := ta.activate("0-0", "a", "1", gymCounterParams); r.status != 200 {
 		t.Fatalf("activate: %d %s", r.status, r.body)
 	}
-	if n, _ := gym.count("s7"); n != 6 {
-		t.Errorf("counter = %d, want 6; requests %q", n, gym.requests())
+	if n, _ := gym.Count("s7"); n != 6 {
+		t.Errorf("counter = %d, want 6; requests %q", n, gym.Requests())
 	}
-	for _, l := range gym.requests() {
+	for _, l := range gym.Requests() {
 		if !strings.HasSuffix(l, "session=s7") {
 			t.Errorf("a tool call outside the session: %q", l)
 		}
@@ -184,24 +101,20 @@ func TestGymCounter_SessionCookies(t *testing.T) {
 // /v1/responses does with request.cookies.
 func TestGymCounter_StatelessForwardsCookies(t *testing.T) {
 	rec := &recorder{}
-	gym := newGymCounter(t)
-	ta := startAgent(t, newModel(t, rec, gymCounterReplies()...), &resourcesStandIn{url: gym.url}, rec)
-	gym.mu.Lock()
-	gym.counters["s9"] = 3
-	gym.mu.Unlock()
+	gym, gymURL := newGymCounter(t)
+	ta := startAgent(t, newModel(t, rec, gymCounterReplies()...), &resourcesStandIn{url: gymURL}, rec)
+	gym.SetCount("s9", 3)
 	r := ta.post("/ng-rollout/0-0/v1/responses", map[string]string{"Cookie": gymCookieName + "=s9.1; SimpleAgent___x=y"}, gymCounterParams)
 	if r.status != 200 {
 		t.Fatalf("stateless: %d %s", r.status, r.body)
 	}
-	if n, _ := gym.count("s9"); n != 6 {
-		t.Errorf("counter = %d, want 6; requests %q", n, gym.requests())
+	if n, _ := gym.Count("s9"); n != 6 {
+		t.Errorf("counter = %d, want 6; requests %q", n, gym.Requests())
 	}
 	// Unprefixed, as Gym's own /run calls it without capture: the loop's
 	// calls carry no prefix either, and the reply sets the cookies again
 	// (Gym's /run verifies with the cookies of this reply alone).
-	gym.mu.Lock()
-	gym.counters["s10"] = 3
-	gym.mu.Unlock()
+	gym.SetCount("s10", 3)
 	model := ta.model
 	model.mu.Lock()
 	model.replies, model.calls = gymCounterReplies(), 0
@@ -210,8 +123,8 @@ func TestGymCounter_StatelessForwardsCookies(t *testing.T) {
 	if r.status != 200 {
 		t.Fatalf("stateless unprefixed: %d %s", r.status, r.body)
 	}
-	if n, _ := gym.count("s10"); n != 6 {
-		t.Errorf("counter = %d, want 6; requests %q", n, gym.requests())
+	if n, _ := gym.Count("s10"); n != 6 {
+		t.Errorf("counter = %d, want 6; requests %q", n, gym.Requests())
 	}
 	if sc := r.header.Get("Set-Cookie"); !strings.HasPrefix(sc, gymCookieName+"=s10.1") {
 		t.Errorf("reply Set-Cookie %q, want the resources cookie again", sc)
@@ -228,17 +141,15 @@ func TestGymCounter_StatelessForwardsCookies(t *testing.T) {
 // held continues, restored in a fresh process, in the same cookie session.
 func TestGymCounter_RestoredSessionKeepsCookies(t *testing.T) {
 	rec := &recorder{}
-	gym := newGymCounter(t)
+	gym, gymURL := newGymCounter(t)
 	replies := gymCounterReplies()
 	model := newModel(t, rec, replies...)
 	model.block, model.entered, model.blockFrom = make(chan struct{}), make(chan struct{}, 4), 1
 	defer close(model.block)
-	old := startAgent(t, model, &resourcesStandIn{url: gym.url}, rec, withCheckpoint)
+	old := startAgent(t, model, &resourcesStandIn{url: gymURL}, rec, withCheckpoint)
 	c := control{t, old.url}
 	cookie := gymCookieName + "=s5.1"
-	gym.mu.Lock()
-	gym.counters["s5"] = 3
-	gym.mu.Unlock()
+	gym.SetCount("s5", 3)
 	b, _ := json.Marshal(map[string]any{"session_id": "a", "resources_session_id": "rs", "resources_cookies": cookie, "request": json.RawMessage(gymCounterRow)})
 	if r := old.post("/ng-rollout/0-0/v1/agent_sessions", nil, string(b)); r.status != 200 {
 		t.Fatalf("open: %d %s", r.status, r.body)
@@ -259,17 +170,17 @@ func TestGymCounter_RestoredSessionKeepsCookies(t *testing.T) {
 	receive(t, "the crashed activation", done)
 
 	freshRec := &recorder{}
-	fresh := startAgent(t, newModel(t, freshRec, replies[1:]...), &resourcesStandIn{url: gym.url}, freshRec, withCheckpoint)
+	fresh := startAgent(t, newModel(t, freshRec, replies[1:]...), &resourcesStandIn{url: gymURL}, freshRec, withCheckpoint)
 	fc := control{t, fresh.url}
 	fc.restore("c1", dir, "0-0")
 	fc.resume("c1")
 	if r := fresh.activate("0-0-a1", "a", "1", gymCounterParams); r.status != 200 {
 		t.Fatalf("continued activation: %d %s", r.status, r.body)
 	}
-	if n, _ := gym.count("s5"); n != 6 {
-		t.Errorf("counter = %d, want 6; requests %q", n, gym.requests())
+	if n, _ := gym.Count("s5"); n != 6 {
+		t.Errorf("counter = %d, want 6; requests %q", n, gym.Requests())
 	}
-	for _, l := range gym.requests() {
+	for _, l := range gym.Requests() {
 		if !strings.HasSuffix(l, "session=s5") {
 			t.Errorf("a tool call outside the session: %q", l)
 		}
@@ -281,12 +192,12 @@ func TestGymCounter_RestoredSessionKeepsCookies(t *testing.T) {
 // at its loop boundary, finishes and verifies in the same cookie session.
 func TestGymCounter_LegacyRestoreKeepsCookies(t *testing.T) {
 	rec := &recorder{}
-	gym := newGymCounter(t)
+	gym, gymURL := newGymCounter(t)
 	replies := gymCounterReplies()
 	model := newModel(t, rec, replies...)
 	model.block, model.entered, model.blockFrom = make(chan struct{}), make(chan struct{}, 4), 1
 	defer close(model.block)
-	old := startAgent(t, model, &resourcesStandIn{url: gym.url}, rec, withCheckpoint)
+	old := startAgent(t, model, &resourcesStandIn{url: gymURL}, rec, withCheckpoint)
 	c := control{t, old.url}
 	done := make(chan reply, 1)
 	go func() { done <- old.post("/run", nil, gymCounterRow) }()
@@ -308,7 +219,7 @@ func TestGymCounter_LegacyRestoreKeepsCookies(t *testing.T) {
 	receive(t, "the crashed /run", done)
 
 	freshRec := &recorder{}
-	fresh := startAgent(t, newModel(t, freshRec, replies[1:]...), &resourcesStandIn{url: gym.url}, freshRec, withCheckpoint)
+	fresh := startAgent(t, newModel(t, freshRec, replies[1:]...), &resourcesStandIn{url: gymURL}, freshRec, withCheckpoint)
 	fc := control{t, fresh.url}
 	fc.restore("c1", dir, "0-0")
 	fc.resume("c1")
@@ -317,9 +228,9 @@ func TestGymCounter_LegacyRestoreKeepsCookies(t *testing.T) {
 	if r.status != 200 || !strings.Contains(r.body, `"reward":1.0`) {
 		t.Fatalf("replacement /run: %d %s", r.status, r.body)
 	}
-	for _, l := range gym.requests() {
+	for _, l := range gym.Requests() {
 		if !strings.HasSuffix(l, "session=s1") && l != "/seed_session session=new" {
-			t.Errorf("a call outside the session: %q (all %q)", l, gym.requests())
+			t.Errorf("a call outside the session: %q (all %q)", l, gym.Requests())
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
 
 // gymSetCookie is a session cookie as NeMo Gym's SessionMiddleware sets it
@@ -151,13 +151,7 @@ func TestEnvironment_CookiesSurviveRestore(t *testing.T) {
 func TestRun_LegacyToGymAgent(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
-	gymAgent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == "PRI" {
-			// The client's h2c preface: uvicorn answers it with a 400
-			// (net/http hands its first line to the handler).
-			http.Error(w, "Invalid HTTP request received.", http.StatusBadRequest)
-			return
-		}
+	gymAgent := gymstandin.StartUvicorn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
 		seen = append(seen, fmt.Sprintf("%s HTTP/%d", r.URL.Path, r.ProtoMajor), string(body))
@@ -168,7 +162,6 @@ func TestRun_LegacyToGymAgent(t *testing.T) {
 		}
 		jsonReply(200, verifyReply)(w, r, nil)
 	}))
-	t.Cleanup(gymAgent.Close)
 	cfg := environment.DefaultConfig()
 	cfg.Protocol = environment.ProtocolLegacy
 	cfg.Agents = []environment.AgentConfig{{Name: "weather_agent", URL: gymAgent.URL, ResourcesURL: "http://127.0.0.1:1", Gym: true}}

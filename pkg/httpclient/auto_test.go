@@ -1,12 +1,10 @@
 package httpclient
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,17 +14,21 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/h2client"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
 
 // http1Peer is an HTTP/1.1-only server that echoes what is POSTed to it,
 // counting the POSTs by body, the protocol they came over and the h2c
 // prefaces it was sent (probes).
 type http1Peer struct {
-	url    string
-	probes atomic.Int64
-	notH1  atomic.Int64
-	mu     sync.Mutex
-	posts  map[string]int
+	url string
+	// probes counts the prefaces net/http hands the handler; uvicorn, when
+	// set, answered them before any handler.
+	probes  atomic.Int64
+	uvicorn *gymstandin.Uvicorn
+	notH1   atomic.Int64
+	mu      sync.Mutex
+	posts   map[string]int
 }
 
 func (p *http1Peer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -55,60 +57,27 @@ func (p *http1Peer) postsOf(body string) int {
 	return p.posts[body]
 }
 
-// uvicorn400 is what uvicorn writes to a client whose bytes do not parse
-// as HTTP/1.x, the h2c preface included, before it closes the connection
-// (send_400_response in uvicorn/protocols/http/httptools_impl.py at
-// c1144fd4f130, the uvicorn release NeMo Gym's pyproject.toml at
-// 07d6b0d07b22 names; default_headers left out).
-const uvicorn400 = "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n" +
-	"content-length: 29\r\nconnection: close\r\n\r\nInvalid HTTP request received."
-
-// uvicornConn answers the h2c preface as uvicorn does and passes any other
-// first bytes to net/http's HTTP/1.1 server.
-type uvicornConn struct {
-	net.Conn
-	br      *bufio.Reader
-	checked bool
-	probes  *atomic.Int64
-}
-
-func (c *uvicornConn) Read(p []byte) (int, error) {
-	if !c.checked { // net/http reads a connection from one goroutine
-		c.checked = true
-		const priLine = "PRI * HTTP/2.0"
-		if b, err := c.br.Peek(len(priLine)); err == nil && string(b) == priLine {
-			c.probes.Add(1)
-			io.WriteString(c.Conn, uvicorn400)
-			c.Conn.Close()
-			return 0, io.EOF
-		}
+// probeCount is how many h2c prefaces the peer was sent.
+func (p *http1Peer) probeCount() int64 {
+	n := p.probes.Load()
+	if p.uvicorn != nil {
+		n += p.uvicorn.Probes()
 	}
-	return c.br.Read(p)
-}
-
-type uvicornListener struct {
-	net.Listener
-	probes *atomic.Int64
-}
-
-func (l uvicornListener) Accept() (net.Conn, error) {
-	nc, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &uvicornConn{Conn: nc, br: bufio.NewReader(nc), probes: l.probes}, nil
+	return n
 }
 
 // startHTTP1Peer starts an HTTP/1.1-only peer: net/http's server without
-// h2c, or with uvicorn set, one that answers the preface as uvicorn does.
+// h2c, or with uvicorn set, one that answers the preface as uvicorn does
+// (gymstandin.StartUvicorn).
 func startHTTP1Peer(t *testing.T, uvicorn bool) *http1Peer {
 	t.Helper()
 	p := &http1Peer{posts: map[string]int{}}
-	srv := httptest.NewUnstartedServer(p)
 	if uvicorn {
-		srv.Listener = uvicornListener{Listener: srv.Listener, probes: &p.probes}
+		p.uvicorn = gymstandin.StartUvicorn(t, p)
+		p.url = p.uvicorn.URL
+		return p
 	}
-	srv.Start()
+	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	p.url = srv.URL
 	return p
@@ -221,7 +190,7 @@ func TestAuto_HTTP1OnlyServer(t *testing.T) {
 					t.Errorf("POST %d arrived %d times, want once", i, n)
 				}
 			}
-			if n := p.probes.Load(); n != 1 {
+			if n := p.probeCount(); n != 1 {
 				t.Errorf("%d h2c prefaces reached the server, want 1 (the host is remembered)", n)
 			}
 			if p.notH1.Load() != 0 {
@@ -256,7 +225,7 @@ func TestAuto_ConcurrentFirstRequestsProbeOnce(t *testing.T) {
 			t.Errorf("POST %d arrived %d times, want once", i, n)
 		}
 	}
-	if n := p.probes.Load(); n != 1 {
+	if n := p.probeCount(); n != 1 {
 		t.Errorf("%d h2c prefaces reached the server, want 1", n)
 	}
 }
@@ -270,7 +239,7 @@ func TestH2COnly_HTTP1ServerFailsAtOnce(t *testing.T) {
 	if !errors.Is(err, h2client.ErrHTTP1Server) {
 		t.Fatalf("err = %v, want ErrHTTP1Server", err)
 	}
-	if n := p.probes.Load(); n != 1 {
+	if n := p.probeCount(); n != 1 {
 		t.Errorf("%d h2c prefaces reached the server, want 1 (no retry can succeed)", n)
 	}
 	if n := p.postsOf(`{"row":1}`); n != 0 {

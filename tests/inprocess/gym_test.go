@@ -1,58 +1,27 @@
 package inprocess_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/agent"
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/resources"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/tests/fleettest"
+	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
 
 // gymCounterCalls is what the fake policy makes of a row of Gym's counter
 // dataset: increment_counter twice, get_counter_value, the answer.
 const gymCounterCalls = 4
-
-// gymServer is what every fleet server provides.
-type gymServer interface {
-	Listen() error
-	Serve() error
-	Close(ctx context.Context) error
-	URL() string
-}
-
-// startServer listens and serves s until the test ends.
-func startServer(t *testing.T, name string, s gymServer) string {
-	t.Helper()
-	if err := s.Listen(); err != nil {
-		t.Fatalf("%s: listen: %v", name, err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("%s: close: %v", name, err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("%s: serve: %v", name, err)
-		}
-	})
-	return s.URL()
-}
 
 // startCounter starts one of our counter resources servers.
 func startCounter(t *testing.T, name string) string {
@@ -63,7 +32,7 @@ func startCounter(t *testing.T, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startServer(t, name, rs)
+	return fleettest.Serve(t, name, rs)
 }
 
 // startAgent starts one of our agents on the fleet's model server, against
@@ -77,7 +46,7 @@ func (f *testFleet) startAgent(t *testing.T, name, resourcesURL string) environm
 	if err != nil {
 		t.Fatal(err)
 	}
-	return environment.AgentConfig{Name: name, URL: startServer(t, name, as), ResourcesURL: resourcesURL}
+	return environment.AgentConfig{Name: name, URL: fleettest.Serve(t, name, as), ResourcesURL: resourcesURL}
 }
 
 // startEnv starts an environment on agents, running rows without
@@ -90,7 +59,7 @@ func startEnv(t *testing.T, name, protocol string, agents ...environment.AgentCo
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startServer(t, name, env)
+	return fleettest.Serve(t, name, env)
 }
 
 // runGymRows runs every row of data/gym_counter_example.jsonl through
@@ -149,86 +118,21 @@ func TestGymCounterDataset(t *testing.T) {
 	}
 }
 
-// gymCounterServer is a resources server that keeps sessions exactly as NeMo
-// Gym's StatefulCounterResourcesServer
-// (resources_servers/example_session_state_mgmt/app.py, with the session
-// middleware of nemo_gym/server_utils.py, Gym commit 07d6b0d07b22): by its
-// cookie alone, a new session for a request without it, the cookie set on
-// every reply, no /close_session, HTTP/1.1 only (uvicorn).
-type gymCounterServer struct {
-	mu       sync.Mutex
-	counters map[string]int
-	sessions int
-}
-
-const gymCookie = "StatefulCounterResourcesServer___example_session_state_mgmt_resources_server"
-
-func (g *gymCounterServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == "PRI" {
-		// A client's h2c preface: uvicorn answers it with a 400 (net/http
-		// hands its first line to the handler), and our clients then speak
-		// HTTP/1.1 to this host.
-		http.Error(w, "Invalid HTTP request received.", http.StatusBadRequest)
-		return
-	}
-	body, _ := io.ReadAll(r.Body)
-	_, path, _ := rollout.SplitPath(r.URL.Path)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	sid := ""
-	if c, err := r.Cookie(gymCookie); err == nil {
-		sid = c.Value
-	}
-	if sid == "" {
-		g.sessions++
-		sid = "gym-" + strconv.Itoa(g.sessions)
-	}
-	http.SetCookie(w, &http.Cookie{Name: gymCookie, Value: sid, Path: "/", MaxAge: 1209600, HttpOnly: true, SameSite: http.SameSiteLaxMode})
-	w.Header().Set("Content-Type", "application/json")
-	var in map[string]json.RawMessage
-	_ = json.Unmarshal(body, &in)
-	num := func(k string) int { n, _ := strconv.Atoi(string(in[k])); return n }
-	switch path {
-	case "/seed_session":
-		if _, ok := g.counters[sid]; !ok {
-			g.counters[sid] = num("initial_count")
-		}
-		io.WriteString(w, `{}`)
-	case "/increment_counter":
-		g.counters[sid] += num("count")
-		io.WriteString(w, `{"success":true}`)
-	case "/get_counter_value":
-		fmt.Fprintf(w, `{"count":%d}`, g.counters[sid])
-	case "/verify":
-		reward := "0.0"
-		if n, ok := g.counters[sid]; ok && n == num("expected_count") {
-			reward = "1.0"
-		}
-		fmt.Fprintf(w, `{"responses_create_params":%s,"response":%s,"reward":%s}`, in["responses_create_params"], in["response"], reward)
-	default:
-		w.WriteHeader(http.StatusNotFound)
-		io.WriteString(w, `{"detail":"Not Found"}`)
-	}
-}
-
 // TestOurFleetDrivesGymCounter: our environment and agent, in front of a
-// resources server that reads only Gym's cookie, run Gym's counter dataset
-// to reward 1.0 on both protocols.
+// resources server that reads only Gym's cookie and speaks HTTP/1.1 only
+// (gymstandin.Counter), run Gym's counter dataset to reward 1.0 on both
+// protocols.
 func TestOurFleetDrivesGymCounter(t *testing.T) {
 	f := startFleet(t, false)
-	gym := &gymCounterServer{counters: map[string]int{}}
-	srv := httptest.NewServer(gym)
-	t.Cleanup(srv.Close)
-	a := f.startAgent(t, "gym_counter_agent", srv.URL)
+	gym := gymstandin.StartCounter(t, gymstandin.CounterOptions{})
+	a := f.startAgent(t, "gym_counter_agent", gym.URL)
 	for i, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		t.Run(protocol, func(t *testing.T) {
 			f.runGymRows(t, startEnv(t, "gym_cookie_env_"+protocol, protocol, a), 10+i)
 		})
 	}
-	gym.mu.Lock()
-	defer gym.mu.Unlock()
-	if gym.sessions != 10 || len(gym.counters) != 10 {
-		t.Errorf("%d sessions started, %d seeded; want one per row and protocol (10)", gym.sessions, len(gym.counters))
+	if started, seeded := gym.Sessions(); started != 10 || seeded != 10 {
+		t.Errorf("%d sessions started, %d seeded; want one per row and protocol (10)", started, seeded)
 	}
 }
 

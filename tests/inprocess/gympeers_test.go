@@ -1,15 +1,11 @@
 package inprocess_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/agent"
@@ -17,31 +13,21 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/tests/fleettest"
+	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
 
 // This file puts our servers next to NeMo Gym's, which uvicorn serves over
 // HTTP/1.1 only: our environment and agents call their peers h2c first and
 // must fall back to HTTP/1.1 for them (httpclient.ProtocolAuto).
 
-// uvicorn400 is what uvicorn writes to a client whose bytes do not parse as
-// HTTP/1.x, the h2c preface included, before it closes the connection
-// (send_400_response in encode/uvicorn uvicorn/protocols/http/
-// httptools_impl.py at c1144fd4f130, the uvicorn release NeMo Gym's
-// pyproject.toml at 07d6b0d07b22 names; its server and date headers left
-// out). NeMo Gym serves every server with uvicorn.run
-// (nemo_gym/server_utils.py 733-763 at 07d6b0d07b22).
-const uvicorn400 = "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n" +
-	"content-length: 29\r\nconnection: close\r\n\r\nInvalid HTTP request received."
-
 // gymPeer is a minimal stand-in for one of NeMo Gym's servers at the HTTP
-// layer: HTTP/1.1 only, the h2c preface answered as uvicorn answers it,
-// FastAPI's 404 for a route it does not have. It records what reaches its
-// routes.
+// layer: served as uvicorn serves it (gymstandin.StartUvicorn: HTTP/1.1
+// only, the h2c preface answered as uvicorn answers it), FastAPI's 404 for a
+// route it does not have. It records what reaches its routes.
 type gymPeer struct {
-	url    string
-	probes atomic.Int64 // h2c prefaces received
-	mu     sync.Mutex
-	seen   []gymCall
+	*gymstandin.Uvicorn
+	mu   sync.Mutex
+	seen []gymCall
 }
 
 // gymCall is one request that reached a route.
@@ -54,7 +40,7 @@ type gymCall struct {
 func startGymPeer(t *testing.T, routes map[string]func(body map[string]json.RawMessage) any, stripRollout bool) *gymPeer {
 	t.Helper()
 	p := &gymPeer{}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.Uvicorn = gymstandin.StartUvicorn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		path := r.URL.Path
 		if stripRollout {
 			if m := rolloutPrefix.FindStringSubmatch(path); m != nil {
@@ -80,10 +66,6 @@ func startGymPeer(t *testing.T, routes map[string]func(body map[string]json.RawM
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(route(in))
 	}))
-	srv.Listener = uvicornListener{Listener: srv.Listener, probes: &p.probes}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	p.url = srv.URL
 	return p
 }
 
@@ -103,42 +85,6 @@ func (p *gymPeer) calls(path string) []gymCall {
 		}
 	}
 	return out
-}
-
-// uvicornConn answers the h2c preface as uvicorn does and hands any other
-// first bytes to net/http's HTTP/1.1 server.
-type uvicornConn struct {
-	net.Conn
-	br      *bufio.Reader
-	checked bool
-	probes  *atomic.Int64
-}
-
-func (c *uvicornConn) Read(b []byte) (int, error) {
-	if !c.checked { // net/http reads a connection from one goroutine
-		c.checked = true
-		const priLine = "PRI * HTTP/2.0"
-		if got, err := c.br.Peek(len(priLine)); err == nil && string(got) == priLine {
-			c.probes.Add(1)
-			io.WriteString(c.Conn, uvicorn400)
-			c.Conn.Close()
-			return 0, io.EOF
-		}
-	}
-	return c.br.Read(b)
-}
-
-type uvicornListener struct {
-	net.Listener
-	probes *atomic.Int64
-}
-
-func (l uvicornListener) Accept() (net.Conn, error) {
-	nc, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &uvicornConn{Conn: nc, br: bufio.NewReader(nc), probes: l.probes}, nil
 }
 
 // h2cClient is the client the tests post /run with: h2c, as our servers
@@ -180,7 +126,7 @@ func TestMixedFleet_EnvironmentDrivesAGymAgent(t *testing.T) {
 
 	ecfg := environment.DefaultConfig()
 	ecfg.Listen, ecfg.Name, ecfg.Protocol = "127.0.0.1:0", "env_gym_agent", environment.ProtocolLegacy
-	ecfg.Agents = []environment.AgentConfig{{Name: "gym_simple_agent", URL: agent.url}}
+	ecfg.Agents = []environment.AgentConfig{{Name: "gym_simple_agent", URL: agent.URL}}
 	env, err := environment.New(ecfg, environment.Deps{})
 	if err != nil {
 		t.Fatal(err)
@@ -211,7 +157,7 @@ func TestMixedFleet_EnvironmentDrivesAGymAgent(t *testing.T) {
 			t.Errorf("/run came over %s, want HTTP/1.1", c.proto)
 		}
 	}
-	if n := agent.probes.Load(); n != 1 {
+	if n := agent.Probes(); n != 1 {
 		t.Errorf("the Gym agent was sent %d h2c prefaces, want 1 (the environment remembers the host)", n)
 	}
 }
@@ -247,7 +193,7 @@ func TestMixedFleet_AgentCallsAGymResourcesServer(t *testing.T) {
 	modelURL := fleettest.StartModelServer(t, fleettest.Serve(t, "fakeinference", fake)+"/v1", fcfg.Model, true)
 	acfg := agent.DefaultConfig()
 	acfg.Name, acfg.Listen = fleettest.WeatherAgent, "127.0.0.1:0"
-	acfg.ModelServerURL, acfg.ResourcesServerURL, acfg.MaxSteps = modelURL, weather.url, 10
+	acfg.ModelServerURL, acfg.ResourcesServerURL, acfg.MaxSteps = modelURL, weather.URL, 10
 	as, err := agent.New(acfg, agent.Deps{})
 	if err != nil {
 		t.Fatal(err)
@@ -257,7 +203,7 @@ func TestMixedFleet_AgentCallsAGymResourcesServer(t *testing.T) {
 	for _, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		ecfg := environment.DefaultConfig()
 		ecfg.Listen, ecfg.Name, ecfg.Protocol = "127.0.0.1:0", "env_"+protocol, protocol
-		ecfg.Agents = []environment.AgentConfig{{Name: acfg.Name, URL: agentURL, ResourcesURL: weather.url}}
+		ecfg.Agents = []environment.AgentConfig{{Name: acfg.Name, URL: agentURL, ResourcesURL: weather.URL}}
 		env, err := environment.New(ecfg, environment.Deps{})
 		if err != nil {
 			t.Fatal(err)
@@ -295,7 +241,7 @@ func TestMixedFleet_AgentCallsAGymResourcesServer(t *testing.T) {
 	// The weather agent and the single_agent_turn environment (which seeds
 	// and verifies itself) each probe it once and then remember it; the
 	// legacy environment leaves the resources server to the agent.
-	if n := weather.probes.Load(); n != 2 {
+	if n := weather.Probes(); n != 2 {
 		t.Errorf("the Gym resources server was sent %d h2c prefaces, want 2", n)
 	}
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/tests/fleettest"
+	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
 
 var knownNeeds = map[string]bool{"vllm": true, "stand-in": true, "identity": true, "gymsurface": true}
@@ -53,7 +54,7 @@ type Fixture struct {
 	Upstream map[string][]StubReply `json:"upstream,omitempty"`
 	// GymResources replaces our resources servers of these types with
 	// NeMo Gym-shaped ones that keep sessions only in cookies (counter:
-	// gymcounter_test.go).
+	// tests/gymstandin).
 	GymResources []string `json:"gym_resources,omitempty"`
 	Steps        []Step   `json:"steps"`
 }
@@ -218,7 +219,7 @@ func newRun(t *testing.T, f *Fixture) *run {
 		if typ != "counter" {
 			t.Fatalf("no NeMo Gym-shaped %q resources server in this test", typ)
 		}
-		override[typ] = newGymCounter(t).srv.URL
+		override[typ] = gymstandin.StartCounter(t, gymstandin.CounterOptions{Name: typ}).URL
 		r.urls["gym_resources:"+typ] = override[typ]
 	}
 	fl := fleettest.Start(t, fleettest.Options{Resources: override})
