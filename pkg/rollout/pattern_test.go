@@ -14,6 +14,9 @@ var (
 	namePattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,223}$`)
 	attemptSuffix = regexp.MustCompile(`-a([1-9][0-9]{0,8})$`)
+	// attemptLike is what a rollout id must not end with: an attempt
+	// suffix, or one with too many digits for an attempt.
+	attemptLike = regexp.MustCompile(`-a[1-9][0-9]*$`)
 )
 
 // parseByPattern is ParseCaptureKey as the regular expressions define it.
@@ -21,9 +24,9 @@ func parseByPattern(key string) (rollout.EpisodeID, bool) {
 	if m := attemptSuffix.FindStringSubmatchIndex(key); m != nil {
 		n, err := strconv.Atoi(key[m[2]:m[3]])
 		id := rollout.EpisodeID{RolloutID: key[:m[0]], Attempt: n}
-		return id, err == nil && idPattern.MatchString(id.RolloutID) && !attemptSuffix.MatchString(id.RolloutID)
+		return id, err == nil && idPattern.MatchString(id.RolloutID) && !attemptLike.MatchString(id.RolloutID)
 	}
-	return rollout.EpisodeID{RolloutID: key}, idPattern.MatchString(key) && !attemptSuffix.MatchString(key)
+	return rollout.EpisodeID{RolloutID: key}, idPattern.MatchString(key) && !attemptLike.MatchString(key)
 }
 
 func checkAgainstPatterns(t *testing.T, s string) {
@@ -31,7 +34,7 @@ func checkAgainstPatterns(t *testing.T, s string) {
 	if got, want := rollout.ValidID(s), namePattern.MatchString(s); got != want {
 		t.Fatalf("ValidID(%q) = %v, the pattern says %v", s, got, want)
 	}
-	wantValid := idPattern.MatchString(s) && !attemptSuffix.MatchString(s)
+	wantValid := idPattern.MatchString(s) && !attemptLike.MatchString(s)
 	if got := rollout.ValidateRolloutID(s) == nil; got != wantValid {
 		t.Fatalf("ValidateRolloutID(%q) accepts = %v, the patterns say %v", s, got, wantValid)
 	}

@@ -52,6 +52,28 @@ func attemptSuffix(s string) (start, n int) {
 	return i, n
 }
 
+// endsLikeAttempt reports whether s ends in "-a" and a number without a
+// leading zero of any length (-a[1-9][0-9]*$): a capture key's attempt
+// suffix, or one too long for an attempt. A rollout id must not end so, or
+// a key such as r-a<20 digits> would read as attempt 0 of that id instead of
+// an attempt out of range.
+func endsLikeAttempt(s string) bool {
+	i := strings.LastIndex(s, "-a")
+	if i < 0 {
+		return false
+	}
+	digits := s[i+2:]
+	if len(digits) == 0 || digits[0] == '0' {
+		return false
+	}
+	for j := 0; j < len(digits); j++ {
+		if digits[j] < '0' || digits[j] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 func isAlnum(c byte) bool {
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
 }
@@ -92,7 +114,7 @@ func ValidateRolloutID(s string) error {
 	if !validPattern(s, MaxIDLength) {
 		return fmt.Errorf("%w: rollout id %q must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ (at most %d bytes)", ErrInvalidID, s, MaxIDLength)
 	}
-	if start, _ := attemptSuffix(s); start >= 0 {
+	if endsLikeAttempt(s) {
 		return fmt.Errorf("%w: rollout id %q must not end in -a<N>, which names an attempt", ErrInvalidID, s)
 	}
 	return nil
@@ -207,6 +229,9 @@ func ParseCaptureKey(key string) (EpisodeID, error) {
 			return EpisodeID{}, err
 		}
 		return id, nil
+	}
+	if endsLikeAttempt(key) {
+		return EpisodeID{}, fmt.Errorf("%w: capture key %q names an attempt above %d", ErrInvalidID, key, MaxAttempt)
 	}
 	if !validPattern(key, MaxIDLength) {
 		if len(key) > MaxIDLength {
