@@ -199,7 +199,9 @@ func testBadInput(t *testing.T, s Subject) {
 		code   string
 	}{
 		{"unknown field", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "extra": 1}, 422, "invalid_request"},
-		{"malformed json", "prepare", []byte(`{"checkpoint_id":`), 422, "invalid_request"},
+		{"malformed json", "prepare", []byte(`{"checkpoint_id":`), 400, "invalid_request"},
+		{"trailing data", "prepare", []byte(`{"checkpoint_id":"c1","deadline_ts":1e10} {}`), 400, "invalid_request"},
+		{"wrong type", "prepare", map[string]any{"checkpoint_id": 7, "deadline_ts": future(30)}, 422, "invalid_request"},
 		{"bad id", "prepare", map[string]any{"checkpoint_id": "../etc", "deadline_ts": future(30)}, 400, "invalid_request"},
 		{"empty id", "prepare", map[string]any{"checkpoint_id": "", "deadline_ts": future(30)}, 400, "invalid_request"},
 		{"deadline in the past", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": past}, 409, "deadline_exceeded"},
