@@ -2,12 +2,9 @@ package fakeinference
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
@@ -111,11 +108,7 @@ func (s *Server) authorized(r *http.Request) error {
 	if s.cfg.ControlAuthToken == "" {
 		return apierror.New(apierror.Unauthorized, "generation cuts are disabled: this server has no control_auth_token")
 	}
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	// Digests first, so the comparison takes the same time whatever the
-	// lengths.
-	got, want := sha256.Sum256([]byte(tok)), sha256.Sum256([]byte(s.cfg.ControlAuthToken))
-	if !ok || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+	if !httpserver.BearerMatches(r, s.cfg.ControlAuthToken) {
 		return apierror.New(apierror.Unauthorized, "missing or invalid bearer token")
 	}
 	return nil

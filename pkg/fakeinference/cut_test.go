@@ -210,6 +210,7 @@ func TestGenerationCut_Auth(t *testing.T) {
 		{"Basic " + testToken, 401},
 		{"Bearer " + testToken + "x", 401},
 		{"Bearer " + testToken, 200},
+		{"bearer " + testToken, 200}, // RFC 7235: the scheme is case-insensitive
 	} {
 		r := f.post(context.Background(), "/_ckpt/generation-cut", body, map[string]string{"Authorization": tt.auth})
 		if r.status != tt.status {

@@ -1,7 +1,6 @@
 package modelproxy
 
 import (
-	"crypto/subtle"
 	"errors"
 	"net/http"
 	"net/url"
@@ -42,10 +41,8 @@ func (s *Server) requireControlToken(next http.Handler) http.Handler {
 	if want == "" {
 		return next
 	}
-	expect := []byte("Bearer " + want)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, expect) != 1 {
+		if !httpserver.BearerMatches(r, want) {
 			apierror.Write(w, r, s.log, apierror.New(apierror.Unauthorized, "missing or invalid control-plane bearer token"))
 			return
 		}

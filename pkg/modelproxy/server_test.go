@@ -607,6 +607,7 @@ func TestManifestRoutes(t *testing.T) {
 	}{
 		{"no token", "GET", "/capture/rollouts/r1/manifest", "", nil, 401, `"code":"unauthorized"`},
 		{"wrong token", "GET", "/capture/rollouts/r1/manifest", "", []string{"Authorization", "Bearer nope"}, 401, `"code":"unauthorized"`},
+		{"scheme in any case", "GET", "/capture/rollouts/r0/manifest", "", []string{"Authorization", "bEaReR " + auth[1][len("Bearer "):]}, 200, `"rollout_id":"r0"`},
 		{"invalid key", "GET", "/capture/rollouts/-bad/manifest", "", auth, 400, `"code":"invalid_request"`},
 		{"unknown key is empty", "GET", "/capture/rollouts/nobody/manifest", "", auth, 200, `{"rollout_id":"nobody","records":[],"failures":[]}`},
 		{"retire", "POST", "/capture/rollouts/retire", `{"rollout_ids":["r1","zz","r1"]}`, auth, 200, `{"removed":["r1"],"absent":["zz"]}`},
