@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,8 +37,10 @@ type Factory func(t *testing.T, cfg ctlplane.Config) Subject
 const Token = "conformance-token"
 
 // Config is the checkpoint configuration the suite starts subjects with.
+// Its root is the temp directory, which holds every t.TempDir() the
+// suite commits to.
 func Config() ctlplane.Config {
-	return ctlplane.Config{Enabled: true, ControlAuthToken: Token, LeaseGraceSeconds: 600}
+	return ctlplane.Config{Enabled: true, ControlAuthToken: Token, LeaseGraceSeconds: 600, Root: os.TempDir()}
 }
 
 // Run is the conformance suite: auth, bad input, the prepare/commit/resume
@@ -272,7 +275,11 @@ func testCycle(t *testing.T, s Subject) {
 			if man["checkpoint_id"] != id || man["kind"] != s.Kind || man["instance"] != s.Instance || man["schema_version"] != float64(1) {
 				t.Fatalf("manifest = %v", man)
 			}
-			store := ckptstore.New(ckptstore.NewLocal())
+			store, err := ckptstore.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
 			got, _, _, err := store.Read(context.Background(), ckptstore.Target{Dir: dir, Kind: s.Kind, Instance: s.Instance, CheckpointID: id}, nil)
 			if err != nil {
 				t.Fatalf("the committed directory does not verify: %v", err)
@@ -389,3 +396,18 @@ func testLease(t *testing.T, s Subject) {
 
 // pollPause waits between two polls of a condition.
 func pollPause() { <-time.After(20 * time.Millisecond) }
+
+// Store is a store confined to root, made if missing (tests read and write
+// a checkpoint directory through one rooted at it), closed when t ends.
+func Store(t testing.TB, root string) *ckptstore.Store {
+	t.Helper()
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ckptstore.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
