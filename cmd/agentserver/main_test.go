@@ -73,6 +73,7 @@ func TestInvalidConfigFails(t *testing.T) {
 		"no agents":        "log_level: info\n",
 		"bad model url":    "agents:\n  - {name: a, listen: 127.0.0.1:0, model_server_url: nope, resources_server_url: http://h:2}\n",
 		"checkpoint token": "checkpoint: {enabled: true}\n" + oneAgent,
+		"checkpoint root":  "checkpoint: {enabled: true, control_auth_token: t}\n" + oneAgent,
 		"negative ttl":     "closed_session_ttl: -1s\n" + oneAgent,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -182,7 +183,7 @@ func waitAddr(t *testing.T, path, name string, done <-chan error) string {
 // With checkpointing on, every agent answers the control API on its own
 // listener as an "agent" participant named after itself.
 func TestRun_CheckpointEnabled(t *testing.T) {
-	text := "log_level: warn\ncheckpoint: {enabled: true, control_auth_token: tok}\nagents:\n" +
+	text := "log_level: warn\ncheckpoint: {enabled: true, control_auth_token: tok, root: " + t.TempDir() + "}\nagents:\n" +
 		"  - {name: a, listen: 127.0.0.1:0, model_server_url: http://127.0.0.1:1, resources_server_url: http://127.0.0.1:2}\n" +
 		"  - {name: b, listen: 127.0.0.1:0, model_server_url: http://127.0.0.1:1, resources_server_url: http://127.0.0.1:2}\n"
 	addrFile := filepath.Join(t.TempDir(), "addrs")

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
@@ -94,8 +95,8 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 		return errors.New("ckpt: no control token: set checkpoint.control_auth_token in the fleet file, --token or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
 	}
 	if o.dir != "" {
-		if o.dir, err = filepath.Abs(o.dir); err != nil {
-			return err
+		if o.dir, err = checkpointDir(cfg, o.dir); err != nil {
+			return fmt.Errorf("ckpt: %w", err)
 		}
 	}
 	var eps []coordination.Endpoint
@@ -315,4 +316,26 @@ func printPrepare(w io.Writer, res *coordination.PrepareResult) {
 		}
 	}
 	fmt.Fprintf(w, "prepared: %v\n", res.Prepared)
+}
+
+// checkpointDir makes dir absolute (a relative one is relative to the
+// working directory) and, where the fleet file names its checkpoint root,
+// refuses one outside it: every server would refuse it, after the rows or
+// the prepare it follows.
+func checkpointDir(cfg *fleet.Config, dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if cfg.Checkpoint.Root == "" {
+		return abs, nil
+	}
+	root, err := filepath.Abs(cfg.Path(cfg.Checkpoint.Root))
+	if err != nil {
+		return "", err
+	}
+	if _, err := ckptstore.Beneath(root, abs); err != nil {
+		return "", fmt.Errorf("checkpoint directory %s is not beneath the fleet's checkpoint root %s (checkpoint.root), and every server would refuse it", dir, root)
+	}
+	return abs, nil
 }

@@ -139,7 +139,11 @@ func collectOptions(f collectFlags, getenv func(string) string, stdout, stderr i
 	case token == "":
 		return opts, errors.New("collect: --checkpoint-dir needs the control token: checkpoint.control_auth_token in the fleet file, --token or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
 	}
-	opts.Checkpoints = &collect.CheckpointOptions{Dir: f.checkpointDir, Timeout: f.checkpointTimeout, Every: f.checkpointEvery, Resume: f.resume}
+	dir, err := checkpointDir(cfg, f.checkpointDir)
+	if err != nil {
+		return opts, fmt.Errorf("collect: %w", err)
+	}
+	opts.Checkpoints = &collect.CheckpointOptions{Dir: dir, Timeout: f.checkpointTimeout, Every: f.checkpointEvery, Resume: f.resume}
 	return opts, nil
 }
 

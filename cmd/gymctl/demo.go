@@ -275,12 +275,13 @@ func (d *demo) generateFleet(context.Context) error {
 	}
 	topo := fleet.Standard(filepath.Join(d.dir, "fleet"), binDir, demoToken)
 	topo.TokensPerSecond, topo.MinCallSeconds, topo.LogLevel = d.opts.tokensPerSecond, d.opts.minCallSeconds, "warn"
+	topo.CheckpointRoot = filepath.Join(d.dir, "checkpoints")
 	if d.cfg, err = fleet.Generate(topo); err != nil {
 		return err
 	}
 	env, _ := d.cfg.Endpoint("env")
 	d.envURL = env.URL
-	d.ckptDir = filepath.Join(d.dir, "checkpoints")
+	d.ckptDir = d.cfg.Checkpoint.Root
 	d.output = filepath.Join(d.dir, "results.jsonl")
 	fmt.Fprintf(d.stdout, "      %d processes, binaries from %s, files in %s\n", len(d.cfg.Processes), binDir, d.dir)
 	return nil

@@ -201,6 +201,26 @@ func TestCollect_CheckpointsNeedACheckpointingFleet(t *testing.T) {
 	}
 }
 
+// A checkpoint directory outside the fleet's checkpoint root is refused
+// before any server is called, by collect and by ckpt alike.
+func TestCheckpointDirOutsideTheRoot(t *testing.T) {
+	dir := t.TempDir()
+	fleetFile := filepath.Join(dir, "fleet.yaml")
+	text := "checkpoint: {enabled: true, control_auth_token: tok, root: ckroot}\nprocesses:\n  - name: env\n    binary: envserver\n    endpoints: [{name: env, kind: environment, url: \"http://127.0.0.1:1\"}]\n"
+	if err := os.WriteFile(fleetFile, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(dir, "ckroot-not", "c1")
+	_, _, err := runArgs(t, "collect", "--config", fleetFile, "--input", "a", "--output", "b", "--checkpoint-dir", outside)
+	if err == nil || !strings.Contains(err.Error(), "checkpoint.root") {
+		t.Errorf("collect into %s: %v, want a refusal naming checkpoint.root", outside, err)
+	}
+	_, _, err = runArgs(t, "ckpt", "verify", "--config", fleetFile, "--id", "c1", "--dir", outside)
+	if err == nil || !strings.Contains(err.Error(), "checkpoint.root") {
+		t.Errorf("ckpt verify of %s: %v, want a refusal naming checkpoint.root", outside, err)
+	}
+}
+
 func TestIsTerminate(t *testing.T) {
 	// signal.NotifyContext's cause names the signal.
 	if !isTerminate(errors.New("terminated signal received")) || isTerminate(errors.New("interrupt signal received")) || isTerminate(nil) {

@@ -150,7 +150,7 @@ func waitAddrs(t *testing.T, path string, done <-chan error) map[string]string {
 // environment), every server answers the control API as its own instance.
 func TestRun_CheckpointEnabled(t *testing.T) {
 	cfgPath := writeConfig(t, "log_level: warn\nservers:\n  - {name: w, type: weather, listen: 127.0.0.1:0}\n  - {name: c, type: counter, listen: 127.0.0.1:0, checkpoint_mode: restart_only}\n")
-	env := map[string]string{"GYMFLEET_CHECKPOINT_ENABLED": "true", "GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN": "tok"}
+	env := map[string]string{"GYMFLEET_CHECKPOINT_ENABLED": "true", "GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN": "tok", "GYMFLEET_CHECKPOINT_ROOT": t.TempDir()}
 	addrFile := filepath.Join(t.TempDir(), "addrs")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -164,7 +164,7 @@ func jsonOf(v any) string {
 // records reads the agent's committed records of a checkpoint.
 func records(t *testing.T, dir, id string) []map[string]json.RawMessage {
 	t.Helper()
-	store := ckptstore.New(ckptstore.NewLocal())
+	store := ctlplanetest.Store(t, dir)
 	_, recs, _, err := store.Read(context.Background(), ckptstore.Target{Dir: dir, Kind: ctlplane.KindAgent, Instance: agent.DefaultConfig().Name, CheckpointID: id}, nil)
 	if err != nil {
 		t.Fatalf("reading checkpoint %s: %v", id, err)

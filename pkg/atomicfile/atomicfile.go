@@ -1,7 +1,9 @@
 // Package atomicfile is the fleet's one way to make a file durable: write a
 // temp file in the target's directory, fsync it, rename (or hard-link) it into
 // place, and fsync the directory. Every durable write goes through it, over an
-// FS seam so tests can fail one exact operation (an fsync, a rename).
+// FS seam so tests can fail one exact operation (an fsync, a rename). The
+// seam has two real filesystems: OS, on whole paths, and InRoot, on names
+// beneath one directory that cannot resolve outside it (os.Root).
 package atomicfile
 
 import (
@@ -9,8 +11,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
+	"path"
 	"path/filepath"
+	"strconv"
+	"strings"
 )
 
 // File is a file being written.
@@ -33,6 +39,8 @@ type FS interface {
 	MkdirAll(dir string) error
 	Open(name string) (io.ReadCloser, error)
 	ReadDir(dir string) ([]string, error)
+	// Lstat describes name itself: a symbolic link is not followed.
+	Lstat(name string) (fs.FileInfo, error)
 }
 
 // OS is the real filesystem.
@@ -46,6 +54,7 @@ func (osFS) Link(o, n string) error                       { return os.Link(o, n)
 func (osFS) Remove(name string) error                     { return os.Remove(name) }
 func (osFS) MkdirAll(dir string) error                    { return os.MkdirAll(dir, 0o755) }
 func (osFS) Open(name string) (io.ReadCloser, error)      { return os.Open(name) }
+func (osFS) Lstat(name string) (fs.FileInfo, error)       { return os.Lstat(name) }
 
 func (osFS) SyncDir(dir string) error {
 	d, err := os.Open(dir)
@@ -69,6 +78,76 @@ func (osFS) ReadDir(dir string) ([]string, error) {
 		names[i] = e.Name()
 	}
 	return names, nil
+}
+
+// InRoot is the filesystem beneath r: every name is relative to r, and one
+// that is absolute, climbs out with "..", or crosses a symbolic link leading
+// out of r fails (os.Root), whatever the caller was given. Files it creates
+// are os.Files, named by their name relative to r (what Rename, Link and
+// Remove take back).
+func InRoot(r *os.Root) FS { return rootFS{r} }
+
+type rootFS struct{ r *os.Root }
+
+// RootFile is a file InRoot created: its Name is relative to the root, and
+// OSFile is the file itself (for direct I/O).
+type RootFile struct {
+	*os.File
+	name string
+}
+
+// Name is the file's name relative to the root.
+func (f RootFile) Name() string { return f.name }
+
+// OSFile is the open file.
+func (f RootFile) OSFile() *os.File { return f.File }
+
+// CreateTemp creates a new file in dir named by pattern, whose last "*" is
+// replaced by a random string, as os.CreateTemp does (os.Root has none).
+func (r rootFS) CreateTemp(dir, pattern string) (File, error) {
+	prefix, suffix := pattern, ""
+	if i := strings.LastIndexByte(pattern, '*'); i >= 0 {
+		prefix, suffix = pattern[:i], pattern[i+1:]
+	}
+	for try := 0; ; try++ {
+		name := path.Join(dir, prefix+strconv.FormatUint(rand.Uint64(), 36)+suffix)
+		f, err := r.r.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) && try < 100 {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return RootFile{File: f, name: name}, nil
+	}
+}
+
+func (r rootFS) Rename(o, n string) error                { return r.r.Rename(o, n) }
+func (r rootFS) Link(o, n string) error                  { return r.r.Link(o, n) }
+func (r rootFS) Remove(name string) error                { return r.r.Remove(name) }
+func (r rootFS) MkdirAll(dir string) error               { return r.r.MkdirAll(dir, 0o755) }
+func (r rootFS) Open(name string) (io.ReadCloser, error) { return r.r.Open(name) }
+func (r rootFS) Lstat(name string) (fs.FileInfo, error)  { return r.r.Lstat(name) }
+
+func (r rootFS) SyncDir(dir string) error {
+	d, err := r.r.Open(dir)
+	if err != nil {
+		return err
+	}
+	if err := d.Sync(); err != nil {
+		d.Close()
+		return err
+	}
+	return d.Close()
+}
+
+func (r rootFS) ReadDir(dir string) ([]string, error) {
+	d, err := r.r.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Readdirnames(-1)
 }
 
 // WriteTemp writes data through fn into a new temp file in dir and fsyncs it.

@@ -295,3 +295,67 @@ func TestOS_Helpers(t *testing.T) {
 		t.Fatalf("ReadDir of a missing directory = %v", err)
 	}
 }
+
+// InRoot writes and publishes beneath its root with names relative to it,
+// and no name leads out of it: not an absolute one, not "..", not a
+// symbolic link to outside.
+func TestInRoot(t *testing.T) {
+	base := t.TempDir()
+	rootDir, outside := filepath.Join(base, "root"), filepath.Join(base, "outside")
+	for _, d := range []string{filepath.Join(rootDir, "d"), outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := os.OpenRoot(rootDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	fsys := atomicfile.InRoot(r)
+
+	if err := atomicfile.WriteFile(fsys, "d/f", []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := atomicfile.Publish(fsys, "d/p", []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	if err := atomicfile.Publish(fsys, "d/p", []byte("three")); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("a second publish: %v, want ErrExist", err)
+	}
+	for name, want := range map[string]string{"f": "one", "p": "two"} {
+		if b, err := os.ReadFile(filepath.Join(rootDir, "d", name)); err != nil || string(b) != want {
+			t.Errorf("d/%s = %q, %v; want %q", name, b, err, want)
+		}
+	}
+	names, err := fsys.ReadDir("d")
+	if slices.Sort(names); err != nil || !slices.Equal(names, []string{"f", "p"}) {
+		t.Errorf("ReadDir(d) = %v, %v; want f and p (no temp file left)", names, err)
+	}
+	f, err := fsys.CreateTemp("d", ".x.*.tmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(f.Name()) != "d" || f.(atomicfile.RootFile).OSFile() == nil {
+		t.Errorf("temp file named %q, want a name in d relative to the root", f.Name())
+	}
+	f.Close()
+	if fi, err := fsys.Lstat(f.Name()); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("Lstat(%s) = %v, %v", f.Name(), fi, err)
+	}
+
+	if err := os.Symlink(outside, filepath.Join(rootDir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{filepath.Join(outside, "f"), "../outside/f", "link/f"} {
+		if err := atomicfile.WriteFile(fsys, name, []byte("x")); err == nil {
+			t.Errorf("WriteFile(%s) succeeded outside the root", name)
+		}
+		if err := fsys.MkdirAll(name); err == nil {
+			t.Errorf("MkdirAll(%s) succeeded outside the root", name)
+		}
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Errorf("the directory outside the root holds %v", entries)
+	}
+}

@@ -2,10 +2,14 @@ package ckptstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
+	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
 )
@@ -41,29 +45,151 @@ type RecordsWriter interface {
 	Abort() error
 }
 
-// Local is a Backend on a POSIX filesystem, over an atomicfile.FS seam.
+// Local is a Backend on a POSIX filesystem beneath one root directory,
+// over an atomicfile.FS seam whose names are relative to that root. Every
+// directory it is given must lie beneath Root (Beneath), and is followed
+// from it one component at a time without crossing a symbolic link; files
+// are opened only if they are regular files. The root itself may be a
+// symbolic link: the operator chose it.
 type Local struct {
-	FS atomicfile.FS
+	// Root is the absolute path of the directory FS's names are relative to.
+	Root string
+	FS   atomicfile.FS
+	// root is the open directory FS works in; nil when FS was given.
+	root *os.Root
 }
 
-// NewLocal returns a Local backend on the real filesystem.
-func NewLocal() *Local { return &Local{FS: atomicfile.OS} }
-
-// MkdirAll creates dir and its parents.
-func (l *Local) MkdirAll(_ context.Context, dir string) error { return l.FS.MkdirAll(dir) }
-
-// NewRecords creates a temp file in dir.
-func (l *Local) NewRecords(_ context.Context, dir string) (RecordsWriter, error) {
-	f, err := l.FS.CreateTemp(dir, ".records.jsonl.*")
+// OpenLocal opens the directory root, which must exist, and returns a
+// Local backend confined to it. Close releases it.
+func OpenLocal(root string) (*Local, error) {
+	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, err
 	}
-	w := &localRecords{fs: l.FS, dir: dir, f: f}
+	r, err := os.OpenRoot(abs)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint root: %w", err)
+	}
+	return &Local{Root: abs, FS: atomicfile.InRoot(r), root: r}, nil
+}
+
+// Close closes the root OpenLocal opened.
+func (l *Local) Close() error {
+	if l.root == nil {
+		return nil
+	}
+	return l.root.Close()
+}
+
+// ErrNotConfined reports a directory that is not beneath the root, or that
+// reaches it only through a symbolic link or something not a directory.
+var ErrNotConfined = errors.New("not a directory beneath the checkpoint root")
+
+// Beneath returns dir relative to root (slash-separated, "." for the root
+// itself). dir must be absolute, hold no ".." component and lie beneath
+// root once cleaned; root must be absolute and clean.
+func Beneath(root, dir string) (string, error) {
+	if root == "" || !filepath.IsAbs(root) {
+		return "", fmt.Errorf("%w: no checkpoint root is configured", ErrNotConfined)
+	}
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("%w: %q is not an absolute path", ErrNotConfined, dir)
+	}
+	for _, c := range strings.Split(filepath.ToSlash(dir), "/") {
+		if c == ".." {
+			return "", fmt.Errorf("%w: %q has a \"..\" component", ErrNotConfined, dir)
+		}
+	}
+	rel, err := filepath.Rel(root, filepath.Clean(dir))
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+		return "", fmt.Errorf("%w: %q is outside the checkpoint root %q", ErrNotConfined, dir, root)
+	}
+	return filepath.ToSlash(rel), nil
+}
+
+// dirIn returns dir relative to the root once each of its components is a
+// directory and not a symbolic link; with create, missing ones are made.
+// The walk costs a few system calls per component, once per call, never
+// per record. A component swapped for a link after it was checked still
+// cannot lead out of the root: FS resolves every name within it.
+func (l *Local) dirIn(dir string, create bool) (string, error) {
+	rel, err := Beneath(l.Root, dir)
+	if err != nil || rel == "." {
+		return rel, err
+	}
+	parts := strings.Split(rel, "/")
+	for i := range parts {
+		p := strings.Join(parts[:i+1], "/")
+		fi, err := l.FS.Lstat(p)
+		if create && errors.Is(err, fs.ErrNotExist) {
+			// The components checked so far are directories; MkdirAll makes
+			// this one and the rest, which the loop goes on to check.
+			if err := l.FS.MkdirAll(rel); err != nil {
+				return "", err
+			}
+			fi, err = l.FS.Lstat(p)
+		}
+		if err != nil {
+			return "", err
+		}
+		if !fi.IsDir() || fi.Mode()&fs.ModeSymlink != 0 {
+			return "", fmt.Errorf("%w: %s is a symbolic link or not a directory", ErrNotConfined, path.Join(l.Root, p))
+		}
+	}
+	return rel, nil
+}
+
+// fileIn returns name in dir relative to the root, if it is a regular file
+// (not a symbolic link).
+func (l *Local) fileIn(dir, name string) (string, error) {
+	rel, err := l.dirIn(dir, false)
+	if err != nil {
+		return "", err
+	}
+	p := path.Join(rel, name)
+	fi, err := l.FS.Lstat(p)
+	if err != nil {
+		return "", err
+	}
+	if !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("%w: %s is not a regular file", ErrNotConfined, path.Join(l.Root, p))
+	}
+	return p, nil
+}
+
+// MkdirAll creates dir and its parents beneath the root.
+func (l *Local) MkdirAll(_ context.Context, dir string) error {
+	_, err := l.dirIn(dir, true)
+	return err
+}
+
+// NewRecords creates a temp file in dir.
+func (l *Local) NewRecords(_ context.Context, dir string) (RecordsWriter, error) {
+	rel, err := l.dirIn(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	f, err := l.FS.CreateTemp(rel, ".records.jsonl.*")
+	if err != nil {
+		return nil, err
+	}
+	w := &localRecords{fs: l.FS, dir: rel, f: f}
 	// Direct I/O needs the file itself; a test's FS seam gets the cache.
-	if osf, ok := f.(*os.File); ok && setDirect(osf, true) == nil {
+	if osf := osFile(f); osf != nil && setDirect(osf, true) == nil {
 		w.direct = newDirectWriter(osf)
 	}
 	return w, nil
+}
+
+// osFile is the *os.File behind f, or nil.
+func osFile(f atomicfile.File) *os.File {
+	switch f := f.(type) {
+	case *os.File:
+		return f
+	case interface{ OSFile() *os.File }:
+		return f.OSFile()
+	}
+	return nil
 }
 
 type localRecords struct {
@@ -189,12 +315,20 @@ func (w *localRecords) Abort() error {
 // PublishManifest publishes through atomicfile.Publish (temp, fsync, link,
 // directory fsync).
 func (l *Local) PublishManifest(_ context.Context, dir string, data []byte) error {
-	return atomicfile.Publish(l.FS, path.Join(dir, ManifestFile), data)
+	rel, err := l.dirIn(dir, false)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Publish(l.FS, path.Join(rel, ManifestFile), data)
 }
 
 // ReadManifest reads dir/manifest.json.
 func (l *Local) ReadManifest(_ context.Context, dir string) ([]byte, error) {
-	rc, err := l.FS.Open(path.Join(dir, ManifestFile))
+	p, err := l.fileIn(dir, ManifestFile)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := l.FS.Open(p)
 	if err != nil {
 		return nil, err
 	}
@@ -204,8 +338,18 @@ func (l *Local) ReadManifest(_ context.Context, dir string) ([]byte, error) {
 
 // OpenRecords opens a records file.
 func (l *Local) OpenRecords(_ context.Context, dir, name string) (io.ReadCloser, error) {
-	return l.FS.Open(path.Join(dir, name))
+	p, err := l.fileIn(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	return l.FS.Open(p)
 }
 
 // List names the entries of dir.
-func (l *Local) List(_ context.Context, dir string) ([]string, error) { return l.FS.ReadDir(dir) }
+func (l *Local) List(_ context.Context, dir string) ([]string, error) {
+	rel, err := l.dirIn(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	return l.FS.ReadDir(rel)
+}

@@ -153,7 +153,11 @@ func TestStore_RecordsBypassThePageCache(t *testing.T) {
 	directFile(t) // skips where the temp dir's filesystem refuses direct I/O
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := New(NewLocal())
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	target := Target{Dir: dir, Kind: "agent", Instance: "a", CheckpointID: "c1"}
 	const n = 4000
 	payload := `"` + strings.Repeat("y", 4000) + `"`

@@ -26,7 +26,9 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -146,9 +148,54 @@ var (
 	ErrDifferentCommit = errors.New("checkpoint directory already holds a different commit")
 )
 
-// invalid wraps a verification failure as invalid_checkpoint_state.
-func invalid(format string, args ...any) error {
-	return apierror.New(apierror.InvalidCheckpointState, format, args...)
+// hidden is an error the caller is told as public, while its cause, which
+// may quote a file, its digest, or say whether a path exists or could not
+// be read, is kept for the server's log (Detail). A control token lets its
+// holder name any path: what it learns of files must not depend on them.
+type hidden struct {
+	public *apierror.Error
+	cause  error
+}
+
+func (e *hidden) Error() string { return e.public.Error() }
+
+// Unwrap is the public error only: the cause is for the log.
+func (e *hidden) Unwrap() error { return e.public }
+
+func hide(public *apierror.Error, cause error) error { return &hidden{public: public, cause: cause} }
+
+// Detail is what err keeps from the caller, for the server's log; "" when
+// it keeps nothing.
+func Detail(err error) string {
+	var h *hidden
+	if errors.As(err, &h) && h.cause != nil {
+		return h.cause.Error()
+	}
+	return ""
+}
+
+// unreadable is every failure to find or read a participant's manifest:
+// missing, unreadable, a symbolic link, not a manifest. They are one answer
+// so that a restore cannot probe the filesystem.
+func (t Target) unreadable(cause error) error {
+	return hide(apierror.New(apierror.InvalidCheckpointState,
+		"no readable checkpoint manifest for %s/%s in %s (missing, unreadable, or not a manifest; the server's log says which)",
+		t.Kind, t.Instance, t.Dir), cause)
+}
+
+// unverified is a failure to verify a manifest that was read, or its
+// records: the caller learns which check failed, never what the file holds.
+func (t Target) unverified(check string, cause error) error {
+	return hide(apierror.New(apierror.InvalidCheckpointState,
+		"the checkpoint of %s/%s in %s fails verification: %s (the server's log has the details)",
+		t.Kind, t.Instance, t.Dir, check), cause)
+}
+
+// notConfined answers a directory outside the root or reached through a
+// symbolic link.
+func notConfined(t Target, cause error) error {
+	return hide(apierror.New(apierror.InvalidRequest,
+		"checkpoint_dir %s is not a directory beneath this server's checkpoint root reached without symbolic links", t.Dir), cause)
 }
 
 // WriteStop lets a resume stop a write: the writer checks it before every
@@ -194,6 +241,24 @@ type Store struct {
 // New returns a store over b.
 func New(b Backend) *Store { return &Store{b: b} }
 
+// Open returns a store on the local filesystem confined to the directory
+// root (OpenLocal). Close releases it.
+func Open(root string) (*Store, error) {
+	l, err := OpenLocal(root)
+	if err != nil {
+		return nil, err
+	}
+	return New(l), nil
+}
+
+// Close closes the backend if it holds anything open.
+func (s *Store) Close() error {
+	if c, ok := s.b.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
 // Target names one participant's directory of one checkpoint.
 type Target struct {
 	Dir          string
@@ -207,6 +272,11 @@ type Target struct {
 func (t Target) validate(requireID bool) error {
 	if t.Dir == "" {
 		return apierror.New(apierror.InvalidRequest, "checkpoint_dir is empty")
+	}
+	// Joining the participant's path would clean a ".." away before the
+	// backend could see it.
+	if slices.Contains(strings.Split(filepath.ToSlash(t.Dir), "/"), "..") {
+		return apierror.New(apierror.InvalidRequest, "checkpoint_dir %q has a \"..\" component", t.Dir)
 	}
 	for _, c := range []struct{ what, v string }{{"kind", t.Kind}, {"instance", t.Instance}, {"checkpoint id", t.CheckpointID}} {
 		if c.v == "" && c.what == "checkpoint id" && !requireID {
@@ -248,9 +318,13 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	found := err == nil
 	switch {
 	case found && (existing.CheckpointID != t.CheckpointID || existing.Kind != t.Kind || existing.Instance != t.Instance):
-		return Written{}, fmt.Errorf("%w: %s holds checkpoint %s", ErrDifferentCommit, dir, existing.CheckpointID)
+		return Written{}, fmt.Errorf("%w: %s holds another checkpoint", ErrDifferentCommit, dir)
+	case errors.Is(err, ErrNotConfined):
+		return Written{}, notConfined(t, err)
 	case !found && !errors.Is(err, fs.ErrNotExist):
-		return Written{}, err
+		// Not the manifest's bytes: a token holder must not read files
+		// through the answer.
+		return Written{}, hide(apierror.New(apierror.CheckpointConflict, "%s holds a manifest this server cannot read", dir), err)
 	}
 	h := sha256.New()
 	// Records the directory already holds under this checkpoint are only
@@ -260,6 +334,9 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	committed := false
 	if !found {
 		if err := s.b.MkdirAll(ctx, dir); err != nil {
+			if errors.Is(err, ErrNotConfined) {
+				return Written{}, notConfined(t, err)
+			}
 			return Written{}, fmt.Errorf("create %s: %w", dir, err)
 		}
 		if rw, err = s.b.NewRecords(ctx, dir); err != nil {
@@ -317,8 +394,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		if existing.RecordsSHA256 == digest && existing.RecordCount == count {
 			return Written{Manifest: existing, Bytes: written, Existing: true}, nil
 		}
-		return Written{}, fmt.Errorf("%w: %s holds checkpoint %s with other records (%d, sha256 %.12s; these are %d, sha256 %.12s)",
-			ErrDifferentCommit, dir, existing.CheckpointID, existing.RecordCount, existing.RecordsSHA256, count, digest)
+		return Written{}, fmt.Errorf("%w: %s holds checkpoint %s with other records", ErrDifferentCommit, dir, existing.CheckpointID)
 	}
 	name := "records-" + digest + ".jsonl"
 	size, err := rw.Commit(name)
@@ -396,26 +472,24 @@ func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest
 	dir := t.ParticipantDir()
 	m, err := s.readManifest(ctx, dir)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return Manifest{}, nil, 0, invalid("%s has no manifest: the commit never finished", dir)
-		}
-		return Manifest{}, nil, 0, invalid("%s: %v", dir, err)
+		return Manifest{}, nil, 0, t.unreadable(fmt.Errorf("%s: %w", dir, err))
 	}
 	switch {
 	case m.SchemaVersion != SchemaVersion:
-		return m, nil, 0, invalid("%s: schema_version %d, this build reads %d", dir, m.SchemaVersion, SchemaVersion)
+		return m, nil, 0, t.unverified(fmt.Sprintf("a manifest schema this build does not read (it reads %d)", SchemaVersion),
+			fmt.Errorf("%s: schema_version %d", dir, m.SchemaVersion))
 	case m.Kind != t.Kind || m.Instance != t.Instance:
-		return m, nil, 0, invalid("%s holds %s/%s, not %s/%s", dir, m.Kind, m.Instance, t.Kind, t.Instance)
+		return m, nil, 0, t.unverified("the manifest is another participant's", fmt.Errorf("%s holds %s/%s", dir, m.Kind, m.Instance))
 	case t.CheckpointID != "" && m.CheckpointID != t.CheckpointID:
-		return m, nil, 0, invalid("%s holds checkpoint %s, not %s", dir, m.CheckpointID, t.CheckpointID)
+		return m, nil, 0, t.unverified("the manifest is of another checkpoint", fmt.Errorf("%s holds checkpoint %s", dir, m.CheckpointID))
 	case !recordsName.MatchString(m.RecordsFile):
-		return m, nil, 0, invalid("%s: records_file %q is not a records file name", dir, m.RecordsFile)
+		return m, nil, 0, t.unverified("the manifest names no records file", fmt.Errorf("%s: records_file %q", dir, m.RecordsFile))
 	case m.RecordCount < 0:
-		return m, nil, 0, invalid("%s: negative record_count", dir)
+		return m, nil, 0, t.unverified("the manifest's record count is negative", fmt.Errorf("%s: record_count %d", dir, m.RecordCount))
 	}
 	names, err := s.b.List(ctx, dir)
 	if err != nil {
-		return m, nil, 0, invalid("%s: %v", dir, err)
+		return m, nil, 0, t.unreadable(fmt.Errorf("list %s: %w", dir, err))
 	}
 	// Nothing in a shared directory is ever deleted (a racing writer could
 	// lose a file the published manifest names), so records files of failed
@@ -423,17 +497,17 @@ func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest
 	// ours.
 	for _, n := range names {
 		if n != ManifestFile && !recordsName.MatchString(n) && !strings.HasPrefix(n, ".") {
-			return m, nil, 0, invalid("%s holds an unexpected file %q", dir, n)
+			return m, nil, 0, t.unverified("the directory holds a file that is not the checkpoint's", fmt.Errorf("%s holds %q", dir, n))
 		}
 	}
 	rc, err := s.b.OpenRecords(ctx, dir, m.RecordsFile)
 	if err != nil {
-		return m, nil, 0, invalid("%s: open %s: %v", dir, m.RecordsFile, err)
+		return m, nil, 0, t.unverified("the records file cannot be read", fmt.Errorf("%s: open %s: %w", dir, m.RecordsFile, err))
 	}
 	defer rc.Close()
 	buf, err := readAll(rc, o.OnSize)
 	if err != nil {
-		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
+		return m, nil, 0, t.unverified("the records file cannot be read", fmt.Errorf("%s/%s: %w", dir, m.RecordsFile, err))
 	}
 	// The digest and the parse are independent passes over the buffer: on
 	// a restore's critical path (the agent's 358 MB at 100,000 rollouts)
@@ -446,13 +520,15 @@ func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest
 	recs, n, size, err := readRecords(ctx, buf, keep, m.RecordCount)
 	sum := <-sums
 	if got := hex.EncodeToString(sum[:]); got != m.RecordsSHA256 {
-		return m, nil, 0, invalid("%s/%s: sha256 %s does not match the manifest's %s", dir, m.RecordsFile, got, m.RecordsSHA256)
+		return m, nil, 0, t.unverified("the records do not match the manifest's digest",
+			fmt.Errorf("%s/%s: sha256 %s, the manifest's %s", dir, m.RecordsFile, got, m.RecordsSHA256))
 	}
 	if err != nil {
-		return m, nil, 0, invalid("%s/%s: %v", dir, m.RecordsFile, err)
+		return m, nil, 0, t.unverified("the records do not parse", fmt.Errorf("%s/%s: %w", dir, m.RecordsFile, err))
 	}
 	if n != m.RecordCount {
-		return m, nil, 0, invalid("%s/%s: %d records, the manifest says %d", dir, m.RecordsFile, n, m.RecordCount)
+		return m, nil, 0, t.unverified("the records are not as many as the manifest says",
+			fmt.Errorf("%s/%s: %d records, the manifest says %d", dir, m.RecordsFile, n, m.RecordCount))
 	}
 	return m, recs, size, nil
 }
@@ -601,14 +677,14 @@ func (s *Store) readManifest(ctx context.Context, dir string) (Manifest, error) 
 func (s *Store) Verify(ctx context.Context, dir string) ([]Manifest, error) {
 	kinds, err := s.b.List(ctx, path.Join(dir, "gym"))
 	if err != nil {
-		return nil, invalid("%s: %v", dir, err)
+		return nil, hide(apierror.New(apierror.InvalidCheckpointState, "%s holds no readable participant directories", dir), err)
 	}
 	sort.Strings(kinds)
 	var out []Manifest
 	for _, kind := range kinds {
 		insts, err := s.b.List(ctx, path.Join(dir, "gym", kind))
 		if err != nil {
-			return nil, invalid("%s: %v", dir, err)
+			return nil, hide(apierror.New(apierror.InvalidCheckpointState, "%s/gym/%s cannot be listed", dir, kind), err)
 		}
 		sort.Strings(insts)
 		for _, inst := range insts {

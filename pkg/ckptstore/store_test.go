@@ -35,13 +35,30 @@ func records(n int, tag string) func(add func(ckptstore.Record) error) (map[stri
 	}
 }
 
+// tempLocal is a Local backend confined to the temp directory, which holds
+// every t.TempDir(), its FS wrapped by wrap (when not nil).
+func tempLocal(t testing.TB, wrap func(atomicfile.FS) atomicfile.FS) *ckptstore.Local {
+	t.Helper()
+	l, err := ckptstore.OpenLocal(os.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if wrap != nil {
+		l.FS = wrap(l.FS)
+	}
+	return l
+}
+
+func tempStore(t testing.TB) *ckptstore.Store { return ckptstore.New(tempLocal(t, nil)) }
+
 func target(dir string) ckptstore.Target {
 	return ckptstore.Target{Dir: dir, Kind: "environment", Instance: "env", CheckpointID: "c1"}
 }
 
 func TestStore_RoundTrip(t *testing.T) {
 	ctx := context.Background()
-	s := ckptstore.New(ckptstore.NewLocal())
+	s := tempStore(t)
 	dir := t.TempDir()
 	w, err := s.Write(ctx, target(dir), nil, records(5, "x"))
 	if err != nil {
@@ -117,7 +134,7 @@ func TestStore_RoundTrip(t *testing.T) {
 
 func TestStore_ConcurrentCommits(t *testing.T) {
 	ctx := context.Background()
-	s := ckptstore.New(ckptstore.NewLocal())
+	s := tempStore(t)
 	t.Run("SameContent", func(t *testing.T) {
 		dir := t.TempDir()
 		var wg sync.WaitGroup
@@ -217,11 +234,11 @@ func (c *crashFS) Link(o, n string) error {
 func TestStore_CrashBetweenRecordsAndManifest(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	crashing := ckptstore.New(&ckptstore.Local{FS: &crashFS{FS: atomicfile.OS, failLink: true}})
+	crashing := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &crashFS{FS: base, failLink: true} }))
 	if _, err := crashing.Write(ctx, target(dir), nil, records(3, "x")); err == nil {
 		t.Fatal("the write should fail at publication")
 	}
-	s := ckptstore.New(ckptstore.NewLocal())
+	s := tempStore(t)
 	if _, _, _, err := s.Read(ctx, target(dir), nil); !apierror.HasCode(err, apierror.InvalidCheckpointState) {
 		t.Fatalf("a directory with records and no manifest must be refused, got %v", err)
 	}
@@ -239,7 +256,7 @@ func TestStore_FsyncErrorFailsTheCommit(t *testing.T) {
 		t.Run(fmt.Sprint("sync", n), func(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
-			s := ckptstore.New(&ckptstore.Local{FS: &crashFS{FS: atomicfile.OS, failSync: n}})
+			s := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &crashFS{FS: base, failSync: n} }))
 			_, err := s.Write(ctx, target(dir), nil, records(3, "x"))
 			if !errors.Is(err, syscall.EIO) {
 				t.Fatalf("an fsync error must fail the commit, got %v", err)
@@ -253,7 +270,7 @@ func TestStore_FsyncErrorFailsTheCommit(t *testing.T) {
 
 func TestStore_TamperedDirectoriesAreRefused(t *testing.T) {
 	ctx := context.Background()
-	s := ckptstore.New(ckptstore.NewLocal())
+	s := tempStore(t)
 	setup := func(t *testing.T) (string, ckptstore.Manifest) {
 		dir := t.TempDir()
 		w, err := s.Write(ctx, target(dir), nil, records(4, "x"))
@@ -354,7 +371,7 @@ func TestStore_TamperedDirectoriesAreRefused(t *testing.T) {
 }
 
 func TestStore_RejectsBadTargets(t *testing.T) {
-	s := ckptstore.New(ckptstore.NewLocal())
+	s := tempStore(t)
 	_, err := s.Write(context.Background(), ckptstore.Target{Dir: t.TempDir(), Kind: "..", Instance: "x", CheckpointID: "c"}, nil, records(1, "x"))
 	if !apierror.HasCode(err, apierror.InvalidRequest) {
 		t.Fatalf("a kind that is not a path component: %v", err)
@@ -362,7 +379,7 @@ func TestStore_RejectsBadTargets(t *testing.T) {
 }
 
 func TestStore_StopBeforePublish(t *testing.T) {
-	s := ckptstore.New(ckptstore.NewLocal())
+	s := tempStore(t)
 	stop := &ckptstore.WriteStop{}
 	stop.Stop()
 	dir := t.TempDir()
@@ -428,7 +445,7 @@ func FuzzRecordsReader(f *testing.F) {
 // the line that holds it in the records file.
 func TestStore_RecordsWithLineBreaksReadBack(t *testing.T) {
 	ctx := context.Background()
-	s := ckptstore.New(ckptstore.NewLocal())
+	s := tempStore(t)
 	dir := t.TempDir()
 	data := "{\n \"a\": [1,\r\n 2],\n\t\"s\": \"x\\ny\"\n}\n"
 	if _, err := s.Write(ctx, target(dir), nil, func(add func(ckptstore.Record) error) (map[string]any, error) {
@@ -554,7 +571,7 @@ func TestStore_WritebackDuringTheWrite(t *testing.T) {
 			fs := &writebackFS{FS: atomicfile.OS, added: &added, firstStarted: make(chan struct{}), release: make(chan struct{})}
 			var releaseOnce sync.Once
 			release := func() { releaseOnce.Do(func() { close(fs.release) }) }
-			s := ckptstore.New(&ckptstore.Local{FS: fs})
+			s := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { fs.FS = base; return fs }))
 			emit := records(n, big)
 			var w ckptstore.Written
 			var err error
@@ -620,7 +637,7 @@ func TestStore_WritebackDuringTheWrite(t *testing.T) {
 	t.Run("writeback fails", func(t *testing.T) {
 		ctx := context.Background()
 		dir := t.TempDir()
-		s := ckptstore.New(&ckptstore.Local{FS: &crashFS{FS: atomicfile.OS, failSync: 1}})
+		s := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &crashFS{FS: base, failSync: 1} }))
 		if _, err := s.Write(ctx, target(dir), nil, records(20, big)); !errors.Is(err, syscall.EIO) {
 			t.Fatalf("a failed writeback must fail the commit, got %v", err)
 		}

@@ -587,7 +587,13 @@ func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline 
 // Verify checks that every participant's part of a committed checkpoint
 // verifies (digest, count, manifest).
 func (c *Coordinator) Verify(ctx context.Context, dir, id string) ([]ckptstore.Manifest, error) {
-	store := ckptstore.New(ckptstore.NewLocal())
+	// The directory is its own root: nothing beneath it is followed
+	// through a symbolic link.
+	store, err := ckptstore.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
 	var out []ckptstore.Manifest
 	for _, m := range c.members {
 		man, _, _, err := store.Read(ctx, ckptstore.Target{Dir: dir, Kind: m.Kind, Instance: m.Instance, CheckpointID: id}, func(rollout.EpisodeID) bool { return false })

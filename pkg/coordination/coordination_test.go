@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -49,7 +50,7 @@ func (f *fleet) callsOf(op string) []string {
 func newFleet(t *testing.T, kinds map[string]string) *fleet {
 	t.Helper()
 	f := &fleet{fakes: map[string]*ctlplanetest.Fake{}}
-	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600}
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir()}
 	for name, kind := range kinds {
 		fake := ctlplanetest.NewFake(kind, name)
 		c, err := ctlplane.New(cfg, fake, ctlplane.Deps{})

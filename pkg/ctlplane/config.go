@@ -16,6 +16,12 @@ type Config struct {
 	Enabled           bool    `mapstructure:"enabled"`
 	ControlAuthToken  string  `mapstructure:"control_auth_token"`
 	LeaseGraceSeconds float64 `mapstructure:"lease_grace_seconds"`
+	// Root is the directory every checkpoint_dir must lie beneath, reached
+	// from it without symbolic links: a control token then writes and
+	// reads checkpoint files there and nowhere else. Required when
+	// Enabled; a relative root is relative to the working directory, and
+	// is created at start if missing.
+	Root string `mapstructure:"root"`
 }
 
 // DefaultConfig is checkpointing off, with the SPEC's lease grace.
@@ -33,6 +39,11 @@ func (c Config) Validate() error {
 	}
 	if c.LeaseGraceSeconds <= 0 {
 		return errors.New("checkpoint.lease_grace_seconds must be > 0")
+	}
+	if c.Root == "" {
+		// No default: any default would be a directory the operator did
+		// not choose for a token holder to write in.
+		return errors.New("checkpoint.enabled is true but checkpoint.root is empty: name the directory every checkpoint_dir must lie beneath")
 	}
 	return nil
 }

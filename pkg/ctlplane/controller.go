@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -35,7 +36,7 @@ type Deps struct {
 	Registry prometheus.Registerer
 	// Clock defaults to the wall clock.
 	Clock Clock
-	// Store defaults to the local filesystem.
+	// Store defaults to the local filesystem beneath the configured root.
 	Store *ckptstore.Store
 }
 
@@ -43,14 +44,18 @@ type Deps struct {
 // lease, the attempt fence and data-route admission, and drives its
 // Participant through them.
 type Controller struct {
-	p       Participant
-	cfg     Config
-	clock   Clock
-	store   *ckptstore.Store
-	log     *slog.Logger
-	metrics *metrics
-	fence   *Fence
-	gate    gate
+	p     Participant
+	cfg   Config
+	clock Clock
+	store *ckptstore.Store
+	// root is cfg.Root made absolute; ownStore is set when the controller
+	// opened store and so closes it.
+	root     string
+	ownStore bool
+	log      *slog.Logger
+	metrics  *metrics
+	fence    *Fence
+	gate     gate
 
 	// ctx is cancelled by Close; background writes and installs derive from it.
 	ctx    context.Context
@@ -110,12 +115,22 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	if deps.Clock == nil {
 		deps.Clock = RealClock{}
 	}
-	if deps.Store == nil {
-		deps.Store = ckptstore.New(ckptstore.NewLocal())
+	root, err := filepath.Abs(cfg.Root)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint.root: %w", err)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("checkpoint.root: %w", err)
+	}
+	ownStore := deps.Store == nil
+	if ownStore {
+		if deps.Store, err = ckptstore.Open(root); err != nil {
+			return nil, err
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Controller{
-		p: p, cfg: cfg, clock: deps.Clock, store: deps.Store,
+		p: p, cfg: cfg, clock: deps.Clock, store: deps.Store, root: root, ownStore: ownStore,
 		log:   deps.Logger.With("component", "ctlplane"),
 		fence: NewFence(), ctx: ctx, cancel: cancel,
 	}
@@ -138,6 +153,9 @@ func (c *Controller) Close() {
 	c.cancel()
 	c.mu.Unlock()
 	c.wg.Wait()
+	if c.ownStore {
+		_ = c.store.Close()
+	}
 }
 
 // Fence is the attempt fence, for participants that check it themselves
@@ -201,9 +219,15 @@ func validCheckpointID(id string) error {
 	return nil
 }
 
-func validDir(dir string) error {
+// validDir refuses, before anything changes, a checkpoint_dir that is not
+// an absolute path beneath the root; the store refuses the rest (symbolic
+// links) as it opens the directory.
+func (c *Controller) validDir(dir string) error {
 	if dir == "" || !filepath.IsAbs(dir) {
 		return apierror.New(apierror.InvalidRequest, "checkpoint_dir %q must be an absolute path every server can reach", dir)
+	}
+	if _, err := ckptstore.Beneath(c.root, dir); err != nil {
+		return apierror.New(apierror.InvalidRequest, "checkpoint_dir %q must lie beneath this server's checkpoint root %s, with no \"..\" component", dir, c.root)
 	}
 	return nil
 }
@@ -538,7 +562,7 @@ func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) 
 	if err != nil {
 		return nil, err
 	}
-	if err := validDir(req.CheckpointDir); err != nil {
+	if err := c.validDir(req.CheckpointDir); err != nil {
 		return nil, err
 	}
 	if req.EpisodeIDs == nil {
@@ -623,6 +647,7 @@ func (c *Controller) runWrite(t *task, req CommitRequest, scope Scope) {
 		if c.write == t {
 			c.write = nil
 		}
+		c.log.Warn("checkpoint commit failed", "checkpoint_id", t.id, "checkpoint_dir", req.CheckpointDir, "err", err, "detail", ckptstore.Detail(err))
 		t.finish(nil, commitError(err))
 		return
 	}
@@ -708,7 +733,7 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 	if err != nil {
 		return nil, err
 	}
-	if err := validDir(req.CheckpointDir); err != nil {
+	if err := c.validDir(req.CheckpointDir); err != nil {
 		return nil, err
 	}
 	if req.EpisodeIDs == nil {
@@ -824,6 +849,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 		if c.install == t {
 			c.install = nil
 		}
+		c.log.Warn("checkpoint restore failed", "checkpoint_id", t.id, "checkpoint_dir", req.CheckpointDir, "err", err, "detail", ckptstore.Detail(err))
 		t.finish(nil, err)
 		return
 	}

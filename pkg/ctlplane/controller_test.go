@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -88,7 +89,7 @@ func deadlineIn(clock ctlplane.Clock, d time.Duration) float64 {
 
 func newController(t *testing.T, f *ctlplanetest.Fake, clock ctlplane.Clock, store *ckptstore.Store) *ctlplane.Controller {
 	t.Helper()
-	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60}
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60, Root: os.TempDir()}
 	c, err := ctlplane.New(cfg, f, ctlplane.Deps{Clock: clock, Store: store})
 	if err != nil {
 		t.Fatal(err)
@@ -307,8 +308,10 @@ func (f blockingFile) Sync() error {
 // Ensure a resume during a write stops it before it publishes: the
 // directory never gets a manifest.
 func TestController_ResumeStopsAnUnfinishedWrite(t *testing.T) {
-	bfs := &blockingFS{FS: atomicfile.OS, entered: make(chan struct{}), release: make(chan struct{})}
-	store := ckptstore.New(&ckptstore.Local{FS: bfs})
+	local := tempLocal(t)
+	bfs := &blockingFS{FS: local.FS, entered: make(chan struct{}), release: make(chan struct{})}
+	local.FS = bfs
+	store := ckptstore.New(local)
 	f := ctlplanetest.NewFake("model", "m")
 	f.SetEpisode(rollout.EpisodeID{RolloutID: "r1"}, true)
 	c := newController(t, f, ctlplane.RealClock{}, store)
@@ -464,4 +467,16 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		<-time.After(2 * time.Millisecond)
 	}
+}
+
+// tempLocal is a local backend confined to the temp directory, which holds
+// every t.TempDir().
+func tempLocal(t *testing.T) *ckptstore.Local {
+	t.Helper()
+	l, err := ckptstore.OpenLocal(os.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }

@@ -177,7 +177,7 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	ok := ctlplanetest.NewFake("agent", "a")
 	var limitDuring, gogcReading int64
 	ok.OnInstall = func() { gogcDuring, limitDuring = gcSettings() }
-	store := ckptstore.New(readObserver{ckptstore.NewLocal(), func() { gogcReading, _ = gcSettings() }})
+	store := ckptstore.New(readObserver{tempLocal(t), func() { gogcReading, _ = gcSettings() }})
 	fresh := newController(t, ok, ctlplane.RealClock{}, store)
 	if _, err := fresh.Restore(ctx, restore); err != nil {
 		t.Fatal(err)

@@ -61,6 +61,11 @@ type Config struct {
 type Checkpoint struct {
 	Enabled          bool   `yaml:"enabled"`
 	ControlAuthToken string `yaml:"control_auth_token"`
+	// Root is the directory every checkpoint directory lies beneath (each
+	// server's checkpoint.root; relative to the file's base directory).
+	// gymctl refuses a --dir or --checkpoint-dir outside it before any
+	// server is called.
+	Root string `yaml:"root"`
 }
 
 // Process is one server process of the fleet.
@@ -149,6 +154,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Checkpoint.Enabled && c.Checkpoint.ControlAuthToken == "" {
 		errs = append(errs, errors.New("checkpoint.enabled is true but checkpoint.control_auth_token is empty"))
+	}
+	if c.Checkpoint.Enabled && c.Checkpoint.Root == "" {
+		errs = append(errs, errors.New("checkpoint.enabled is true but checkpoint.root is empty: name the directory every checkpoint directory lies beneath"))
 	}
 	procs := map[string]bool{}
 	endpoints := map[string]bool{}

@@ -25,6 +25,8 @@ type Topology struct {
 	BinDir string
 	// Token enables checkpointing on every server when set.
 	Token string
+	// CheckpointRoot is every server's checkpoint.root (default: Dir).
+	CheckpointRoot string
 	// LeaseGraceSeconds overrides the lease grace (0: the default).
 	LeaseGraceSeconds float64
 	// TokensPerSecond and MinCallSeconds pace fakeinference.
@@ -127,7 +129,14 @@ func Generate(t Topology) (*Config, error) {
 		listen[name] = fmt.Sprintf("127.0.0.1:%d", ports[i])
 		urls[name] = "http://" + listen[name]
 	}
-	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token}
+	if t.CheckpointRoot == "" {
+		t.CheckpointRoot = t.Dir
+	}
+	// Absolute: the servers run in the topology's directory.
+	if t.CheckpointRoot, err = filepath.Abs(t.CheckpointRoot); err != nil {
+		return nil, err
+	}
+	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token, "root": t.CheckpointRoot}
 	if t.LeaseGraceSeconds > 0 {
 		checkpoint["lease_grace_seconds"] = t.LeaseGraceSeconds
 	}
@@ -193,7 +202,7 @@ func Generate(t Topology) (*Config, error) {
 
 	cfg := &Config{
 		RunDir: filepath.Join(t.Dir, "run"), BinDir: t.BinDir, BaseDir: t.Dir,
-		Checkpoint: Checkpoint{Enabled: t.Token != "", ControlAuthToken: t.Token},
+		Checkpoint: Checkpoint{Enabled: t.Token != "", ControlAuthToken: t.Token, Root: t.CheckpointRoot},
 	}
 	proc := func(name, binary, config string, eps ...Endpoint) {
 		cfg.Processes = append(cfg.Processes, Process{Name: name, Binary: binary, Config: filepath.Join(t.Dir, config), Endpoints: eps})

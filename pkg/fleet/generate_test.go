@@ -86,3 +86,48 @@ func TestGenerate_ModelNamesAgree(t *testing.T) {
 		t.Errorf("fakeinference serves %v, the model server asks for %v", served, asked)
 	}
 }
+
+// Every checkpointing server of a generated fleet, and the fleet file
+// gymctl reads, has the topology's directory as its checkpoint root unless
+// the topology names another.
+func TestGenerate_CheckpointRoot(t *testing.T) {
+	for _, root := range []string{"", "/somewhere/else"} {
+		dir := t.TempDir()
+		topo := fleet.Standard(dir, "/bin", "tok")
+		topo.CheckpointRoot = root
+		cfg, err := fleet.Generate(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := root
+		if want == "" {
+			want = dir
+		}
+		if cfg.Checkpoint.Root != want {
+			t.Errorf("fleet checkpoint.root = %q, want %q", cfg.Checkpoint.Root, want)
+		}
+		blocks := 0
+		for _, p := range cfg.Processes {
+			b, err := os.ReadFile(p.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m struct {
+				Checkpoint map[string]any `yaml:"checkpoint"`
+			}
+			if err := yaml.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			if m.Checkpoint == nil {
+				continue
+			}
+			blocks++
+			if m.Checkpoint["root"] != want {
+				t.Errorf("%s: checkpoint.root = %v, want %q", filepath.Base(p.Config), m.Checkpoint["root"], want)
+			}
+		}
+		if blocks != 4 {
+			t.Errorf("%d servers have a checkpoint block, want 4 (model, resources, agents, environment)", blocks)
+		}
+	}
+}

@@ -199,7 +199,8 @@ func (l *Launcher) environ(spec Process) []string {
 	if l.cfg.Checkpoint.Enabled {
 		env = append(env,
 			"GYMFLEET_CHECKPOINT_ENABLED=true",
-			"GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN="+l.cfg.Checkpoint.ControlAuthToken)
+			"GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN="+l.cfg.Checkpoint.ControlAuthToken,
+			"GYMFLEET_CHECKPOINT_ROOT="+l.cfg.Path(l.cfg.Checkpoint.Root))
 	}
 	for _, e := range spec.Env {
 		env = append(env, e.Name+"="+e.Value)

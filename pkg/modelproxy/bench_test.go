@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -43,7 +44,7 @@ func serveForBench(b *testing.B, s interface {
 func BenchmarkAddedLatency(b *testing.B) {
 	b.Run("checkpoint=off", func(b *testing.B) { benchAddedLatency(b, ctlplane.DefaultConfig()) })
 	b.Run("checkpoint=on", func(b *testing.B) {
-		benchAddedLatency(b, ctlplane.Config{Enabled: true, ControlAuthToken: "bench", LeaseGraceSeconds: 600})
+		benchAddedLatency(b, ctlplane.Config{Enabled: true, ControlAuthToken: "bench", LeaseGraceSeconds: 600, Root: os.TempDir()})
 	})
 }
 

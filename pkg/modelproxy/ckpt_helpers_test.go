@@ -298,7 +298,7 @@ func restoreReq(id, dir string, keys ...string) map[string]any {
 // records reads the model records a commit wrote, by capture key.
 func records(t *testing.T, dir, id string) map[string]*modelproxy.ModelRecord {
 	t.Helper()
-	_, recs, _, err := ckptstore.New(ckptstore.NewLocal()).Read(context.Background(),
+	_, recs, _, err := ctlplanetest.Store(t, dir).Read(context.Background(),
 		ckptstore.Target{Dir: dir, Kind: ctlplane.KindModel, Instance: modelproxy.DefaultName, CheckpointID: id}, nil)
 	if err != nil {
 		t.Fatalf("reading checkpoint %s: %v", id, err)
@@ -446,7 +446,7 @@ func writeCheckpoint(t *testing.T, dir, id string, recs map[string][]byte) {
 	}
 	slices.Sort(keys)
 	target := ckptstore.Target{Dir: dir, Kind: ctlplane.KindModel, Instance: modelproxy.DefaultName, CheckpointID: id}
-	_, err := ckptstore.New(ckptstore.NewLocal()).Write(context.Background(), target, &ckptstore.WriteStop{}, func(add func(ckptstore.Record) error) (map[string]any, error) {
+	_, err := ctlplanetest.Store(t, dir).Write(context.Background(), target, &ckptstore.WriteStop{}, func(add func(ckptstore.Record) error) (map[string]any, error) {
 		for _, k := range keys {
 			if err := add(ckptstore.Record{EpisodeID: scopeOf(k)[0], Data: recs[k]}); err != nil {
 				return nil, err

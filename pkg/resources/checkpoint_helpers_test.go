@@ -120,7 +120,7 @@ func episodes(keys ...string) []rollout.EpisodeID {
 // records reads the records a server committed, as "<record JSON>" lines.
 func records(t *testing.T, dir, instance, id string) []string {
 	t.Helper()
-	store := ckptstore.New(ckptstore.NewLocal())
+	store := ctlplanetest.Store(t, dir)
 	_, recs, _, err := store.Read(context.Background(), ckptstore.Target{Dir: dir, Kind: ctlplane.KindResources, Instance: instance, CheckpointID: id}, nil)
 	if err != nil {
 		t.Fatalf("read the commit of %s: %v", instance, err)
@@ -137,7 +137,7 @@ func records(t *testing.T, dir, instance, id string) []string {
 func writeCheckpoint(t *testing.T, instance, id string, recs map[string]string, manifest map[string]any) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "ckpt")
-	store := ckptstore.New(ckptstore.NewLocal())
+	store := ctlplanetest.Store(t, dir)
 	target := ckptstore.Target{Dir: dir, Kind: ctlplane.KindResources, Instance: instance, CheckpointID: id}
 	_, err := store.Write(context.Background(), target, &ckptstore.WriteStop{}, func(add func(ckptstore.Record) error) (map[string]any, error) {
 		for key, data := range recs {

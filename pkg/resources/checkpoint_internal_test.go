@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ func newParticipant(t *testing.T, typ, mode, verify string) (*Server, *participa
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Name, cfg.Type, cfg.CheckpointMode, cfg.VerifyMode = typ, typ, mode, verify
-	cfg.Checkpoint = ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 600}
+	cfg.Checkpoint = ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 600, Root: os.TempDir()}
 	s, err := New(cfg, Deps{})
 	if err != nil {
 		t.Fatal(err)

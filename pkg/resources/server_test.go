@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -240,7 +241,7 @@ func TestSeed_SessionHeader(t *testing.T) {
 func TestSeed_CheckpointHeaders(t *testing.T) {
 	on := func(mode string) func(*resources.Config) {
 		return func(c *resources.Config) {
-			c.Checkpoint = ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 600}
+			c.Checkpoint = ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 600, Root: os.TempDir()}
 			c.CheckpointMode = mode
 		}
 	}
@@ -567,7 +568,7 @@ func TestProcessConfig_Validate(t *testing.T) {
 		})
 	}
 	p := resources.DefaultProcessConfig()
-	p.Checkpoint = ctlplane.Config{Enabled: true, ControlAuthToken: "x", LeaseGraceSeconds: 5}
+	p.Checkpoint = ctlplane.Config{Enabled: true, ControlAuthToken: "x", LeaseGraceSeconds: 5, Root: os.TempDir()}
 	p.Servers = []resources.Config{srv("a", "127.0.0.1:0")}
 	if got := p.ServerConfigs()[0].Checkpoint; got != p.Checkpoint {
 		t.Errorf("ServerConfigs did not copy the checkpoint block: %+v", got)

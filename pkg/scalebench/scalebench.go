@@ -424,6 +424,7 @@ func (b *bench) startFleet(ctx context.Context) error {
 	b.ckptDir = filepath.Join(b.opts.Dir, "ckpt", checkpointID)
 	b.topo = fleet.Topology{
 		Dir: fleetDir, BinDir: b.binDir, Token: controlToken,
+		CheckpointRoot: filepath.Dir(b.ckptDir),
 		// A whole run must never see its checkpoint reopen under it.
 		LeaseGraceSeconds: 3600,
 		GenerationCuts:    true,

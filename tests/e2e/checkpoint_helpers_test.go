@@ -10,6 +10,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -63,7 +64,7 @@ func (f *Fleet) CrashAndRestore(id string, scope ...rollout.EpisodeID) *coordina
 // Records reads one participant's records of checkpoint id.
 func (f *Fleet) Records(id, kind, instance string) []map[string]any {
 	f.t.Helper()
-	store := ckptstore.New(ckptstore.NewLocal())
+	store := ctlplanetest.Store(f.t, f.Dir(id))
 	_, recs, _, err := store.Read(context.Background(), ckptstore.Target{Dir: f.Dir(id), Kind: kind, Instance: instance, CheckpointID: id}, nil)
 	if err != nil {
 		f.t.Fatalf("records of %s/%s in %s: %v", kind, instance, id, err)

@@ -94,6 +94,10 @@ func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	dir := t.TempDir()
 	topo := fleet.Standard(dir, binDir, token)
 	topo.LogLevel = "debug"
+	// The temp directory: the collect tests checkpoint into workspaces of
+	// their own subtests' (t.TempDir), which lie beneath it and not
+	// beneath dir.
+	topo.CheckpointRoot = os.TempDir()
 	if mutate != nil {
 		mutate(&topo)
 	}

@@ -43,7 +43,14 @@ type InstallFunc func(ctx context.Context, records []ctlplane.Record, scope ctlp
 // Controller's runWrite): export streams each record into the store's
 // writer. It returns what was written.
 func WriteCheckpoint(ctx context.Context, t ckptstore.Target, scope ctlplane.Scope, export ExportFunc) (ckptstore.Written, error) {
-	store := ckptstore.New(ckptstore.NewLocal())
+	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
+		return ckptstore.Written{}, err
+	}
+	store, err := ckptstore.Open(t.Dir)
+	if err != nil {
+		return ckptstore.Written{}, err
+	}
+	defer store.Close()
 	return store.Write(ctx, t, &ckptstore.WriteStop{}, func(add func(ckptstore.Record) error) (map[string]any, error) {
 		extras, err := export(ctx, scope, add)
 		return extras.Manifest, err
@@ -100,7 +107,11 @@ func BenchExport(b *testing.B, kind, instance string, scope ctlplane.Scope, want
 func BenchInstall(b *testing.B, target ckptstore.Target, scope ctlplane.Scope, want int, fresh func() (InstallFunc, func())) {
 	b.ReportAllocs()
 	ctx := context.Background()
-	store := ckptstore.New(ckptstore.NewLocal())
+	store, err := ckptstore.Open(target.Dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
 	var records int
 	var size int64
 	cpu := cpuClock{b: b}

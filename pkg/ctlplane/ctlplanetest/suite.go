@@ -2,8 +2,11 @@ package ctlplanetest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,8 +39,10 @@ type Factory func(t *testing.T, cfg ctlplane.Config) Subject
 const Token = "conformance-token"
 
 // Config is the checkpoint configuration the suite starts subjects with.
+// Its root is the temp directory, which holds every t.TempDir() the
+// suite commits to.
 func Config() ctlplane.Config {
-	return ctlplane.Config{Enabled: true, ControlAuthToken: Token, LeaseGraceSeconds: 600}
+	return ctlplane.Config{Enabled: true, ControlAuthToken: Token, LeaseGraceSeconds: 600, Root: os.TempDir()}
 }
 
 // Run is the conformance suite: auth, bad input, the prepare/commit/resume
@@ -49,6 +54,7 @@ func Run(t *testing.T, newSubject Factory) {
 	t.Run("PrepareCommitResume", func(t *testing.T) { testCycle(t, newSubject(t, Config())) })
 	t.Run("RestoreIntoFreshProcess", func(t *testing.T) { testRestore(t, newSubject) })
 	t.Run("RetireFencesUntilForget", func(t *testing.T) { testFence(t, newSubject(t, Config())) })
+	t.Run("CheckpointsConfinedToTheRoot", func(t *testing.T) { testConfined(t, newSubject) })
 	t.Run("LeaseExpiryReopens", func(t *testing.T) {
 		cfg := Config()
 		cfg.LeaseGraceSeconds = 0.2
@@ -240,6 +246,79 @@ func testBadInput(t *testing.T, s Subject) {
 	c.want("resume", req("c1"), http.StatusOK, "")
 }
 
+// testConfined: a control token reaches checkpoint files beneath the
+// configured root only. A checkpoint_dir outside it, one climbing out with
+// "..", and one reaching it through a symbolic link are refused as bad
+// requests, nothing is written outside, and a restore through a link to a
+// system file answers without a byte of it.
+func testConfined(t *testing.T, newSubject Factory) {
+	base := t.TempDir()
+	root, outside := filepath.Join(base, "root"), filepath.Join(base, "outside")
+	if err := os.Mkdir(outside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config()
+	cfg.Root = root // made by the server at start
+	s := newSubject(t, cfg)
+	c := newClient(t, s.URL, Token)
+	c.want("prepare", req("c1"), http.StatusOK, "")
+	for _, dir := range []string{outside, root + "/ck/../../outside", root + "/a/../ck", base} {
+		c.want("commit", commitReq("c1", dir, nil), http.StatusBadRequest, "invalid_request")
+		c.want("restore", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusBadRequest, "invalid_request")
+	}
+	linked := filepath.Join(root, "linked")
+	if err := os.MkdirAll(linked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(linked, "gym")); err != nil {
+		t.Fatal(err)
+	}
+	c.want("commit", commitReq("c1", linked, nil), http.StatusBadRequest, "invalid_request")
+	if p := c.phase(); p != "prepared" {
+		t.Fatalf("phase after a refused commit = %s, want prepared", p)
+	}
+	c.want("commit", commitReq("c1", filepath.Join(root, "good"), nil), http.StatusOK, "")
+	c.want("resume", req("c1"), http.StatusOK, "")
+	if entries, err := os.ReadDir(outside); err != nil || len(entries) != 0 {
+		t.Fatalf("the directory outside the root holds %v (%v), want nothing", entries, err)
+	}
+
+	const sys = "/etc/passwd"
+	content, err := os.ReadFile(sys)
+	if err != nil || len(content) == 0 {
+		t.Fatalf("reading %s: %v", sys, err)
+	}
+	evil := filepath.Join(root, "evil")
+	inst := ckptstore.Target{Dir: evil, Kind: s.Kind, Instance: s.Instance}.ParticipantDir()
+	if err := os.MkdirAll(inst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(sys, filepath.Join(inst, ckptstore.ManifestFile)); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newClient(t, newSubject(t, cfg).URL, Token)
+	restore := func(dir string) string {
+		m := fresh.want("restore", map[string]any{"checkpoint_id": "r1", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}},
+			http.StatusUnprocessableEntity, "invalid_checkpoint_state")
+		e, _ := m["error"].(map[string]any)
+		detail, _ := e["detail"].(string)
+		return detail
+	}
+	linkedDetail := restore(evil)
+	first, _, _ := strings.Cut(string(content), "\n")
+	sum := sha256.Sum256(content)
+	for _, leak := range []string{first, hex.EncodeToString(sum[:])[:12], "'" + string(content[0]) + "'"} {
+		if strings.Contains(linkedDetail, leak) {
+			t.Errorf("a restore through a link to %s answered %q, which holds %q", sys, linkedDetail, leak)
+		}
+	}
+	// A missing manifest is the same answer, bar the directory named.
+	missingDetail := restore(filepath.Join(root, "missing"))
+	if strings.ReplaceAll(missingDetail, filepath.Join(root, "missing"), evil) != linkedDetail {
+		t.Errorf("a missing manifest answered %q, a linked one %q: they must not be told apart", missingDetail, linkedDetail)
+	}
+}
+
 func testCycle(t *testing.T, s Subject) {
 	for _, prefix := range []string{ctlplane.RoutePrefix, ctlplane.ReferenceRoutePrefix} {
 		t.Run(strings.TrimPrefix(prefix, "/"), func(t *testing.T) {
@@ -274,7 +353,11 @@ func testCycle(t *testing.T, s Subject) {
 			if man["checkpoint_id"] != id || man["kind"] != s.Kind || man["instance"] != s.Instance || man["schema_version"] != float64(1) {
 				t.Fatalf("manifest = %v", man)
 			}
-			store := ckptstore.New(ckptstore.NewLocal())
+			store, err := ckptstore.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
 			got, _, _, err := store.Read(context.Background(), ckptstore.Target{Dir: dir, Kind: s.Kind, Instance: s.Instance, CheckpointID: id}, nil)
 			if err != nil {
 				t.Fatalf("the committed directory does not verify: %v", err)
@@ -391,3 +474,18 @@ func testLease(t *testing.T, s Subject) {
 
 // pollPause waits between two polls of a condition.
 func pollPause() { <-time.After(20 * time.Millisecond) }
+
+// Store is a store confined to root, made if missing (tests read and write
+// a checkpoint directory through one rooted at it), closed when t ends.
+func Store(t testing.TB, root string) *ckptstore.Store {
+	t.Helper()
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ckptstore.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
