@@ -48,7 +48,7 @@ bench-scale: build
 	$(BIN)/gymctl bench-scale --rollouts $(N) --json bench-scale-$(N).json
 
 lint: vet
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

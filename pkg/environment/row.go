@@ -48,8 +48,9 @@ func DecodeRunRequest(ctx context.Context, body []byte) (*RunRequest, error) {
 		return nil, apierror.New(apierror.InvalidRequest, "%s is required and must be a JSON object", rollout.FieldParams)
 	}
 
-	ident := make(map[string]any, len(rollout.IdentityFields()))
-	for _, f := range rollout.IdentityFields() {
+	fields := rollout.IdentityFields()
+	ident := make(map[string]any, len(fields))
+	for _, f := range fields {
 		raw, ok := row[f]
 		if !ok {
 			continue

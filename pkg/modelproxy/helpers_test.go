@@ -136,14 +136,6 @@ func completion(message string, finish string, prompt, gen []int) string {
 
 func logprob(i int) string { return fmt.Sprintf("-0.%d25", i%10) }
 
-func logprobs(n int) string {
-	s := make([]string, n)
-	for i := range s {
-		s[i] = logprob(i)
-	}
-	return "[" + strings.Join(s, ",") + "]"
-}
-
 func ints(v []int) string {
 	b, _ := json.Marshal(v)
 	return string(b)

@@ -52,7 +52,7 @@ func (p refPart) MarshalJSON() ([]byte, error) {
 		Detail      string           `json:"detail,omitempty"`
 		VideoURL    codec.RawMessage `json:"video_url,omitempty"`
 	}
-	pl := plain{p.Type, p.Text, p.Annotations, p.Logprobs, p.ImageURL, p.Detail, p.VideoURL}
+	pl := plain(p)
 	if p.Text == "" && p.Type != "text" && p.Type != "input_text" {
 		type media struct {
 			plain

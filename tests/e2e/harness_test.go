@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
@@ -418,5 +417,3 @@ func withAttempt(row map[string]any, n int) map[string]any {
 	out[rollout.FieldAttemptIndex] = n
 	return out
 }
-
-func isCode(err error, code apierror.Code) bool { return apierror.HasCode(err, code) }

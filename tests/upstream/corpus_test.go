@@ -26,8 +26,6 @@ import (
 	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
 
-var knownNeeds = map[string]bool{"vllm": true, "stand-in": true, "identity": true, "gymsurface": true}
-
 // Source names the upstream code a fixture's shapes come from.
 type Source struct {
 	Repo   string `json:"repo"`

@@ -35,6 +35,7 @@ type testConfig struct {
 	Tags       []string      `mapstructure:"tags"`
 	Checkpoint checkpoint    `mapstructure:"checkpoint"`
 	Ignored    string        `mapstructure:"-"`
+	//lint:ignore U1000 the loader must skip an unexported field, so one is here unused
 	unexported int
 }
 
