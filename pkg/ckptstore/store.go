@@ -11,7 +11,9 @@
 // manifest never changes. Reading streams the records once and verifies
 // schema, kind, instance, checkpoint id, digest and count over the whole
 // file; anything torn, truncated or tampered is refused with
-// invalid_checkpoint_state and nothing is returned.
+// invalid_checkpoint_state and nothing is returned. A store with a signing
+// key also signs every manifest it writes and refuses, on reading, one it
+// did not sign (sign.go).
 package ckptstore
 
 import (
