@@ -11,7 +11,9 @@
 // manifest never changes. Reading streams the records once and verifies
 // schema, kind, instance, checkpoint id, digest and count over the whole
 // file; anything torn, truncated or tampered is refused with
-// invalid_checkpoint_state and nothing is returned.
+// invalid_checkpoint_state and nothing is returned. A store with a signing
+// key also signs every manifest it writes and refuses, on reading, one it
+// did not sign (sign.go).
 package ckptstore
 
 import (
@@ -52,19 +54,23 @@ var recordsName = regexp.MustCompile(`^records(-[0-9a-f]{64})?\.jsonl$`)
 // Manifest is manifest.json. Extras holds participant-specific fields, which
 // are written at the top level next to the fixed ones.
 type Manifest struct {
-	SchemaVersion int            `json:"schema_version"`
-	Kind          string         `json:"kind"`
-	Instance      string         `json:"instance"`
-	CheckpointID  string         `json:"checkpoint_id"`
-	RecordsFile   string         `json:"records_file"`
-	RecordsSHA256 string         `json:"records_sha256"`
-	RecordCount   int            `json:"record_count"`
-	Extras        map[string]any `json:"-"`
+	SchemaVersion int    `json:"schema_version"`
+	Kind          string `json:"kind"`
+	Instance      string `json:"instance"`
+	CheckpointID  string `json:"checkpoint_id"`
+	RecordsFile   string `json:"records_file"`
+	RecordsSHA256 string `json:"records_sha256"`
+	RecordCount   int    `json:"record_count"`
+	// HMAC is the hex signature a store with a signing key writes
+	// (HMACField); empty in a manifest written without one.
+	HMAC   string         `json:"hmac_sha256,omitempty"`
+	Extras map[string]any `json:"-"`
 }
 
 var fixedManifestKeys = map[string]bool{
 	"schema_version": true, "kind": true, "instance": true, "checkpoint_id": true,
 	"records_file": true, "records_sha256": true, "record_count": true,
+	HMACField: true,
 }
 
 // MarshalJSON writes the fixed fields and the extras in one object with
@@ -84,6 +90,9 @@ func (m Manifest) MarshalJSON() ([]byte, error) {
 	all["records_file"] = m.RecordsFile
 	all["records_sha256"] = m.RecordsSHA256
 	all["record_count"] = m.RecordCount
+	if m.HMAC != "" {
+		all[HMACField] = m.HMAC
+	}
 	return codec.MarshalIndent(all)
 }
 
@@ -94,6 +103,12 @@ func (m *Manifest) UnmarshalJSON(b []byte) error {
 	if err := codec.UnmarshalStrict(b, &all); err != nil {
 		return err
 	}
+	return m.fromFields(all)
+}
+
+// fromFields is UnmarshalJSON of the manifest's fields; HMACField is
+// optional.
+func (m *Manifest) fromFields(all map[string]codec.RawMessage) error {
 	field := func(name string, dst any) error {
 		raw, ok := all[name]
 		if !ok {
@@ -114,6 +129,11 @@ func (m *Manifest) UnmarshalJSON(b []byte) error {
 		{"records_sha256", &out.RecordsSHA256}, {"record_count", &out.RecordCount},
 	} {
 		if err := field(f.name, f.dst); err != nil {
+			return err
+		}
+	}
+	if _, ok := all[HMACField]; ok {
+		if err := field(HMACField, &out.HMAC); err != nil {
 			return err
 		}
 	}
@@ -236,19 +256,39 @@ func (s *WriteStop) publish(fn func() error) error {
 // Store reads and writes participant directories through a Backend.
 type Store struct {
 	b Backend
+	// key signs and verifies manifests (sign.go); nil when unkeyed.
+	key []byte
 }
 
-// New returns a store over b.
+// New returns a store over b that neither signs nor verifies manifests.
 func New(b Backend) *Store { return &Store{b: b} }
+
+// NewWith returns a store over b with options.
+func NewWith(b Backend, o Options) (*Store, error) {
+	if o.SigningKey != nil && len(o.SigningKey) < MinSigningKeyBytes {
+		return nil, fmt.Errorf("checkpoint signing key of %d bytes: at least %d are required", len(o.SigningKey), MinSigningKeyBytes)
+	}
+	return &Store{b: b, key: slices.Clone(o.SigningKey)}, nil
+}
 
 // Open returns a store on the local filesystem confined to the directory
 // root (OpenLocal). Close releases it.
 func Open(root string) (*Store, error) {
+	return OpenWith(root, Options{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(root string, o Options) (*Store, error) {
 	l, err := OpenLocal(root)
 	if err != nil {
 		return nil, err
 	}
-	return New(l), nil
+	s, err := NewWith(l, o)
+	if err != nil {
+		_ = l.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Close closes the backend if it holds anything open.
@@ -314,8 +354,15 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	// id and directory reused by a later run (or a retry after the state
 	// changed) must not pass for a commit of the state at hand, which the
 	// participant would then treat as saved.
-	existing, err := s.readManifest(ctx, dir)
+	existing, fields, err := s.readManifest(ctx, dir)
 	found := err == nil
+	if found {
+		if merr := s.checkMAC(fields); merr != nil {
+			// Not ours to vouch for: neither a commit to return as saved
+			// nor one to overwrite.
+			return Written{}, hide(apierror.New(apierror.CheckpointConflict, "%s holds a manifest this server cannot verify with its signing key", dir), merr)
+		}
+	}
 	switch {
 	case found && (existing.CheckpointID != t.CheckpointID || existing.Kind != t.Kind || existing.Instance != t.Instance):
 		return Written{}, fmt.Errorf("%w: %s holds another checkpoint", ErrDifferentCommit, dir)
@@ -402,11 +449,10 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		return Written{}, fmt.Errorf("commit records %s: %w", name, err)
 	}
 	committed = true
-	m := Manifest{
+	m, data, err := s.sign(Manifest{
 		SchemaVersion: SchemaVersion, Kind: t.Kind, Instance: t.Instance, CheckpointID: t.CheckpointID,
 		RecordsFile: name, RecordsSHA256: digest, RecordCount: count, Extras: extras,
-	}
-	data, err := m.MarshalJSON()
+	})
 	if err != nil {
 		return Written{}, err
 	}
@@ -415,7 +461,10 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	})
 	if errors.Is(err, fs.ErrExist) {
 		// Another writer published first; it is our commit only if identical.
-		other, rerr := s.readManifest(ctx, dir)
+		other, otherFields, rerr := s.readManifest(ctx, dir)
+		if rerr == nil {
+			rerr = s.checkMAC(otherFields)
+		}
 		if rerr == nil && other.CheckpointID == m.CheckpointID && other.RecordsSHA256 == m.RecordsSHA256 && other.RecordCount == m.RecordCount {
 			return Written{Manifest: other, Bytes: size, Existing: true}, nil
 		}
@@ -470,9 +519,16 @@ func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest
 		return Manifest{}, nil, 0, err
 	}
 	dir := t.ParticipantDir()
-	m, err := s.readManifest(ctx, dir)
+	m, fields, err := s.readManifest(ctx, dir)
 	if err != nil {
 		return Manifest{}, nil, 0, t.unreadable(fmt.Errorf("%s: %w", dir, err))
+	}
+	// Before any field is believed: a keyed store trusts nothing it did
+	// not sign, and says only that (never the signature found or the one
+	// expected).
+	if err := s.checkMAC(fields); err != nil {
+		return Manifest{}, nil, 0, t.unverified("the manifest is unsigned or its signature does not verify with this server's signing key",
+			fmt.Errorf("%s: %w", dir, err))
 	}
 	switch {
 	case m.SchemaVersion != SchemaVersion:
@@ -660,16 +716,22 @@ func readCanonical(line []byte) (rec Record, ok bool) {
 	return Record{EpisodeID: rollout.EpisodeID{RolloutID: string(id), Attempt: attempt}, Data: data}, true
 }
 
-func (s *Store) readManifest(ctx context.Context, dir string) (Manifest, error) {
+// readManifest returns dir's manifest and its fields as read, which its
+// signature covers.
+func (s *Store) readManifest(ctx context.Context, dir string) (Manifest, map[string]codec.RawMessage, error) {
 	b, err := s.b.ReadManifest(ctx, dir)
 	if err != nil {
-		return Manifest{}, err
+		return Manifest{}, nil, err
+	}
+	var fields map[string]codec.RawMessage
+	if err := codec.UnmarshalStrict(b, &fields); err != nil {
+		return Manifest{}, nil, fmt.Errorf("manifest: %s", codec.DescribeError(err))
 	}
 	var m Manifest
-	if err := m.UnmarshalJSON(b); err != nil {
-		return Manifest{}, fmt.Errorf("manifest: %s", codec.DescribeError(err))
+	if err := m.fromFields(fields); err != nil {
+		return Manifest{}, nil, fmt.Errorf("manifest: %s", codec.DescribeError(err))
 	}
-	return m, nil
+	return m, fields, nil
 }
 
 // Verify reads every participant directory under dir and reports each

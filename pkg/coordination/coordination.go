@@ -585,11 +585,14 @@ func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline 
 }
 
 // Verify checks that every participant's part of a committed checkpoint
-// verifies (digest, count, manifest).
-func (c *Coordinator) Verify(ctx context.Context, dir, id string) ([]ckptstore.Manifest, error) {
+// verifies (digest, count, manifest). With a signing key (the servers'
+// checkpoint.signing_key_file) every manifest's signature is checked too,
+// and an unsigned one fails; without one, signatures are not checked (a
+// manifest's HMAC field says whether it carries one).
+func (c *Coordinator) Verify(ctx context.Context, dir, id string, signingKey []byte) ([]ckptstore.Manifest, error) {
 	// The directory is its own root: nothing beneath it is followed
 	// through a symbolic link.
-	store, err := ckptstore.Open(dir)
+	store, err := ckptstore.OpenWith(dir, ckptstore.Options{SigningKey: signingKey})
 	if err != nil {
 		return nil, err
 	}

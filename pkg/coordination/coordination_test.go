@@ -5,12 +5,14 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
@@ -49,8 +51,12 @@ func (f *fleet) callsOf(op string) []string {
 // server that does not take part (fakeinference-like).
 func newFleet(t *testing.T, kinds map[string]string) *fleet {
 	t.Helper()
+	return newFleetWith(t, kinds, ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir()})
+}
+
+func newFleetWith(t *testing.T, kinds map[string]string, cfg ctlplane.Config) *fleet {
+	t.Helper()
 	f := &fleet{fakes: map[string]*ctlplanetest.Fake{}}
-	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir()}
 	for name, kind := range kinds {
 		fake := ctlplanetest.NewFake(kind, name)
 		c, err := ctlplane.New(cfg, fake, ctlplane.Deps{})
@@ -158,7 +164,7 @@ func TestCycle_OrderOfCalls(t *testing.T) {
 	if got := cm.Exported(); !slices.Equal(got, []string{"r1"}) {
 		t.Fatalf("exported %v", got)
 	}
-	if ms, err := c.Verify(ctx, dir, "c1"); err != nil || len(ms) != 5 {
+	if ms, err := c.Verify(ctx, dir, "c1", nil); err != nil || len(ms) != 5 {
 		t.Fatalf("verify: %d manifests, %v", len(ms), err)
 	}
 	if err := c.Resume(ctx, "c1", in(30*time.Second)); err != nil {
@@ -328,5 +334,47 @@ func TestControlCallsCarryDeadlinesAndAreNotRetried(t *testing.T) {
 	}
 	if hits != 1 {
 		t.Fatalf("commit was sent %d times; control calls are never retried", hits)
+	}
+}
+
+// Verify checks signatures when given the servers' key, refuses the
+// checkpoint with another key, and without one reports which manifests
+// carry a signature it did not check.
+func TestVerify_SignedCheckpoint(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "key")
+	key := []byte(strings.Repeat("k", 32))
+	if err := os.WriteFile(keyFile, append(key, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir(), SigningKeyFile: keyFile}
+	f := newFleetWith(t, standard, cfg)
+	c := f.discover(t)
+	ctx := context.Background()
+	if res, err := c.Prepare(ctx, "s1", in(30*time.Second)); err != nil || !res.Prepared {
+		t.Fatalf("prepare: %+v %v", res, err)
+	}
+	dir := t.TempDir()
+	if _, err := c.Commit(ctx, "s1", dir, nil, in(30*time.Second), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Resume(ctx, "s1", in(30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := c.Verify(ctx, dir, "s1", key)
+	if err != nil || len(ms) != 5 {
+		t.Fatalf("verify with the key: %d manifests, %v", len(ms), err)
+	}
+	ms, err = c.Verify(ctx, dir, "s1", nil)
+	if err != nil || len(ms) != 5 {
+		t.Fatalf("verify without a key: %d manifests, %v", len(ms), err)
+	}
+	for _, m := range ms {
+		if m.HMAC == "" {
+			t.Errorf("%s/%s: the manifest carries no signature", m.Kind, m.Instance)
+		}
+	}
+	_, err = c.Verify(ctx, dir, "s1", []byte(strings.Repeat("x", 32)))
+	if apierror.CodeOf(err) != apierror.InvalidCheckpointState || !strings.Contains(err.Error(), "signature") {
+		t.Fatalf("verify with another key: %v, want invalid_checkpoint_state naming the signature", err)
 	}
 }

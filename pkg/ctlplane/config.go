@@ -2,7 +2,10 @@ package ctlplane
 
 import (
 	"errors"
+	"fmt"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 )
 
 // DefaultLeaseGrace is how long past a control call's deadline a participant
@@ -22,6 +25,12 @@ type Config struct {
 	// Enabled; a relative root is relative to the working directory, and
 	// is created at start if missing.
 	Root string `mapstructure:"root"`
+	// SigningKeyFile, when set, names a file holding the key (at least 32
+	// bytes, less one trailing newline) that signs every manifest this
+	// server writes; a restore then refuses a manifest not signed with it.
+	// A path, so the key is in neither the YAML nor the environment; read
+	// at start.
+	SigningKeyFile string `mapstructure:"signing_key_file"`
 }
 
 // DefaultConfig is checkpointing off, with the SPEC's lease grace.
@@ -29,8 +38,21 @@ func DefaultConfig() Config {
 	return Config{LeaseGraceSeconds: DefaultLeaseGrace.Seconds()}
 }
 
-// Validate refuses checkpointing without a token and a non-positive grace.
+// Validate refuses checkpointing without a token, a root or a positive
+// grace, and a signing key file that holds no usable key.
 func (c Config) Validate() error {
+	if err := c.validateSettings(); err != nil {
+		return err
+	}
+	if !c.Enabled {
+		return nil
+	}
+	_, err := c.SigningKey()
+	return err
+}
+
+// validateSettings is Validate without reading the key file.
+func (c Config) validateSettings() error {
 	if !c.Enabled {
 		return nil
 	}
@@ -46,6 +68,18 @@ func (c Config) Validate() error {
 		return errors.New("checkpoint.enabled is true but checkpoint.root is empty: name the directory every checkpoint_dir must lie beneath")
 	}
 	return nil
+}
+
+// SigningKey reads the key SigningKeyFile names; nil when none is set.
+func (c Config) SigningKey() ([]byte, error) {
+	if c.SigningKeyFile == "" {
+		return nil, nil
+	}
+	key, err := ckptstore.LoadSigningKey(c.SigningKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint.signing_key_file: %w", err)
+	}
+	return key, nil
 }
 
 // LeaseGrace is the grace as a duration.

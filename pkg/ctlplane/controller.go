@@ -100,7 +100,7 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	if !cfg.Enabled {
 		return nil, errors.New("ctlplane.New called with checkpointing disabled")
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validateSettings(); err != nil {
 		return nil, err
 	}
 	if !rollout.ValidID(p.Kind()) || !rollout.ValidID(p.Instance()) {
@@ -122,11 +122,18 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint.root: %w", err)
 	}
+	// Read once: a key changed on disk takes effect at the next start.
+	key, err := cfg.SigningKey()
+	if err != nil {
+		return nil, err
+	}
 	ownStore := deps.Store == nil
 	if ownStore {
-		if deps.Store, err = ckptstore.Open(root); err != nil {
+		if deps.Store, err = ckptstore.OpenWith(root, ckptstore.Options{SigningKey: key}); err != nil {
 			return nil, err
 		}
+	} else if key != nil && !deps.Store.Signed() {
+		return nil, errors.New("checkpoint.signing_key_file is set but the store given is not keyed")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Controller{

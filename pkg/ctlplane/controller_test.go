@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -479,4 +480,47 @@ func tempLocal(t *testing.T) *ckptstore.Local {
 	}
 	t.Cleanup(func() { l.Close() })
 	return l
+}
+
+// A signing key file that is missing or short fails start-up, as does a
+// key given with a store that is not keyed.
+func TestNew_SigningKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	good := filepath.Join(dir, "good")
+	if err := os.WriteFile(short, []byte(strings.Repeat("k", 31)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(good, []byte(strings.Repeat("k", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60, Root: dir}
+	for _, p := range []string{short, filepath.Join(dir, "missing")} {
+		cfg.SigningKeyFile = p
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "checkpoint.signing_key_file") {
+			t.Errorf("Validate with key file %s: %v, want an error naming checkpoint.signing_key_file", p, err)
+		}
+		if c, err := ctlplane.New(cfg, ctlplanetest.NewFake("model", "m"), ctlplane.Deps{}); err == nil {
+			c.Close()
+			t.Errorf("New with key file %s started", p)
+		}
+	}
+	cfg.SigningKeyFile = good
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	unkeyed, err := ckptstore.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unkeyed.Close()
+	if c, err := ctlplane.New(cfg, ctlplanetest.NewFake("model", "m"), ctlplane.Deps{Store: unkeyed}); err == nil {
+		c.Close()
+		t.Error("New with a key file and an unkeyed store started")
+	}
+	c, err := ctlplane.New(cfg, ctlplanetest.NewFake("model", "m"), ctlplane.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
 }

@@ -66,6 +66,12 @@ type Checkpoint struct {
 	// gymctl refuses a --dir or --checkpoint-dir outside it before any
 	// server is called.
 	Root string `yaml:"root"`
+	// SigningKeyFile names the file holding the key every server signs
+	// its manifests with and verifies them by (each server's
+	// checkpoint.signing_key_file; relative to the file's base directory).
+	// Empty: manifests are not signed. gymctl ckpt verify checks
+	// signatures with it.
+	SigningKeyFile string `yaml:"signing_key_file"`
 }
 
 // Process is one server process of the fleet.

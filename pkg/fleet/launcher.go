@@ -201,6 +201,11 @@ func (l *Launcher) environ(spec Process) []string {
 			"GYMFLEET_CHECKPOINT_ENABLED=true",
 			"GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN="+l.cfg.Checkpoint.ControlAuthToken,
 			"GYMFLEET_CHECKPOINT_ROOT="+l.cfg.Path(l.cfg.Checkpoint.Root))
+		if l.cfg.Checkpoint.SigningKeyFile != "" {
+			// The path, never the key: the environment is readable by more
+			// than the file need be.
+			env = append(env, "GYMFLEET_CHECKPOINT_SIGNING_KEY_FILE="+l.cfg.Path(l.cfg.Checkpoint.SigningKeyFile))
+		}
 	}
 	for _, e := range spec.Env {
 		env = append(env, e.Name+"="+e.Value)

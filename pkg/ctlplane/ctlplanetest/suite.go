@@ -55,6 +55,7 @@ func Run(t *testing.T, newSubject Factory) {
 	t.Run("RestoreIntoFreshProcess", func(t *testing.T) { testRestore(t, newSubject) })
 	t.Run("RetireFencesUntilForget", func(t *testing.T) { testFence(t, newSubject(t, Config())) })
 	t.Run("CheckpointsConfinedToTheRoot", func(t *testing.T) { testConfined(t, newSubject) })
+	t.Run("SignedCheckpoints", func(t *testing.T) { testSigned(t, newSubject) })
 	t.Run("LeaseExpiryReopens", func(t *testing.T) {
 		cfg := Config()
 		cfg.LeaseGraceSeconds = 0.2
@@ -316,6 +317,63 @@ func testConfined(t *testing.T, newSubject Factory) {
 	missingDetail := restore(filepath.Join(root, "missing"))
 	if strings.ReplaceAll(missingDetail, filepath.Join(root, "missing"), evil) != linkedDetail {
 		t.Errorf("a missing manifest answered %q, a linked one %q: they must not be told apart", missingDetail, linkedDetail)
+	}
+}
+
+// testSigned: with checkpoint.signing_key_file set, a commit's manifest
+// is signed and a restore refuses a manifest unsigned or signed with
+// another key, without quoting the signature; without a key, signed
+// manifests restore as any other.
+func testSigned(t *testing.T, newSubject Factory) {
+	keys := t.TempDir()
+	keyed := func(name, key string) ctlplane.Config {
+		p := filepath.Join(keys, name)
+		if err := os.WriteFile(p, []byte(key+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg := Config()
+		cfg.SigningKeyFile = p
+		return cfg
+	}
+	cfgA := keyed("a", strings.Repeat("a1", 32))
+	cfgB := keyed("b", strings.Repeat("b2", 32))
+	commit := func(cfg ctlplane.Config, id string) (string, map[string]any) {
+		c := newClient(t, newSubject(t, cfg).URL, Token)
+		dir := t.TempDir()
+		c.want("prepare", req(id), http.StatusOK, "")
+		m := c.want("commit", commitReq(id, dir, nil), http.StatusOK, "")
+		c.want("resume", req(id), http.StatusOK, "")
+		man, _ := m["manifest"].(map[string]any)
+		return dir, man
+	}
+	restore := func(cfg ctlplane.Config, id, dir string, status int, code string) string {
+		f := newClient(t, newSubject(t, cfg).URL, Token)
+		m := f.want("restore", map[string]any{"checkpoint_id": id, "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, status, code)
+		if status == http.StatusOK {
+			f.want("resume", req(id), http.StatusOK, "")
+			return ""
+		}
+		e, _ := m["error"].(map[string]any)
+		detail, _ := e["detail"].(string)
+		return detail
+	}
+	signedDir, man := commit(cfgA, "s1")
+	sig, _ := man[ckptstore.HMACField].(string)
+	if len(sig) != 64 {
+		t.Fatalf("a keyed commit's manifest carries %s %q, want 64 hex digits (manifest %v)", ckptstore.HMACField, sig, man)
+	}
+	restore(cfgA, "s1", signedDir, http.StatusOK, "")
+	restore(Config(), "s1", signedDir, http.StatusOK, "")
+	detail := restore(cfgB, "s1", signedDir, http.StatusUnprocessableEntity, "invalid_checkpoint_state")
+	if !strings.Contains(detail, "signature") || strings.Contains(detail, sig[:12]) {
+		t.Errorf("restore with another key answered %q: want it to name the signature, not quote it", detail)
+	}
+	unsignedDir, man := commit(Config(), "u1")
+	if _, ok := man[ckptstore.HMACField]; ok {
+		t.Errorf("an unkeyed commit's manifest is signed: %v", man)
+	}
+	if detail := restore(cfgA, "u1", unsignedDir, http.StatusUnprocessableEntity, "invalid_checkpoint_state"); !strings.Contains(detail, "signature") {
+		t.Errorf("restore of an unsigned checkpoint with a key answered %q, want it to name the signature", detail)
 	}
 }
 

@@ -1,0 +1,30 @@
+package fleet
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The checkpoint block reaches every process as environment variables; the
+// signing key goes as its file's path, resolved against the fleet file's
+// directory, and only when set.
+func TestLauncher_EnvironCheckpointBlock(t *testing.T) {
+	cfg := &Config{BaseDir: "/fleet", Checkpoint: Checkpoint{Enabled: true, ControlAuthToken: "tok", Root: "ck"}}
+	env := NewLauncher(cfg, Options{}).environ(Process{})
+	for _, want := range []string{"GYMFLEET_CHECKPOINT_ENABLED=true", "GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN=tok", "GYMFLEET_CHECKPOINT_ROOT=/fleet/ck"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("environ %v lacks %s", env, want)
+		}
+	}
+	for _, e := range env {
+		if strings.HasPrefix(e, "GYMFLEET_CHECKPOINT_SIGNING_KEY_FILE=") {
+			t.Errorf("environ without a key file sets %s", e)
+		}
+	}
+	cfg.Checkpoint.SigningKeyFile = "keys/ckpt.key"
+	env = NewLauncher(cfg, Options{}).environ(Process{})
+	if !slices.Contains(env, "GYMFLEET_CHECKPOINT_SIGNING_KEY_FILE=/fleet/keys/ckpt.key") {
+		t.Errorf("environ %v lacks the key file's path", env)
+	}
+}
