@@ -252,7 +252,13 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		case id > c.maxID:
 			err = http2.ConnectionError(http2.ErrCodeProtocol) // DATA on an idle stream
 		case !st.closedByPeer() && st.reset:
-			// Reset by us: sent before the client saw our RST_STREAM.
+			// Reset by us: sent before the client saw our RST_STREAM, and
+			// ignored, but for a body longer than it declared (an error
+			// whether or not the client saw the reset).
+			st.received += int64(len(f.Data()))
+			if st.declared >= 0 && (st.received > st.declared || (f.StreamEnded() && st.received != st.declared)) {
+				err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
+			}
 		default:
 			err = http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
 		}
