@@ -88,7 +88,17 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	if id <= c.maxID {
 		st := c.streams[id]
 		var err error
+		rec := (*resetRecord)(nil)
+		if st == nil {
+			rec = c.recentResetLocked(id)
+		}
 		switch {
+		case rec != nil:
+			// Reset by us and forgotten: as below for st.reset.
+			if !f.StreamEnded() {
+				err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
+			}
+			rec.id = 0 // the client's side has ended too
 		case st.closedByPeer():
 			// A closed stream, or a new one numbered below one already
 			// opened: as x/net's server, a connection error (RFC 9113
@@ -248,15 +258,27 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	if st == nil || st.reset || st.gotEnd {
 		credit := c.creditLocked(n) // nobody will read these bytes
 		var err error
+		var rec *resetRecord
+		if st == nil {
+			rec = c.recentResetLocked(id)
+		}
 		switch {
 		case id > c.maxID:
 			err = http2.ConnectionError(http2.ErrCodeProtocol) // DATA on an idle stream
+		case rec != nil:
+			rec.received += int64(len(f.Data()))
+			if wrongLength(rec.declared, rec.received, f.StreamEnded()) {
+				err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
+			}
+			if f.StreamEnded() {
+				rec.id = 0
+			}
 		case !st.closedByPeer() && st.reset:
 			// Reset by us: sent before the client saw our RST_STREAM, and
 			// ignored, but for a body longer than it declared (an error
 			// whether or not the client saw the reset).
 			st.received += int64(len(f.Data()))
-			if st.declared >= 0 && (st.received > st.declared || (f.StreamEnded() && st.received != st.declared)) {
+			if wrongLength(st.declared, st.received, f.StreamEnded()) {
 				err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
 			}
 		default:
@@ -275,7 +297,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	}
 	data := f.Data()
 	st.received += int64(len(data))
-	if st.declared >= 0 && (st.received > st.declared || (f.StreamEnded() && st.received != st.declared)) {
+	if wrongLength(st.declared, st.received, f.StreamEnded()) {
 		c.mu.Unlock()
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
 	}
@@ -293,6 +315,12 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		return c.endRequestBody(st)
 	}
 	return nil
+}
+
+// wrongLength reports whether a body of which received bytes arrived
+// (ended: all of it) contradicts its declared content-length (-1: none).
+func wrongLength(declared, received int64, ended bool) bool {
+	return declared >= 0 && (received > declared || (ended && received != declared))
 }
 
 // endRequestBody takes a request's END_STREAM.
@@ -328,6 +356,11 @@ func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 		c.sendWindow += inc
 	} else if f.StreamID > c.maxID {
 		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream (RFC 9113 §5.1)
+	} else if rec := c.recentResetLocked(f.StreamID); rec != nil && c.streams[f.StreamID] == nil {
+		if rec.sendWindow+inc > h2frame.MaxWindow {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl}
+		}
+		rec.sendWindow += inc
 	} else if st := c.streams[f.StreamID]; !st.closedByPeer() {
 		// A stream we reset is still checked: the client's window
 		// arithmetic is wrong whether or not it saw our reset.
@@ -349,6 +382,9 @@ func (c *conn) onSettings(f *http2.SettingsFrame) error {
 				return http2.ConnectionError(http2.ErrCodeFlowControl)
 			}
 			st.sendWindow += delta
+		}
+		for i := range c.resets {
+			c.resets[i].sendWindow += delta
 		}
 		return nil
 	})
@@ -376,6 +412,9 @@ func (c *conn) onReset(f *http2.RSTStreamFrame) error {
 	defer c.mu.Unlock()
 	if f.StreamID > c.maxID {
 		return http2.ConnectionError(http2.ErrCodeProtocol) // a stream never opened
+	}
+	if rec := c.recentResetLocked(f.StreamID); rec != nil && c.streams[f.StreamID] == nil {
+		rec.id = 0
 	}
 	if st := c.streams[f.StreamID]; st != nil {
 		st.peerReset = true

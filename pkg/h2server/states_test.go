@@ -270,3 +270,48 @@ func TestStreamWindowOverflow(t *testing.T) {
 	c.fr.WriteWindowUpdate(1, 1<<31-1)
 	c.expectReset(1, http2.ErrCodeFlowControl)
 }
+
+// Frames the client sent before our RST_STREAM (after an early reply)
+// reached it are still ignored once the handler returned and the stream
+// was forgotten, but for those wrong in any state: a body past its
+// content-length, a window past 2^31-1.
+func TestFramesAfterOurResetOfAFinishedStream(t *testing.T) {
+	s := start(t, Config{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("early"))
+	})})
+	c := dialRaw(t, s)
+	open := func(id uint32, length string) {
+		t.Helper()
+		c.headers(id, false, http2.PriorityParam{}, "content-length", length)
+		c.expectReset(id, http2.ErrCodeNo) // the reply came before the body
+		waitFor(t, "the handler to return", func() bool { return activeStreams(s.srv) == 0 })
+	}
+
+	open(1, "8")
+	c.fr.WriteData(1, false, []byte("1234"))
+	c.fr.WriteData(1, true, []byte("5678"))
+	c.fr.WritePing(false, [8]byte{1})
+	c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for acked := false; !acked; {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("waiting for the PING's ack: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			acked = f.IsAck()
+		case *http2.RSTStreamFrame:
+			t.Fatalf("RST_STREAM %d %v for a body within its length", f.StreamID, f.ErrCode)
+		case *http2.GoAwayFrame:
+			t.Fatalf("GOAWAY %v for a body within its length", f.ErrCode)
+		}
+	}
+
+	open(3, "1")
+	c.fr.WriteData(3, true, []byte("test"))
+	c.expectReset(3, http2.ErrCodeProtocol)
+
+	open(5, "0")
+	c.fr.WriteWindowUpdate(5, 1<<31-1)
+	c.expectReset(5, http2.ErrCodeFlowControl)
+}
