@@ -57,8 +57,12 @@ type conn struct {
 	// not been given back yet.
 	recvWindow int64
 	unacked    int64
-	goingAway  bool  // GOAWAY sent: no new streams
-	err        error // set once: the connection is ending
+	goingAway  bool // GOAWAY sent: no new streams
+	// resets remembers the last streams we reset and forgot while the
+	// client may still have been sending on them (see resetRecord).
+	resets    [8]resetRecord
+	nextReset int
+	err       error // set once: the connection is ending
 
 	handlers sync.WaitGroup
 	idle     *time.Timer // nil without an idle timeout
@@ -262,6 +266,10 @@ func (c *conn) creditLocked(n int64) int64 {
 func (c *conn) closeStreamLocked(st *stream) (closeNow bool) {
 	if c.streams[st.id] == st {
 		delete(c.streams, st.id)
+		if st.reset && !st.peerReset && !st.gotEnd {
+			c.resets[c.nextReset] = resetRecord{id: st.id, declared: st.declared, received: st.received, sendWindow: st.sendWindow}
+			c.nextReset = (c.nextReset + 1) % len(c.resets)
+		}
 	}
 	if len(c.streams) > 0 {
 		return false
@@ -273,4 +281,24 @@ func (c *conn) closeStreamLocked(st *stream) (closeNow bool) {
 		c.idle.Reset(c.s.cfg.IdleTimeout)
 	}
 	return false
+}
+
+// resetRecord is what is kept of a stream we reset (after an early reply,
+// say) once its handler returned: frames the client sent before our
+// RST_STREAM reached it are ignored (RFC 9113 §5.1), but for those wrong in
+// any state. A handful are kept, the newest: enough for frames in flight,
+// and a bounded cost per connection.
+type resetRecord struct {
+	id                             uint32 // 0: none
+	declared, received, sendWindow int64
+}
+
+// recentResetLocked returns the record of stream id, if it is kept.
+func (c *conn) recentResetLocked(id uint32) *resetRecord {
+	for i := range c.resets {
+		if c.resets[i].id == id {
+			return &c.resets[i]
+		}
+	}
+	return nil
 }

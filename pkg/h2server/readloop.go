@@ -70,8 +70,12 @@ func (c *conn) dispatch(f http2.Frame) error {
 		return nil
 	case *http2.PushPromiseFrame:
 		return http2.ConnectionError(http2.ErrCodeProtocol)
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol, Cause: errors.New("stream depends on itself")}
+		}
 	}
-	return nil // PRIORITY and unknown frames are ignored
+	return nil // priorities and unknown frames are otherwise ignored
 }
 
 // onHeaders opens a stream for a request, or takes a request's trailers.
@@ -83,16 +87,43 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	c.mu.Lock()
 	if id <= c.maxID {
 		st := c.streams[id]
-		c.mu.Unlock()
+		var err error
+		rec := (*resetRecord)(nil)
 		if st == nil {
-			return nil // a stream already ended or reset: dropped
+			rec = c.recentResetLocked(id)
 		}
-		if !f.StreamEnded() {
-			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
+		switch {
+		case rec != nil:
+			// Reset by us and forgotten: as below for st.reset.
+			if !f.StreamEnded() {
+				err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
+			}
+			rec.id = 0 // the client's side has ended too
+		case st.closedByPeer():
+			// A closed stream, or a new one numbered below one already
+			// opened: as x/net's server, a connection error (RFC 9113
+			// §5.1, §5.1.1). Every id up to maxID that is not in streams
+			// is closed, so no per-id record is kept.
+			err = http2.ConnectionError(http2.ErrCodeProtocol)
+		case !f.StreamEnded():
+			err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol} // trailers end the stream
+		case st.reset:
+			// We reset it: the client may have sent these before our
+			// RST_STREAM reached it, and they are ignored (RFC 9113 §5.1).
+		case st.gotEnd:
+			err = http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed} // half-closed (remote)
+		default:
+			c.mu.Unlock()
+			return c.endRequestBody(st) // trailers, dropped
 		}
-		return c.endRequestBody(st) // trailers, dropped
+		c.mu.Unlock()
+		return err
 	}
 	c.maxID = id
+	if f.HasPriority() && f.Priority.StreamDep == id {
+		c.mu.Unlock()
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("stream depends on itself")}
+	}
 	refuse := c.goingAway || c.err != nil ||
 		c.open >= int(c.s.cfg.MaxConcurrentStreams) ||
 		len(c.streams) >= 2*int(c.s.cfg.MaxConcurrentStreams) // handlers still returning from resets
@@ -226,18 +257,38 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	st := c.streams[id]
 	if st == nil || st.reset || st.gotEnd {
 		credit := c.creditLocked(n) // nobody will read these bytes
-		closed := id <= c.maxID
+		var err error
+		var rec *resetRecord
+		if st == nil {
+			rec = c.recentResetLocked(id)
+		}
+		switch {
+		case id > c.maxID:
+			err = http2.ConnectionError(http2.ErrCodeProtocol) // DATA on an idle stream
+		case rec != nil:
+			rec.received += int64(len(f.Data()))
+			if wrongLength(rec.declared, rec.received, f.StreamEnded()) {
+				err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
+			}
+			if f.StreamEnded() {
+				rec.id = 0
+			}
+		case !st.closedByPeer() && st.reset:
+			// Reset by us: sent before the client saw our RST_STREAM, and
+			// ignored, but for a body longer than it declared (an error
+			// whether or not the client saw the reset).
+			st.received += int64(len(f.Data()))
+			if wrongLength(st.declared, st.received, f.StreamEnded()) {
+				err = http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
+			}
+		default:
+			err = http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
+		}
 		c.mu.Unlock()
 		if err := c.sendCredit(0, credit); err != nil {
 			return err
 		}
-		switch {
-		case !closed:
-			return http2.ConnectionError(http2.ErrCodeProtocol) // DATA on a stream never opened
-		case st != nil && st.gotEnd && !st.reset:
-			return http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
-		}
-		return nil
+		return err
 	}
 	st.recvWindow -= n
 	if st.recvWindow < 0 {
@@ -246,7 +297,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	}
 	data := f.Data()
 	st.received += int64(len(data))
-	if st.declared >= 0 && (st.received > st.declared || (f.StreamEnded() && st.received != st.declared)) {
+	if wrongLength(st.declared, st.received, f.StreamEnded()) {
 		c.mu.Unlock()
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
 	}
@@ -264,6 +315,12 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		return c.endRequestBody(st)
 	}
 	return nil
+}
+
+// wrongLength reports whether a body of which received bytes arrived
+// (ended: all of it) contradicts its declared content-length (-1: none).
+func wrongLength(declared, received int64, ended bool) bool {
+	return declared >= 0 && (received > declared || (ended && received != declared))
 }
 
 // endRequestBody takes a request's END_STREAM.
@@ -297,7 +354,16 @@ func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 			return http2.ConnectionError(http2.ErrCodeFlowControl)
 		}
 		c.sendWindow += inc
-	} else if st := c.streams[f.StreamID]; st != nil {
+	} else if f.StreamID > c.maxID {
+		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream (RFC 9113 §5.1)
+	} else if rec := c.recentResetLocked(f.StreamID); rec != nil && c.streams[f.StreamID] == nil {
+		if rec.sendWindow+inc > h2frame.MaxWindow {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl}
+		}
+		rec.sendWindow += inc
+	} else if st := c.streams[f.StreamID]; !st.closedByPeer() {
+		// A stream we reset is still checked: the client's window
+		// arithmetic is wrong whether or not it saw our reset.
 		if st.sendWindow+inc > h2frame.MaxWindow {
 			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl}
 		}
@@ -316,6 +382,9 @@ func (c *conn) onSettings(f *http2.SettingsFrame) error {
 				return http2.ConnectionError(http2.ErrCodeFlowControl)
 			}
 			st.sendWindow += delta
+		}
+		for i := range c.resets {
+			c.resets[i].sendWindow += delta
 		}
 		return nil
 	})
@@ -344,7 +413,11 @@ func (c *conn) onReset(f *http2.RSTStreamFrame) error {
 	if f.StreamID > c.maxID {
 		return http2.ConnectionError(http2.ErrCodeProtocol) // a stream never opened
 	}
+	if rec := c.recentResetLocked(f.StreamID); rec != nil && c.streams[f.StreamID] == nil {
+		rec.id = 0
+	}
 	if st := c.streams[f.StreamID]; st != nil {
+		st.peerReset = true
 		st.resetLocked(fmt.Errorf("%w (%v)", errStreamReset, f.ErrCode))
 		c.cond.Broadcast()
 	}

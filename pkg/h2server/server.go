@@ -18,6 +18,11 @@
 // server push, priorities, trailers (a request's are read and dropped; a
 // reply has none), HTTP/1.1 or TLS: pkg/httpserver hands it the
 // connections that open with the HTTP/2 preface and the rest to net/http.
+//
+// Frames are judged against stream states as x/net's server judges them,
+// which h2spec checks against every server kind (tests/e2e): a stream id
+// at most the highest one opened that is not in the connection's streams
+// is closed, so a closed stream costs no record.
 package h2server
 
 import (

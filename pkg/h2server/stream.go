@@ -30,7 +30,8 @@ type stream struct {
 	// gotEnd: the request's END_STREAM arrived; sentEnd: the reply's is
 	// written or about to be; reset: either side reset the stream (or the
 	// connection failed). closed: the stream no longer counts as open.
-	gotEnd, sentEnd, reset, closed bool
+	// peerReset: the client reset it, so the client knows it is closed.
+	gotEnd, sentEnd, reset, closed, peerReset bool
 
 	body pipe
 }
@@ -62,6 +63,14 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
 	c.open++
 	c.mu.Unlock()
 	return st
+}
+
+// closedByPeer reports whether the client has no reason to send more
+// frames on a stream in streams (or forgotten, st nil): both sides ended it
+// or the client reset it. Frames on it are then errors; on a stream only we
+// reset, they may have been sent before our RST_STREAM arrived.
+func (st *stream) closedByPeer() bool {
+	return st == nil || st.peerReset || (st.closed && !st.reset)
 }
 
 // closeLocked stops counting the stream as open (once).
