@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
+	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/agent"
 )
 
@@ -219,29 +220,11 @@ func TestRun_CheckpointEnabled(t *testing.T) {
 	}
 }
 
-// checkpoint.signing_key_file is a key of the checkpoint block (set here
-// from the environment): a file with a key of 32 bytes loads, a shorter
-// one or a missing file fails loading, naming the key.
+// checkpoint.signing_key_file is a key of the checkpoint block, checked as
+// every server checks it.
 func TestCheckpointSigningKeyFile(t *testing.T) {
-	dir := t.TempDir()
-	files := map[string]string{"good": strings.Repeat("k", 32) + "\n", "short": strings.Repeat("k", 31) + "\n"}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	load := func(keyFile string) (string, error) {
-		env := map[string]string{"GYMFLEET_CHECKPOINT_ENABLED": "true", "GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN": "tok",
-			"GYMFLEET_CHECKPOINT_ROOT": dir, "GYMFLEET_CHECKPOINT_SIGNING_KEY_FILE": keyFile}
-		cfg, err := loadConfig(configload.Flags{Config: "../../configs/agentserver.yaml"}, func(k string) string { return env[k] })
+	configtest.SigningKeyFile(t, func(getenv func(string) string) (string, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/agentserver.yaml"}, getenv)
 		return cfg.Checkpoint.SigningKeyFile, err
-	}
-	if got, err := load(filepath.Join(dir, "good")); err != nil || got != filepath.Join(dir, "good") {
-		t.Errorf("a 32-byte key file: %q, %v", got, err)
-	}
-	for _, bad := range []string{"short", "missing"} {
-		if _, err := load(filepath.Join(dir, bad)); err == nil || !strings.Contains(err.Error(), "checkpoint.signing_key_file") {
-			t.Errorf("key file %s: %v, want an error naming checkpoint.signing_key_file", bad, err)
-		}
-	}
+	})
 }
