@@ -22,8 +22,8 @@ import (
 
 // Bounds on what a caller keeps of a peer's cookies: they are echoed on
 // every call and written into checkpoint records, so a peer must not grow
-// them without limit. A Gym session cookie is a signed session id of about
-// a hundred bytes; browsers keep 4 KB per cookie.
+// them without limit. The bounds sit far above a Gym session cookie (one
+// signed session id) and match what browsers keep per cookie.
 const (
 	// MaxCookies is the most cookies one session carries.
 	MaxCookies = 16
