@@ -448,12 +448,12 @@ func (s *Server) completeReply(w http.ResponseWriter, r *http.Request, c *call, 
 	}
 	s.mu.Unlock()
 
-	resp := chatCompletion{
+	resp := openai.ChatCompletion{
 		ID:      "chatcmpl-" + strconv.Itoa(c.seq),
 		Object:  "chat.completion",
 		Created: time.Now().Unix(),
 		Model:   s.cfg.Model,
-		Choices: []chatChoice{{Index: 0, Message: replyMessage{ChatMessage: renderMessage(tokens)}, FinishReason: finish}},
+		Choices: []openai.ChatChoice{{Index: 0, Message: renderMessage(tokens), FinishReason: finish}},
 		Usage:   &openai.Usage{PromptTokens: len(c.promptIDs), CompletionTokens: len(tokens), TotalTokens: len(c.promptIDs) + len(tokens)},
 	}
 	ch := &resp.Choices[0]
@@ -484,14 +484,14 @@ func (s *Server) completeReply(w http.ResponseWriter, r *http.Request, c *call, 
 func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, opts replyOptions) {
 	ctx := r.Context()
 	sw := sse.NewWriter(w)
-	base := chatChunk{ID: "chatcmpl-" + strconv.Itoa(c.seq), Object: "chat.completion.chunk", Created: time.Now().Unix(), Model: s.cfg.Model}
+	base := openai.ChatChunk{ID: "chatcmpl-" + strconv.Itoa(c.seq), Object: "chat.completion.chunk", Created: time.Now().Unix(), Model: s.cfg.Model}
 	emitted := 0
 	fail := func() {
 		s.mu.Lock()
 		s.finishLocked(c, StatusFailed, "", emitted)
 		s.mu.Unlock()
 	}
-	write := func(ch chatChunk) error {
+	write := func(ch openai.ChatChunk) error {
 		b, err := codec.Marshal(ch)
 		if err != nil {
 			return err
@@ -501,7 +501,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 
 	empty := ""
 	first := base
-	first.Choices = []chunkChoice{{Index: 0, Delta: chunkDelta{ChunkDelta: openai.ChunkDelta{Role: "assistant", Content: &empty}}}}
+	first.Choices = []openai.ChunkChoice{{Index: 0, Delta: openai.ChunkDelta{Role: "assistant", Content: &empty}}}
 	if opts.returnTokenIDs {
 		first.PromptTokenIDs = c.promptIDs
 	}
@@ -516,7 +516,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 			return nil
 		}
 		ch := base
-		ch.Choices = []chunkChoice{{Index: 0, Delta: chunkDelta{ChunkDelta: delta}}}
+		ch.Choices = []openai.ChunkChoice{{Index: 0, Delta: delta}}
 		if opts.logprobs {
 			ch.Choices[0].Logprobs = &openai.ChoiceLogprobs{Content: []openai.TokenLogprob{s.tok.logprobEntry(g, opts)}}
 		}
@@ -567,7 +567,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 	}
 	finish := finishReason(c.tokens, c.truncated)
 	last := base
-	last.Choices = []chunkChoice{{Index: 0, FinishReason: &finish}}
+	last.Choices = []openai.ChunkChoice{{Index: 0, FinishReason: &finish}}
 	if inMessage, inChoice := c.script.routedExpertsPlaces(); inMessage || inChoice {
 		// No upstream streams routed_experts; the stand-in puts it on the
 		// finish chunk, in the delta or the choice as it would place it on
@@ -586,7 +586,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 	}
 	if opts.includeUsage {
 		u := base
-		u.Choices = []chunkChoice{}
+		u.Choices = []openai.ChunkChoice{}
 		u.Usage = &openai.Usage{PromptTokens: len(c.promptIDs), CompletionTokens: len(c.tokens), TotalTokens: len(c.promptIDs) + len(c.tokens)}
 		if err := write(u); err != nil {
 			fail()

@@ -267,6 +267,9 @@ type ChunkDelta struct {
 	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
 	ReasoningContent *string    `json:"reasoning_content,omitempty"`
 	Reasoning        *string    `json:"reasoning,omitempty"`
+	// RoutedExperts, on a stream's last delta, is the message's routing
+	// (the stand-in's placement: no upstream streams it).
+	RoutedExperts codec.RawMessage `json:"routed_experts,omitempty"`
 }
 
 // Model is one entry of GET /v1/models.
