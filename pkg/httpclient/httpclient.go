@@ -90,7 +90,8 @@ type Transport interface {
 // HTTP/2 connections (h2client) that take requests only once the server
 // has answered on them (h2cPool); for HTTP/1.1, net/http's transport; for
 // ProtocolAuto, the h2c pool falling back to the HTTP/1.1 transport per
-// host.
+// host. With opts.HTTP's stack nethttp, h2c is net/http's own transport
+// instead (newNetHTTP).
 func NewTransport(opts Options) Transport {
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 10 * time.Second
@@ -101,6 +102,9 @@ func NewTransport(opts Options) Transport {
 	proto := opts.Protocol
 	if proto == ProtocolHTTP1 && opts.H2C {
 		proto = ProtocolH2C
+	}
+	if opts.HTTP.EffectiveStack() == httpconf.StackNetHTTP {
+		return newNetHTTP(opts, proto)
 	}
 	switch proto {
 	case ProtocolH2C:
