@@ -54,8 +54,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 20m ./pkg/... | tee bench.out
 
 N ?= 1000
+# Both HTTP stacks, one run after the other, then side by side (STACKS=lean
+# for one run).
+STACKS ?= lean,nethttp
 bench-scale: build
-	$(BIN)/gymctl bench-scale --rollouts $(N) --json bench-scale-$(N).json
+	$(BIN)/gymctl bench-scale --rollouts $(N) --stacks $(STACKS) --json bench-scale-$(N).json
 
 lint: vet
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
