@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
+
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
@@ -917,9 +919,10 @@ func sample(items []string) string {
 func newResult(opts Options) *Result {
 	host, _ := os.Hostname()
 	var load string
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		if f := strings.Fields(string(b)); len(f) >= 3 {
-			load = strings.Join(f[:3], " ")
+	if pfs, err := procfs.NewDefaultFS(); err == nil {
+		if l, err := pfs.LoadAvg(); err == nil {
+			// As /proc/loadavg writes them.
+			load = fmt.Sprintf("%.2f %.2f %.2f", l.Load1, l.Load5, l.Load15)
 		}
 	}
 	return &Result{
