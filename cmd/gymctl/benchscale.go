@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"runtime/debug"
 
-	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-
 	"github.com/gymfleet/gymfleet/pkg/scalebench"
 )
+
+// benchGCPercent is the servers' GC goal (lifecycle.ServerGCPercent, which
+// a test holds it to), named here so gymctl links no server-running code.
+const benchGCPercent = 15
 
 // runBenchScale is `gymctl bench-scale`: the scale benchmark of the
 // checkpoint path (pkg/scalebench). It prints one table and, with --json,
@@ -48,7 +50,7 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 	// The bench holds every rollout's /run call open, as the servers hold
 	// theirs; it collects garbage as they do (lifecycle.SetServerGC).
 	if getenv("GOGC") == "" {
-		defer debug.SetGCPercent(debug.SetGCPercent(lifecycle.ServerGCPercent))
+		defer debug.SetGCPercent(debug.SetGCPercent(benchGCPercent))
 	}
 	res, err := scalebench.Run(ctx, scalebench.Options{
 		Rollouts:       *rollouts,
