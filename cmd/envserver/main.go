@@ -4,13 +4,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -22,49 +19,32 @@ import (
 
 func main() {
 	lifecycle.SetServerGC(os.Getenv)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "envserver:", err)
-		os.Exit(1)
-	}
+	lifecycle.Main("envserver", run)
 }
 
 // loadConfig reads the configuration the flags name and validates it.
 func loadConfig(flags configload.Flags, getenv func(string) string) (environment.Config, error) {
-	cfg := environment.DefaultConfig()
-	if err := configload.Load(flags.Config, getenv, &cfg); err != nil {
-		return cfg, err
-	}
-	if flags.Listen != "" {
-		cfg.Listen = flags.Listen
-	}
-	return cfg, cfg.Validate()
+	return lifecycle.LoadConfig(flags, getenv, environment.DefaultConfig(), func(cfg *environment.Config, addr string) error {
+		cfg.Listen = addr
+		return nil
+	})
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	flags, err := configload.ParseFlags("envserver", args, stderr)
-	if err != nil {
-		return err
-	}
-	cfg, err := loadConfig(flags, getenv)
-	if err != nil {
-		return err
-	}
-	level, err := logging.ParseLevel(cfg.LogLevel)
-	if err != nil {
-		return err
-	}
-	log := logging.New(stderr, level, "environment", cfg.Name)
-	srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry()})
-	if err != nil {
-		return err
-	}
-	return lifecycle.Run(ctx, []lifecycle.Named{{Name: cfg.Name, Server: srv}}, flags.AddrFile, func(name, addr string) {
-		fmt.Fprintf(stdout, "%s listening on http://%s (protocol %s)\n", name, addr, cfg.Protocol)
-	})
+	return lifecycle.Command[environment.Config]{
+		Name:     "envserver",
+		Load:     loadConfig,
+		LogLevel: func(cfg environment.Config) string { return cfg.LogLevel },
+		Servers: func(cfg environment.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+			log := logging.New(stderr, level, "environment", cfg.Name)
+			srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry()})
+			if err != nil {
+				return nil, err
+			}
+			return []lifecycle.Named{{Name: cfg.Name, Server: srv}}, nil
+		},
+		Announce: func(cfg environment.Config, name, addr string) string {
+			return fmt.Sprintf("%s listening on http://%s (protocol %s)", name, addr, cfg.Protocol)
+		},
+	}.Run(ctx, args, getenv, stdout, stderr)
 }

@@ -5,13 +5,8 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
+	"log/slog"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
@@ -31,52 +26,32 @@ func main() {
 	// it unwinds the calls the model server cuts. At the default it
 	// collects about a quarter as often (92 against 165 CPU-s over a
 	// 100,000 run) but can still land in a prepare (one of three runs).
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(2)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, name+":", err)
-		os.Exit(1)
-	}
+	lifecycle.Main(name, run)
 }
 
 // loadConfig reads the flags' configuration file and applies --listen.
 func loadConfig(flags configload.Flags, getenv func(string) string) (fakeinference.Config, error) {
-	cfg := fakeinference.DefaultConfig()
-	if err := configload.Load(flags.Config, getenv, &cfg); err != nil {
-		return cfg, err
-	}
-	if flags.Listen != "" {
-		cfg.Listen = flags.Listen
-	}
-	return cfg, cfg.Validate()
+	return lifecycle.LoadConfig(flags, getenv, fakeinference.DefaultConfig(), func(cfg *fakeinference.Config, addr string) error {
+		cfg.Listen = addr
+		return nil
+	})
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	flags, err := configload.ParseFlags(name, args, stderr)
-	if err != nil {
-		return err
-	}
-	cfg, err := loadConfig(flags, getenv)
-	if err != nil {
-		return err
-	}
-	level, err := logging.ParseLevel(cfg.LogLevel)
-	if err != nil {
-		return err
-	}
-	log := logging.New(stderr, level, name, name)
-	if cfg.ControlAuthToken == "" {
-		log.Warn("control_auth_token is empty: POST /_ckpt/generation-cut refuses every call")
-	}
-	srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log})
-	if err != nil {
-		return err
-	}
-	return lifecycle.Run(ctx, []lifecycle.Named{{Name: name, Server: srv}}, flags.AddrFile, func(n, addr string) {
-		fmt.Fprintf(stdout, "%s listening on http://%s\n", n, addr)
-	})
+	return lifecycle.Command[fakeinference.Config]{
+		Name:     name,
+		Load:     loadConfig,
+		LogLevel: func(cfg fakeinference.Config) string { return cfg.LogLevel },
+		Servers: func(cfg fakeinference.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+			log := logging.New(stderr, level, name, name)
+			if cfg.ControlAuthToken == "" {
+				log.Warn("control_auth_token is empty: POST /_ckpt/generation-cut refuses every call")
+			}
+			srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			return []lifecycle.Named{{Name: name, Server: srv}}, nil
+		},
+	}.Run(ctx, args, getenv, stdout, stderr)
 }

@@ -9,7 +9,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 )
+
+func TestBenchGCPercentIsTheServers(t *testing.T) {
+	if benchGCPercent != lifecycle.ServerGCPercent {
+		t.Errorf("the bench collects at GOGC %d, the servers at %d", benchGCPercent, lifecycle.ServerGCPercent)
+	}
+}
 
 func runBench(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()

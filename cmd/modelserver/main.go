@@ -6,13 +6,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -24,54 +21,37 @@ import (
 
 func main() {
 	lifecycle.SetServerGC(os.Getenv)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "modelserver:", err)
-		os.Exit(1)
-	}
+	lifecycle.Main("modelserver", run)
 }
 
 // loadConfig reads the configuration the flags name and validates it.
 func loadConfig(flags configload.Flags, getenv func(string) string) (modelproxy.Config, error) {
-	cfg := modelproxy.DefaultConfig()
-	if err := configload.Load(flags.Config, getenv, &cfg); err != nil {
-		return cfg, err
-	}
-	if flags.Listen != "" {
-		cfg.Listen = flags.Listen
-	}
-	return cfg, cfg.Validate()
+	return lifecycle.LoadConfig(flags, getenv, modelproxy.DefaultConfig(), func(cfg *modelproxy.Config, addr string) error {
+		cfg.Listen = addr
+		return nil
+	})
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	flags, err := configload.ParseFlags("modelserver", args, stderr)
-	if err != nil {
-		return err
-	}
-	cfg, err := loadConfig(flags, getenv)
-	if err != nil {
-		return err
-	}
-	level, err := logging.ParseLevel(cfg.LogLevel)
-	if err != nil {
-		return err
-	}
-	log := logging.New(stderr, level, "model", cfg.Name)
-	srv, err := modelproxy.New(cfg, modelproxy.Deps{Logger: log, Registry: prometheus.NewRegistry()})
-	if err != nil {
-		return err
-	}
-	ckpt := "off"
-	if cfg.Checkpoint.Enabled {
-		ckpt = "on"
-	}
-	return lifecycle.Run(ctx, []lifecycle.Named{{Name: cfg.Name, Server: srv}}, flags.AddrFile, func(name, addr string) {
-		fmt.Fprintf(stdout, "%s listening on http://%s (upstream %s, model %s, capture dir %s, checkpointing %s)\n",
-			name, addr, cfg.Upstream.BaseURL, cfg.Upstream.Model, cfg.Capture.Dir, ckpt)
-	})
+	return lifecycle.Command[modelproxy.Config]{
+		Name:     "modelserver",
+		Load:     loadConfig,
+		LogLevel: func(cfg modelproxy.Config) string { return cfg.LogLevel },
+		Servers: func(cfg modelproxy.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+			log := logging.New(stderr, level, "model", cfg.Name)
+			srv, err := modelproxy.New(cfg, modelproxy.Deps{Logger: log, Registry: prometheus.NewRegistry()})
+			if err != nil {
+				return nil, err
+			}
+			return []lifecycle.Named{{Name: cfg.Name, Server: srv}}, nil
+		},
+		Announce: func(cfg modelproxy.Config, name, addr string) string {
+			ckpt := "off"
+			if cfg.Checkpoint.Enabled {
+				ckpt = "on"
+			}
+			return fmt.Sprintf("%s listening on http://%s (upstream %s, model %s, capture dir %s, checkpointing %s)",
+				name, addr, cfg.Upstream.BaseURL, cfg.Upstream.Model, cfg.Capture.Dir, ckpt)
+		},
+	}.Run(ctx, args, getenv, stdout, stderr)
 }

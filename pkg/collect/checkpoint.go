@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/coordination"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -217,7 +217,7 @@ func exportedByEnvironments(coord *coordination.Coordinator, cm *coordination.Co
 	seen := map[string]bool{}
 	out := []rollout.EpisodeID{}
 	for _, m := range coord.Members() {
-		if m.Kind != ctlplane.KindEnvironment {
+		if m.Kind != ctlwire.KindEnvironment {
 			continue
 		}
 		for _, key := range cm.ExportedBy(m.Name) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/backoff"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -31,8 +32,16 @@ type task struct {
 	// tries counts sends that got no reply (or a stale_attempt refusal).
 	tries   int
 	lastErr string
-	// closedBackoff grows while an outside checkpoint keeps refusing it.
-	closedBackoff time.Duration
+	// closedRefusals counts the refusals in a row by an outside
+	// checkpoint's closed admission; the pause before each resend grows
+	// with it (closedBackoff).
+	closedRefusals int
+}
+
+// closedBackoff is the pause before the resend that follows the nth refusal
+// in a row by an outside checkpoint: 100 ms, doubling to 2 s.
+func closedBackoff(n int) time.Duration {
+	return backoff.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}.Delay(n)
 }
 
 func (t *task) episode() rollout.EpisodeID {
@@ -666,8 +675,8 @@ func (r *Collection) settle(ctx context.Context, t *task, res result) {
 			break
 		}
 		// An outside checkpoint closed admission: back off, then resend.
-		t.closedBackoff = min(max(2*t.closedBackoff, 100*time.Millisecond), 2*time.Second)
-		wait := t.closedBackoff
+		t.closedRefusals++
+		wait := closedBackoff(t.closedRefusals)
 		r.mu.Unlock()
 		select {
 		case <-time.After(wait):
@@ -692,7 +701,7 @@ func (r *Collection) settle(ctx context.Context, t *task, res result) {
 			r.retryOrFailLocked(t)
 		}
 	default:
-		t.closedBackoff = 0
+		t.closedRefusals = 0
 		r.finishLocked(t, res)
 	}
 	r.notifyLocked()

@@ -19,7 +19,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
@@ -30,10 +30,10 @@ import (
 // episodes first, then the policy model holds undelivered responses (pinning
 // agents at a boundary), then agents report ready, and resources last,
 // because agents and environments call them until they park.
-var PrepareOrder = []string{ctlplane.KindEnvironment, ctlplane.KindModel, ctlplane.KindAgent, ctlplane.KindResources}
+var PrepareOrder = []string{ctlwire.KindEnvironment, ctlwire.KindModel, ctlwire.KindAgent, ctlwire.KindResources}
 
 // RetireOrder is the stage order of retire and forget: callers before callees.
-var RetireOrder = [][]string{{ctlplane.KindEnvironment}, {ctlplane.KindAgent}, {ctlplane.KindModel, ctlplane.KindResources}}
+var RetireOrder = [][]string{{ctlwire.KindEnvironment}, {ctlwire.KindAgent}, {ctlwire.KindModel, ctlwire.KindResources}}
 
 // ReplyGrace is added to a call's deadline for the reply already on the wire.
 const ReplyGrace = 5 * time.Second
@@ -172,7 +172,7 @@ func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordin
 				Instance string `json:"instance"`
 			}
 			h := http.Header{"Authorization": {"Bearer " + opts.Token}}
-			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+ctlplane.RoutePrefix+"/status", h, &st)
+			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+ctlwire.RoutePrefix+"/status", h, &st)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -195,7 +195,7 @@ func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordin
 		return nil, errors.New("coordination discover: no server of the fleet takes part in checkpoints (is checkpoint.enabled set?)")
 	}
 	c := New(members, opts)
-	if !opts.AllowNoModel && len(c.ofKinds(ctlplane.KindModel)) == 0 {
+	if !opts.AllowNoModel && len(c.ofKinds(ctlwire.KindModel)) == 0 {
 		return nil, errors.New("coordination discover: no policy model takes part in checkpoints")
 	}
 	return c, nil
@@ -225,7 +225,7 @@ func (c *Coordinator) call(ctx context.Context, m Member, op string, deadline ti
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(ReplyGrace))
 	defer cancel()
 	h := http.Header{"Authorization": {"Bearer " + c.opts.Token}}
-	method, url := http.MethodPost, m.URL+ctlplane.RoutePrefix+"/"+op
+	method, url := http.MethodPost, m.URL+ctlwire.RoutePrefix+"/"+op
 	if op == "status" {
 		method = http.MethodGet
 		body = nil
@@ -303,9 +303,9 @@ func (c *Coordinator) Status(ctx context.Context) (map[string]map[string]any, er
 // StageResult is one prepare stage: every server's reply and how long the
 // stage took.
 type StageResult struct {
-	Kind     string                           `json:"kind"`
-	Replies  map[string]ctlplane.PrepareReply `json:"replies"`
-	Duration time.Duration                    `json:"duration"`
+	Kind     string                          `json:"kind"`
+	Replies  map[string]ctlwire.PrepareReply `json:"replies"`
+	Duration time.Duration                   `json:"duration"`
 }
 
 // PrepareResult keeps every stage's replies.
@@ -319,7 +319,7 @@ func (r *PrepareResult) Blockers() map[string][]string {
 	out := map[string][]string{}
 	for _, s := range r.Stages {
 		for name, rep := range s.Replies {
-			if rep.Phase != ctlplane.PhasePrepared {
+			if rep.Phase != ctlwire.PhasePrepared {
 				out[name] = rep.Report.Blockers
 			}
 		}
@@ -372,11 +372,11 @@ func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time
 			continue
 		}
 		start := time.Now()
-		stage := StageResult{Kind: kind, Replies: map[string]ctlplane.PrepareReply{}}
+		stage := StageResult{Kind: kind, Replies: map[string]ctlwire.PrepareReply{}}
 		var mu sync.Mutex
 		failures := fanOut(members, func(m Member) error {
-			var rep ctlplane.PrepareReply
-			if err := c.call(ctx, m, "prepare", deadline, ctlplane.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
+			var rep ctlwire.PrepareReply
+			if err := c.call(ctx, m, "prepare", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
 				return err
 			}
 			mu.Lock()
@@ -390,7 +390,7 @@ func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time
 			return res, &Error{Op: "prepare", Failures: failures}
 		}
 		for _, rep := range stage.Replies {
-			if rep.Phase != ctlplane.PhasePrepared {
+			if rep.Phase != ctlwire.PhasePrepared {
 				return res, nil
 			}
 		}
@@ -448,7 +448,7 @@ func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollou
 	}
 	res := &CommitResult{Replies: map[string]map[string]any{}}
 	var mu sync.Mutex
-	body, err := encodeOnce(ctlplane.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop})
+	body, err := encodeOnce(ctlwire.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop})
 	if err != nil {
 		return nil, err
 	}
@@ -476,7 +476,7 @@ func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time)
 	for i := len(PrepareOrder) - 1; i >= 0; i-- {
 		members := c.ofKinds(PrepareOrder[i])
 		for n, err := range fanOut(members, func(m Member) error {
-			return c.call(ctx, m, "resume", deadline, ctlplane.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, nil)
+			return c.call(ctx, m, "resume", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, nil)
 		}) {
 			failures[n] = err
 		}
@@ -489,7 +489,7 @@ func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time)
 
 // RestoreResult keeps every participant's restore reply.
 type RestoreResult struct {
-	Replies map[string]ctlplane.RestoreReply `json:"replies"`
+	Replies map[string]ctlwire.RestoreReply `json:"replies"`
 	// Seconds is each participant's call, from sending the request to its
 	// reply decoded: beyond the reply's read and install, it holds the
 	// request's transfer and decoding and the reply's.
@@ -505,14 +505,14 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	if scope == nil {
 		scope = []rollout.EpisodeID{}
 	}
-	res := &RestoreResult{Replies: map[string]ctlplane.RestoreReply{}, Seconds: map[string]float64{}}
+	res := &RestoreResult{Replies: map[string]ctlwire.RestoreReply{}, Seconds: map[string]float64{}}
 	var mu sync.Mutex
-	body, err := encodeOnce(ctlplane.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope})
+	body, err := encodeOnce(ctlwire.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope})
 	if err != nil {
 		return nil, err
 	}
 	failures := fanOut(c.members, func(m Member) error {
-		var rep ctlplane.RestoreReply
+		var rep ctlwire.RestoreReply
 		start := time.Now()
 		if err := c.call(ctx, m, "restore", deadline, body, &rep); err != nil {
 			return err
@@ -556,7 +556,7 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 // checkpointID may be empty; it names the restored checkpoint when retiring
 // inside a restore.
 func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rollout.EpisodeID, deadline time.Time) error {
-	body, err := encodeOnce(ctlplane.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
+	body, err := encodeOnce(ctlwire.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
 	if err != nil {
 		return err
 	}
@@ -573,7 +573,7 @@ func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rol
 
 // Forget drops the retired marks of rollouts done for good, in retire order.
 func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline time.Time) error {
-	body, err := encodeOnce(ctlplane.ForgetRequest{DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
+	body, err := encodeOnce(ctlwire.ForgetRequest{DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
 	if err != nil {
 		return err
 	}

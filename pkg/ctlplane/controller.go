@@ -2,16 +2,12 @@ package ctlplane
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -19,7 +15,6 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -249,22 +244,7 @@ func validEpisodes(ids []rollout.EpisodeID) error {
 }
 
 // scopeDigest names a scope canonically, to tell retries from conflicts.
-// It hashes the keys' lines a window at a time: built whole, they were an
-// allocation grown to twice their size (130 KB at 16,000 episodes) and a
-// key each, all fresh memory in a fresh process.
-func scopeDigest(s Scope) string {
-	h := sha256.New()
-	window := make([]byte, 0, 16<<10)
-	for _, id := range s.sorted {
-		window = append(id.AppendCaptureKey(window), '\n')
-		if len(window) > cap(window)-256 {
-			h.Write(window)
-			window = window[:0]
-		}
-	}
-	h.Write(window)
-	return hex.EncodeToString(h.Sum(nil))
-}
+func scopeDigest(s Scope) string { return s.Digest() }
 
 // extendLease moves the lease to deadline + grace if that is later, and
 // (re)arms the expiry timer. Called with c.mu held.
@@ -341,18 +321,6 @@ func (c *Controller) releaseGCLocked() {
 		c.gcHeld = false
 		processGC.release()
 	}
-}
-
-// CheckpointRequest is the body of prepare, renew and resume.
-type CheckpointRequest struct {
-	CheckpointID string  `json:"checkpoint_id"`
-	DeadlineTS   float64 `json:"deadline_ts"`
-}
-
-// PrepareReply is prepare's reply.
-type PrepareReply struct {
-	Phase  Phase  `json:"phase"`
-	Report Report `json:"report"`
 }
 
 // Prepare closes admission and waits, until the deadline, for the
@@ -471,87 +439,6 @@ func (c *Controller) Renew(req CheckpointRequest) (map[string]any, error) {
 }
 
 func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
-
-// CommitRequest is commit's body. EpisodeIDs is the scope: every episode the
-// controller continues.
-type CommitRequest struct {
-	CheckpointID  string     `json:"checkpoint_id"`
-	DeadlineTS    float64    `json:"deadline_ts"`
-	CheckpointDir string     `json:"checkpoint_dir"`
-	EpisodeIDs    EpisodeIDs `json:"episode_ids"`
-	Stop          bool       `json:"stop"`
-}
-
-// CommitReply is commit's reply: the manifest, the capture keys actually
-// exported, and the participant's reply extras.
-type CommitReply struct {
-	Phase      Phase
-	Manifest   ckptstore.Manifest
-	EpisodeIDs []string
-	Extras     map[string]any
-	Records    int
-	Bytes      int64
-	// WriteSeconds is how long this participant took to export and write
-	// its part, so a slow commit names the participant that made it slow.
-	WriteSeconds float64
-}
-
-// MarshalJSON flattens the extras next to the fixed fields (a fixed field
-// wins over an extra of the same name), keys sorted as encoding/json sorts a
-// map's. The episode ids, one per episode in scope, are appended by hand;
-// through encoding/json they cost every participant ~20 ms of a 16,000
-// episode commit. The other values are few and small and keep
-// encoding/json's encoding.
-func (r CommitReply) MarshalJSON() ([]byte, error) {
-	values := make(map[string]any, len(r.Extras)+4)
-	for k, v := range r.Extras {
-		values[k] = v
-	}
-	values["phase"] = r.Phase
-	values["manifest"] = r.Manifest
-	values["write_seconds"] = r.WriteSeconds
-	values[commitReplyEpisodeIDs] = nil
-	names := slices.Sorted(maps.Keys(values))
-
-	size := 256
-	for _, k := range r.EpisodeIDs {
-		size += len(k) + 3
-	}
-	out := make([]byte, 0, size)
-	out = append(out, '{')
-	for i, name := range names {
-		if i > 0 {
-			out = append(out, ',')
-		}
-		out = codec.AppendString(out, name)
-		out = append(out, ':')
-		if name == commitReplyEpisodeIDs {
-			out = appendStrings(out, r.EpisodeIDs)
-			continue
-		}
-		v, err := codec.MarshalStable(values[name])
-		if err != nil {
-			return nil, fmt.Errorf("commit reply field %q: %w", name, err)
-		}
-		out = append(out, v...)
-	}
-	return append(out, '}'), nil
-}
-
-// commitReplyEpisodeIDs is the reply key of the capture keys exported.
-const commitReplyEpisodeIDs = "episode_ids"
-
-// appendStrings appends ss as a JSON array of strings ([] for nil).
-func appendStrings(dst []byte, ss []string) []byte {
-	dst = append(dst, '[')
-	for i, s := range ss {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = codec.AppendString(dst, s)
-	}
-	return append(dst, ']')
-}
 
 // Commit exports the scope once and writes it once; a retry awaits or
 // replays the same write.
@@ -703,26 +590,6 @@ func awaitTask[T any](ctx context.Context, c *Controller, t *task, deadline time
 	case <-ctx.Done():
 		return zero, ctx.Err()
 	}
-}
-
-// RestoreRequest is restore's body: the checkpointed attempts to continue.
-type RestoreRequest struct {
-	CheckpointID  string     `json:"checkpoint_id"`
-	DeadlineTS    float64    `json:"deadline_ts"`
-	CheckpointDir string     `json:"checkpoint_dir"`
-	EpisodeIDs    EpisodeIDs `json:"episode_ids"`
-}
-
-// RestoreReply is restore's reply: the next attempts installed.
-type RestoreReply struct {
-	Phase              Phase    `json:"phase"`
-	SourceCheckpointID string   `json:"source_checkpoint_id"`
-	Restored           []string `json:"restored"`
-	// ReadSeconds is how long reading and verifying the records took,
-	// InstallSeconds how long the participant took to install them.
-	ReadSeconds    float64 `json:"read_seconds"`
-	InstallSeconds float64 `json:"install_seconds"`
-	Records        int     `json:"-"`
 }
 
 // Restore reads this participant's records of the scope and installs them
@@ -880,12 +747,6 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	t.finish(reply, nil)
 }
 
-// ResumeReply is resume's reply.
-type ResumeReply struct {
-	Phase      Phase `json:"phase"`
-	Idempotent bool  `json:"idempotent"`
-}
-
 // Resume reopens (also aborting an unpublished checkpoint).
 func (c *Controller) Resume(req CheckpointRequest) (*ResumeReply, error) {
 	if err := validCheckpointID(req.CheckpointID); err != nil {
@@ -907,13 +768,6 @@ func (c *Controller) Resume(req CheckpointRequest) (*ResumeReply, error) {
 	}
 	c.st = d.Next
 	return &ResumeReply{Phase: c.st.Phase, Idempotent: d.Idempotent}, nil
-}
-
-// RetireRequest is retire's body.
-type RetireRequest struct {
-	CheckpointID string     `json:"checkpoint_id,omitempty"`
-	DeadlineTS   float64    `json:"deadline_ts"`
-	EpisodeIDs   EpisodeIDs `json:"episode_ids"`
 }
 
 // Retire raises the fence for the attempts, then has the participant stop
@@ -957,13 +811,6 @@ func (c *Controller) Retire(ctx context.Context, req RetireRequest) (map[string]
 		keys[i] = id.CaptureKey()
 	}
 	return map[string]any{"retired": keys}, nil
-}
-
-// ForgetRequest is forget's body.
-type ForgetRequest struct {
-	CheckpointID string   `json:"checkpoint_id,omitempty"`
-	DeadlineTS   float64  `json:"deadline_ts"`
-	RolloutIDs   []string `json:"rollout_ids"`
 }
 
 // Forget drops the fence marks of rollouts that are done for good.

@@ -1,23 +1,19 @@
 package ctlplane
 
 import (
-	"cmp"
 	"context"
-	"hash/maphash"
-	"slices"
-	"sort"
-	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
-// Participant kinds.
+// Participant kinds (ctlwire's).
 const (
-	KindEnvironment = "environment"
-	KindModel       = "model"
-	KindAgent       = "agent"
-	KindResources   = "resources"
+	KindEnvironment = ctlwire.KindEnvironment
+	KindModel       = ctlwire.KindModel
+	KindAgent       = ctlwire.KindAgent
+	KindResources   = ctlwire.KindResources
 )
 
 // Participant is what a server implements to take part in checkpoints. The
@@ -103,111 +99,21 @@ type Extras struct {
 	Reply map[string]any
 }
 
-// Report is a participant's readiness report.
-type Report struct {
-	Ready        bool           `json:"ready"`
-	Blockers     []string       `json:"blockers"`
-	BlockerCount int            `json:"blocker_count"`
-	Counts       map[string]int `json:"counts"`
-	Restarts     []string       `json:"restarts"`
-}
+// Report is a participant's readiness report (ctlwire's).
+type Report = ctlwire.Report
 
 // MaxBlockers is how many blockers a reply lists; the count is always full.
-const MaxBlockers = 100
+const MaxBlockers = ctlwire.MaxBlockers
 
 // Blockers sorts keys and keeps at most limit of them, the way every report
 // lists its blockers.
 func Blockers(keys []string, limit int) (listed []string, count int) {
-	sort.Strings(keys)
-	count = len(keys)
-	if limit >= 0 && len(keys) > limit {
-		keys = keys[:limit]
-	}
-	if keys == nil {
-		keys = []string{}
-	}
-	return keys, count
+	return ctlwire.Blockers(keys, limit)
 }
 
-// Scope is the set of episodes a commit continues or a restore installs.
-type Scope struct {
-	// sorted lists the episodes in IDs order, sorted once: a commit and its
-	// participants list a scope of 100,000 episodes several times.
-	sorted []rollout.EpisodeID
-	// slots index sorted by a hash of each episode: slot value i+1 names
-	// sorted[i], 0 is empty; linear probing, at most half full. A map of
-	// the episodes was 1.15 MB at 16,000 (the table is 128 KB), fresh
-	// memory in a fresh process, and building it was a third of the work
-	// each participant does with a commit's body (BenchmarkCommitBody).
-	slots []int32
-	seed  maphash.Seed
-}
+// Scope is the set of episodes a commit continues or a restore installs
+// (ctlwire's).
+type Scope = ctlwire.Scope
 
 // NewScope builds a scope from episode ids.
-func NewScope(ids []rollout.EpisodeID) Scope { return newScope(ids, false) }
-
-// newScope builds a scope; owned says ids may be sorted in place and kept
-// (a control body's list, 384 KB at 16,000 episodes) rather than copied.
-func newScope(ids []rollout.EpisodeID, owned bool) Scope {
-	sorted := ids
-	if !owned {
-		sorted = slices.Clone(ids)
-	}
-	// A controller sends its scope sorted, which the sort then only checks.
-	slices.SortFunc(sorted, compareEpisodes)
-	s := Scope{sorted: slices.Compact(sorted), seed: maphash.MakeSeed()}
-	size := 1
-	for size < 2*len(s.sorted) {
-		size *= 2
-	}
-	s.slots = make([]int32, size)
-	mask := uint64(size - 1)
-	for i, id := range s.sorted {
-		h := s.hash(id) & mask
-		for s.slots[h] != 0 {
-			h = (h + 1) & mask
-		}
-		s.slots[h] = int32(i + 1)
-	}
-	return s
-}
-
-func compareEpisodes(a, b rollout.EpisodeID) int {
-	return cmp.Or(strings.Compare(a.RolloutID, b.RolloutID), cmp.Compare(a.Attempt, b.Attempt))
-}
-
-func (s Scope) hash(id rollout.EpisodeID) uint64 {
-	return maphash.String(s.seed, id.RolloutID) ^ uint64(id.Attempt)*0x9e3779b97f4a7c15
-}
-
-// Has reports whether the scope names this exact attempt.
-func (s Scope) Has(id rollout.EpisodeID) bool {
-	_, ok := s.Index(id)
-	return ok
-}
-
-// Index reports where IDs lists this exact attempt, if the scope names it:
-// an export can put its records in scope order by position, without
-// comparing ids.
-func (s Scope) Index(id rollout.EpisodeID) (int, bool) {
-	if len(s.slots) == 0 {
-		return 0, false
-	}
-	mask := uint64(len(s.slots) - 1)
-	for h := s.hash(id) & mask; s.slots[h] != 0; h = (h + 1) & mask {
-		if i := int(s.slots[h] - 1); s.sorted[i] == id {
-			return i, true
-		}
-	}
-	return 0, false
-}
-
-// Len is the number of episodes in scope.
-func (s Scope) Len() int { return len(s.sorted) }
-
-// IDs lists the scope's episodes sorted by rollout id, then attempt.
-func (s Scope) IDs() []rollout.EpisodeID {
-	out := make([]rollout.EpisodeID, len(s.sorted))
-	copy(out, s.sorted)
-	return out
-}
+func NewScope(ids []rollout.EpisodeID) Scope { return ctlwire.NewScope(ids) }

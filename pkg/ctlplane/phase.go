@@ -6,46 +6,23 @@
 package ctlplane
 
 import (
-	"fmt"
-
 	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 )
 
-// Phase is where a participant is in a checkpoint.
-type Phase uint8
+// Phase is where a participant is in a checkpoint; the type is the wire's
+// (ctlwire), the transitions between its values are this package's.
+type Phase = ctlwire.Phase
 
 // The phases of SPEC §3. idle → preparing → prepared → committed, and
 // idle → restored; resume (also abort) and lease expiry return to idle.
 const (
-	PhaseIdle Phase = iota
-	PhasePreparing
-	PhasePrepared
-	PhaseCommitted
-	PhaseRestored
+	PhaseIdle      = ctlwire.PhaseIdle
+	PhasePreparing = ctlwire.PhasePreparing
+	PhasePrepared  = ctlwire.PhasePrepared
+	PhaseCommitted = ctlwire.PhaseCommitted
+	PhaseRestored  = ctlwire.PhaseRestored
 )
-
-var phaseNames = [...]string{"idle", "preparing", "prepared", "committed", "restored"}
-
-func (p Phase) String() string {
-	if int(p) < len(phaseNames) {
-		return phaseNames[p]
-	}
-	return "unknown"
-}
-
-// MarshalText writes the phase name.
-func (p Phase) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
-
-// UnmarshalText reads a phase name.
-func (p *Phase) UnmarshalText(b []byte) error {
-	for i, n := range phaseNames {
-		if n == string(b) {
-			*p = Phase(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("unknown phase %q", b)
-}
 
 // Op is an input of the phase machine: a control call, or an event the
 // participant or the lease reports.

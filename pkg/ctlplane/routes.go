@@ -11,13 +11,6 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
-// Route prefixes: our own, and the reference's, so its Python coordination
-// can drive a gymfleet fleet.
-const (
-	RoutePrefix          = "/_ckpt"
-	ReferenceRoutePrefix = "/ng-control/v1/checkpoint"
-)
-
 // Mount adds the control routes under both prefixes.
 func (c *Controller) Mount(r chi.Router) {
 	r.Mount(RoutePrefix, c.Routes())

@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gymfleet/gymfleet/pkg/backoff"
 )
 
 // lateCleanup sends again, in the background, the final-cleanup steps that
@@ -120,8 +121,7 @@ func newLateCleanup(log *slog.Logger, perTry, window time.Duration, m lateCleanu
 // burst that starved the call has usually passed, the later ones do not add
 // a burst of their own.
 func lateBackoff(n int) time.Duration {
-	d := time.Second << min(n-1, 5)
-	return min(d, 30*time.Second)
+	return backoff.Policy{Initial: time.Second, Max: 30 * time.Second}.Delay(n)
 }
 
 // retryable reports whether err is a step that got no answer: a refusal
@@ -284,9 +284,7 @@ func (l *lateCleanup) close() {
 }
 
 // jitter spreads retries of steps that failed together over ±20%.
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
-}
+func jitter(d time.Duration) time.Duration { return backoff.Spread(d, 0.2) }
 
 // lateHeap orders steps by when they are due.
 type lateHeap []*lateStep

@@ -25,7 +25,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -415,7 +415,7 @@ func (t *Tracker) ReadyChanged() <-chan struct{} {
 
 // Report lists at most limit blockers, counts and restarts. It scans the
 // episodes, so it is called once per reply.
-func (t *Tracker) Report(limit int) ctlplane.Report {
+func (t *Tracker) Report(limit int) ctlwire.Report {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var blockers []string
@@ -432,8 +432,8 @@ func (t *Tracker) Report(limit int) ctlplane.Report {
 		}
 	}
 	sort.Strings(restarts)
-	listed, n := ctlplane.Blockers(blockers, limit)
-	return ctlplane.Report{
+	listed, n := ctlwire.Blockers(blockers, limit)
+	return ctlwire.Report{
 		Ready: n == 0, Blockers: listed, BlockerCount: n, Restarts: restarts,
 		Counts: map[string]int{"episodes": len(t.episodes), "parked": parkedN, "restarts": len(restarts), "restored_pending": len(t.pending)},
 	}
@@ -444,7 +444,7 @@ func (t *Tracker) Report(limit int) ctlplane.Report {
 // and restored ones whose replacement has not started, which the scope names
 // by their replacement attempt. Records are emitted in capture key order,
 // each encoded as it is emitted: the lock is held only to list them.
-func (t *Tracker) Export(scope ctlplane.Scope, emit func(ctlplane.Record) error) error {
+func (t *Tracker) Export(scope ctlwire.Scope, emit func(ctlwire.Record) error) error {
 	type exported struct {
 		id rollout.EpisodeID
 		// rec is a live episode's *liveRecord, encoded outside the lock (a
@@ -483,7 +483,7 @@ func (t *Tracker) Export(scope ctlplane.Scope, emit func(ctlplane.Record) error)
 		if buf, err = appendExported(buf[:0], r.rec); err != nil {
 			return fmt.Errorf("record of %s: %w", r.id, err)
 		}
-		if err := emit(ctlplane.Record{EpisodeID: r.id, Data: buf}); err != nil {
+		if err := emit(ctlwire.Record{EpisodeID: r.id, Data: buf}); err != nil {
 			return err
 		}
 	}
@@ -544,7 +544,7 @@ type liveRecord struct {
 
 // DeleteRestoredOutside drops restored records the scope leaves out (no
 // fence: the controller may start that rollout over as that attempt).
-func (t *Tracker) DeleteRestoredOutside(scope ctlplane.Scope) int {
+func (t *Tracker) DeleteRestoredOutside(scope ctlwire.Scope) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := 0
@@ -573,7 +573,7 @@ func (t *Tracker) Fresh() error {
 
 // Install validates every record and then installs every one as pending
 // under its episode's next attempt. It returns the next attempts.
-func (t *Tracker) Install(records []ctlplane.Record) ([]rollout.EpisodeID, error) {
+func (t *Tracker) Install(records []ctlwire.Record) ([]rollout.EpisodeID, error) {
 	recs := make([]*Record, 0, len(records))
 	for i, raw := range records {
 		var r Record

@@ -355,7 +355,7 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 	if script != nil {
 		switch {
 		case script.StreamError != nil:
-			failure = script.StreamError.callError()
+			failure = scriptCallError(script.StreamError)
 			tokens = tokens[:min(len(tokens), script.StreamError.AfterTokens)]
 		case script.TruncateStream != nil && req.Stream:
 			cutShort = true
@@ -464,8 +464,8 @@ func (s *Server) completeReply(w http.ResponseWriter, r *http.Request, c *call, 
 		resp.PromptTokenIDs = c.promptIDs
 		ch.TokenIDs = tokenIDs(tokens)
 	}
-	if inMessage, inChoice := c.script.routedExpertsPlaces(); inMessage || inChoice {
-		re := c.script.routedExperts(c.promptIDs, tokens)
+	if inMessage, inChoice := routedExpertsPlaces(c.script); inMessage || inChoice {
+		re := routedExperts(c.script, c.promptIDs, tokens)
 		if inMessage {
 			ch.Message.RoutedExperts = re
 		}
@@ -568,11 +568,11 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 	finish := finishReason(c.tokens, c.truncated)
 	last := base
 	last.Choices = []openai.ChunkChoice{{Index: 0, FinishReason: &finish}}
-	if inMessage, inChoice := c.script.routedExpertsPlaces(); inMessage || inChoice {
+	if inMessage, inChoice := routedExpertsPlaces(c.script); inMessage || inChoice {
 		// No upstream streams routed_experts; the stand-in puts it on the
 		// finish chunk, in the delta or the choice as it would place it on
 		// the message or the choice of a non-streaming reply.
-		re := c.script.routedExperts(c.promptIDs, c.tokens)
+		re := routedExperts(c.script, c.promptIDs, c.tokens)
 		if inMessage {
 			last.Choices[0].Delta.RoutedExperts = re
 		}

@@ -3,13 +3,12 @@ package fakeinference
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/fakeinference/fiwire"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 )
 
@@ -26,112 +25,13 @@ const MetadataScriptKey = "fake_script"
 
 // Limits of scripts and of what the default policy reads from a prompt.
 const (
-	MaxScriptToolRounds = 1000
+	MaxScriptToolRounds = fiwire.MaxScriptToolRounds
 	// maxDefaultRounds bounds the JSON objects read from user text.
 	maxDefaultRounds = 64
 	// maxScanSteps bounds the work of finding JSON objects in user text, so
 	// a pathological prompt ("{{{{...") costs linear time at worst.
 	maxScanSteps = 4 << 20
 )
-
-// Script scripts the fake policy. Each field overrides only its own part of
-// the default policy:
-//   - ToolCalls, when present, are the rounds (round k calls ToolCalls[k];
-//     rounds past the list repeat its last entry);
-//   - ToolRounds, when present, is the number of rounds (default: the length
-//     of ToolCalls, or of the rounds read from the user's text);
-//   - FinalText, when not empty, is the final answer.
-//
-// The fields after those script how a reply fails or what it carries
-// besides the message (faults.go):
-//   - StreamError fails the call after some tokens, as vLLM fails a
-//     generation mid-stream;
-//   - TruncateStream ends a stream with [DONE] and no finish_reason;
-//   - RoutedExperts is a routed_experts value (a string, a
-//     [tokens][layers][topk] list, or {layers, topk, experts} to generate
-//     one row per prompt and generated token), placed per RoutedExpertsIn
-//     ("message", the default; "choice"; or "both").
-type Script struct {
-	ToolRounds *int             `json:"tool_rounds,omitempty"`
-	ToolCalls  []ScriptToolCall `json:"tool_calls,omitempty"`
-	FinalText  string           `json:"final_text,omitempty"`
-
-	StreamError     *ScriptStreamError `json:"stream_error,omitempty"`
-	TruncateStream  *ScriptTruncate    `json:"truncate_stream,omitempty"`
-	RoutedExperts   codec.RawMessage   `json:"routed_experts,omitempty"`
-	RoutedExpertsIn string             `json:"routed_experts_in,omitempty"`
-}
-
-// ScriptToolCall is one scripted tool call. Arguments is a JSON object, or a
-// JSON string holding one; absent means {}.
-type ScriptToolCall struct {
-	Name      string           `json:"name"`
-	Arguments codec.RawMessage `json:"arguments,omitempty"`
-}
-
-// IsZero reports a script that sets nothing (the body {} clears the script).
-func (s *Script) IsZero() bool {
-	return s == nil || (s.ToolRounds == nil && s.ToolCalls == nil && s.FinalText == "" &&
-		s.StreamError == nil && s.TruncateStream == nil && len(s.RoutedExperts) == 0 && s.RoutedExpertsIn == "")
-}
-
-// ParseScript decodes and normalises a script from JSON text. Unknown fields
-// are refused, so a misspelt field never silently does nothing.
-func ParseScript(text string) (*Script, error) {
-	var s Script
-	if err := codec.UnmarshalStrict([]byte(text), &s); err != nil {
-		return nil, fmt.Errorf("script is not a valid script object: %s", codec.DescribeError(err))
-	}
-	if err := s.Normalize(); err != nil {
-		return nil, err
-	}
-	return &s, nil
-}
-
-// Normalize validates the script and rewrites every tool call's arguments
-// as compact JSON object text.
-func (s *Script) Normalize() error {
-	if s.ToolRounds != nil && (*s.ToolRounds < 0 || *s.ToolRounds > MaxScriptToolRounds) {
-		return fmt.Errorf("tool_rounds must be in [0, %d], got %d", MaxScriptToolRounds, *s.ToolRounds)
-	}
-	if len(s.ToolCalls) > MaxScriptToolRounds {
-		return fmt.Errorf("at most %d tool_calls", MaxScriptToolRounds)
-	}
-	for i := range s.ToolCalls {
-		tc := &s.ToolCalls[i]
-		if strings.TrimSpace(tc.Name) == "" || len(tc.Name) > 256 {
-			return fmt.Errorf("tool_calls[%d].name must be 1 to 256 characters", i)
-		}
-		args, err := normalizeArguments(tc.Arguments)
-		if err != nil {
-			return fmt.Errorf("tool_calls[%d].arguments: %w", i, err)
-		}
-		tc.Arguments = codec.RawMessage(args)
-	}
-	return s.normalizeFaults()
-}
-
-func normalizeArguments(raw codec.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "{}", nil
-	}
-	if raw[0] == '"' {
-		var inner string
-		if err := json.Unmarshal(raw, &inner); err != nil {
-			return "", errors.New("not a JSON string")
-		}
-		raw = bytes.TrimSpace([]byte(inner))
-	}
-	if len(raw) == 0 || raw[0] != '{' || !json.Valid(raw) {
-		return "", errors.New("must be a JSON object (or a string holding one)")
-	}
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, raw); err != nil {
-		return "", err
-	}
-	return buf.String(), nil
-}
 
 // Decision is what the fake policy answers to a conversation.
 type Decision struct {

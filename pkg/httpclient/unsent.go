@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/backoff"
 	"github.com/gymfleet/gymfleet/pkg/h2client"
 )
 
@@ -54,7 +55,9 @@ func (r resendUnsent) RoundTrip(req *http.Request) (*http.Response, error) {
 func (r resendUnsent) CloseIdleConnections() { r.next.CloseIdleConnections() }
 
 // unsentPause waits 50 ms, then twice as long each time (50 ms to 800 ms).
-func unsentPause(n int) time.Duration { return 50 * time.Millisecond << (n - 1) }
+func unsentPause(n int) time.Duration {
+	return backoff.Policy{Initial: 50 * time.Millisecond, Max: 800 * time.Millisecond}.Delay(n)
+}
 
 // neverProcessed reports whether err says the server never processed the
 // request, so that sending it again is safe, even a /run or a control POST

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 )
@@ -158,18 +160,47 @@ func gcCount(exposition []byte) (int64, error) {
 }
 
 // metricValue finds an unlabelled metric's value in a Prometheus text
-// exposition.
+// exposition: a gauge, counter or untyped sample, or the _count or _sum of
+// a summary or histogram.
 func metricValue(exposition []byte, metric string) (float64, error) {
-	for line := range bytes.Lines(exposition) {
-		name, value, ok := strings.Cut(strings.TrimSpace(string(line)), " ")
-		if !ok || name != metric {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(exposition))
+	if err != nil {
+		return 0, fmt.Errorf("reading the exposition for %s: %w", metric, err)
+	}
+	for _, m := range families[metric].GetMetric() {
+		if len(m.GetLabel()) > 0 {
 			continue
 		}
-		f, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s %q: not a number", metric, value)
+		switch {
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), nil
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), nil
+		case m.Untyped != nil:
+			return m.GetUntyped().GetValue(), nil
 		}
-		return f, nil
+	}
+	for _, suffix := range []string{"_count", "_sum"} {
+		base, ok := strings.CutSuffix(metric, suffix)
+		if !ok {
+			continue
+		}
+		for _, m := range families[base].GetMetric() {
+			if len(m.GetLabel()) > 0 {
+				continue
+			}
+			switch {
+			case m.Summary != nil && suffix == "_count":
+				return float64(m.GetSummary().GetSampleCount()), nil
+			case m.Summary != nil:
+				return m.GetSummary().GetSampleSum(), nil
+			case m.Histogram != nil && suffix == "_count":
+				return float64(m.GetHistogram().GetSampleCount()), nil
+			case m.Histogram != nil:
+				return m.GetHistogram().GetSampleSum(), nil
+			}
+		}
 	}
 	return 0, fmt.Errorf("no %s in the exposition", metric)
 }

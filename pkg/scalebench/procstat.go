@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // sampleEvery is how often the sampler reads every process's resident
@@ -31,60 +31,46 @@ type memStatus struct {
 	RSS uint64
 }
 
-// parseStatus reads VmHWM and VmRSS (kB) from a /proc/<pid>/status file.
-func parseStatus(b []byte) (memStatus, error) {
-	var st memStatus
-	var seen int
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		key, val, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		var dst *uint64
-		switch key {
-		case "VmHWM":
-			dst = &st.HWM
-		case "VmRSS":
-			dst = &st.RSS
-		default:
-			continue
-		}
-		f := strings.Fields(val)
-		if len(f) != 2 || f[1] != "kB" {
-			return st, fmt.Errorf("%s: unexpected value %q", key, strings.TrimSpace(val))
-		}
-		kb, err := strconv.ParseUint(f[0], 10, 64)
-		if err != nil || kb > 1<<44 {
-			return st, fmt.Errorf("%s: %q is not a size in kB", key, f[0])
-		}
-		*dst = kb * 1024
-		seen++
+// maxSize bounds a size read from /proc: past it, the value is not a
+// resident set (procfs multiplies the kB it reads without a check).
+const maxSize = 1 << 54
+
+// openProc opens /proc/<pid>, or the bench's own for pid 0, through
+// procfs rooted at root (the kernel's /proc, or a test's tree).
+func openProc(root string, pid int) (procfs.Proc, error) {
+	fs, err := procfs.NewFS(root)
+	if err != nil {
+		return procfs.Proc{}, err
 	}
-	if err := sc.Err(); err != nil {
-		return st, err
+	if pid == 0 {
+		return fs.Self()
 	}
-	if seen != 2 {
-		return st, errors.New("no VmHWM and VmRSS lines (a kernel thread, or not Linux?)")
+	return fs.Proc(pid)
+}
+
+// readStatusAt reads VmHWM and VmRSS from root's <pid>/status.
+func readStatusAt(root string, pid int) (memStatus, error) {
+	p, err := openProc(root, pid)
+	if err != nil {
+		return memStatus{}, err
+	}
+	s, err := p.NewStatus()
+	if err != nil {
+		return memStatus{}, err
+	}
+	st := memStatus{HWM: s.VmHWM, RSS: s.VmRSS}
+	// procfs reads a value it cannot parse as 0, and a kernel thread has
+	// neither line; every process the bench watches has a resident set.
+	if st.HWM == 0 || st.RSS == 0 {
+		return memStatus{}, errors.New("no VmHWM and VmRSS sizes in kB (a kernel thread, or not Linux?)")
+	}
+	if st.HWM > maxSize || st.RSS > maxSize {
+		return memStatus{}, fmt.Errorf("VmHWM %d or VmRSS %d bytes is not a resident set", st.HWM, st.RSS)
 	}
 	return st, nil
 }
 
-// procDir is /proc/<pid>, or /proc/self for pid 0.
-func procDir(pid int) string {
-	if pid == 0 {
-		return "/proc/self"
-	}
-	return "/proc/" + strconv.Itoa(pid)
-}
-
-func readStatus(pid int) (memStatus, error) {
-	b, err := os.ReadFile(procDir(pid) + "/status")
-	if err != nil {
-		return memStatus{}, err
-	}
-	return parseStatus(b)
-}
+func readStatus(pid int) (memStatus, error) { return readStatusAt(procfs.DefaultMountPoint, pid) }
 
 // clockTicks is USER_HZ, the unit of the times in /proc/<pid>/stat: 100 on
 // every architecture Linux and Go share.
@@ -101,50 +87,20 @@ type procTimes struct {
 	MinorFaults int64
 }
 
-// parseStat reads the CPU time and minor faults from a /proc/<pid>/stat
-// line. The command name (field 2) may hold spaces and parentheses, so the
-// fields are counted from its last ")".
-func parseStat(b []byte) (procTimes, error) {
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return procTimes{}, errors.New("no command name in the stat line")
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); minflt is field 10, utime and stime are
-	// fields 14 and 15.
-	if len(f) < 13 {
-		return procTimes{}, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
-	}
-	count := func(v string) (uint64, error) {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n > 1<<50 {
-			return 0, fmt.Errorf("%q is not a count", v)
-		}
-		return n, nil
-	}
-	var ticks uint64
-	for _, v := range f[11:13] {
-		n, err := count(v)
-		if err != nil {
-			return procTimes{}, err
-		}
-		ticks += n
-	}
-	faults, err := count(f[7])
+// readStatAt reads the CPU time and minor faults from root's <pid>/stat.
+func readStatAt(root string, pid int) (procTimes, error) {
+	p, err := openProc(root, pid)
 	if err != nil {
 		return procTimes{}, err
 	}
-	return procTimes{CPU: time.Duration(ticks) * (time.Second / clockTicks), MinorFaults: int64(faults)}, nil
+	st, err := p.Stat()
+	if err != nil {
+		return procTimes{}, err
+	}
+	return procTimes{CPU: time.Duration(st.UTime+st.STime) * (time.Second / clockTicks), MinorFaults: int64(st.MinFlt)}, nil
 }
 
-func readStat(pid int) (procTimes, error) {
-	b, err := os.ReadFile(procDir(pid) + "/stat")
-	if err != nil {
-		return procTimes{}, err
-	}
-	return parseStat(b)
-}
+func readStat(pid int) (procTimes, error) { return readStatAt(procfs.DefaultMountPoint, pid) }
 
 func readCPU(pid int) (time.Duration, error) {
 	t, err := readStat(pid)
@@ -153,11 +109,11 @@ func readCPU(pid int) (time.Duration, error) {
 
 // countFDs counts a process's open file descriptors.
 func countFDs(pid int) (int, error) {
-	ents, err := os.ReadDir(procDir(pid) + "/fd")
+	p, err := openProc(procfs.DefaultMountPoint, pid)
 	if err != nil {
 		return 0, err
 	}
-	return len(ents), nil
+	return p.FileDescriptorsLen()
 }
 
 // peak is what the sampler saw of one process.
@@ -403,25 +359,21 @@ func (b *bench) summarizeLogs() {
 // cache the rest rather than meeting the OOM killer; 20 GiB where
 // /proc/meminfo cannot be read.
 func DefaultMaxRSSBytes() uint64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 20 << 30
-	}
-	if total, ok := parseMemTotal(b); ok {
+	if total, ok := memTotalAt(procfs.DefaultMountPoint); ok {
 		return total / 10 * 9
 	}
 	return 20 << 30
 }
 
-// parseMemTotal reads MemTotal (kB) from /proc/meminfo's text, in bytes.
-func parseMemTotal(b []byte) (uint64, bool) {
-	for _, line := range strings.Split(string(b), "\n") {
-		rest, ok := strings.CutPrefix(line, "MemTotal:")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-		return kb << 10, err == nil && kb > 0
+// memTotalAt reads MemTotal from root's meminfo, in bytes.
+func memTotalAt(root string) (uint64, bool) {
+	fs, err := procfs.NewFS(root)
+	if err != nil {
+		return 0, false
 	}
-	return 0, false
+	m, err := fs.Meminfo()
+	if err != nil || m.MemTotalBytes == nil || *m.MemTotalBytes == 0 {
+		return 0, false
+	}
+	return *m.MemTotalBytes, true
 }

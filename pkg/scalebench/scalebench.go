@@ -27,10 +27,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
+
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
+	"github.com/gymfleet/gymfleet/pkg/fakeinference/fiwire"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
@@ -179,7 +181,7 @@ type bench struct {
 	topo     fleet.Topology
 	cfg      *fleet.Config
 	launcher *fleet.Launcher
-	fake     *fakeinference.Control
+	fake     *fiwire.Control
 	envURL   string
 	ckptDir  string
 	// client carries every /run, one h2c pool for all of them.
@@ -254,7 +256,7 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	defer b.client.CloseIdleConnections()
 	b.ctl = httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: 16, HTTP: b.httpConf()})
 	defer b.ctl.CloseIdleConnections()
-	b.fake = fakeinference.NewControl(b.url(fakeName), b.ctl)
+	b.fake = fiwire.NewControl(b.url(fakeName), b.ctl)
 	b.profiler = newProfiler(b, filepath.Join(b.opts.Dir, "profiles"))
 
 	b.sampler = newSampler(b.opts.MaxRSSBytes, func(err error) { cancel(err) })
@@ -537,7 +539,7 @@ func (b *bench) awaitBoundary(ctx context.Context, originals *batch) error {
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
 	lastLog := start
-	var last fakeinference.CallCount
+	var last fiwire.CallCount
 	var lastSent int64
 	lastMove := start
 	var profileWait func()
@@ -670,7 +672,7 @@ func (b *bench) recordPrepare(prep *coordination.PrepareResult) {
 	for _, s := range prep.Stages {
 		st := PrepareStage{Kind: s.Kind, Seconds: seconds(s.Duration), Servers: len(s.Replies)}
 		for name, rep := range s.Replies {
-			if rep.Phase != ctlplane.PhasePrepared {
+			if rep.Phase != ctlwire.PhasePrepared {
 				st.Blockers = append(st.Blockers, fmt.Sprintf("%s: phase %s, %d blocker(s) %v", name, rep.Phase, rep.Report.BlockerCount, rep.Report.Blockers))
 			}
 		}
@@ -925,9 +927,10 @@ func sample(items []string) string {
 func newResult(opts Options) *Result {
 	host, _ := os.Hostname()
 	var load string
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		if f := strings.Fields(string(b)); len(f) >= 3 {
-			load = strings.Join(f[:3], " ")
+	if pfs, err := procfs.NewDefaultFS(); err == nil {
+		if l, err := pfs.LoadAvg(); err == nil {
+			// As /proc/loadavg writes them.
+			load = fmt.Sprintf("%.2f %.2f %.2f", l.Load1, l.Load5, l.Load15)
 		}
 	}
 	return &Result{

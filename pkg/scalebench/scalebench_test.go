@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,24 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
+
+// fakeProc writes a /proc tree holding one file of process pid (pid 0:
+// a file of /proc itself) and returns its root.
+func fakeProc(t *testing.T, pid int, name, text string) string {
+	t.Helper()
+	root := t.TempDir()
+	dir := root
+	if pid != 0 {
+		dir = filepath.Join(root, strconv.Itoa(pid))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
 
 func TestParseStatus(t *testing.T) {
 	tests := []struct {
@@ -34,7 +53,7 @@ func TestParseStatus(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStatus([]byte(tc.text))
+			got, err := readStatusAt(fakeProc(t, 4242, "status", tc.text), 4242)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}
@@ -60,14 +79,16 @@ func TestReadStatusOfThisProcess(t *testing.T) {
 
 func TestParseStat(t *testing.T) {
 	// The command name may hold spaces and parentheses.
-	line := "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 100 1000 200\n"
-	got, err := parseStat([]byte(line))
+	// A whole line, as Linux 6.x writes it (procfs reads every field).
+	line := "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 100 1000 200" +
+		" 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+	got, err := readStatAt(fakeProc(t, 4242, "stat", line), 4242)
 	if err != nil || got != (procTimes{CPU: 3 * time.Second, MinorFaults: 100}) {
-		t.Fatalf("parseStat = %+v, %v; want 3s (300 ticks) and 100 minor faults", got, err)
+		t.Fatalf("readStatAt = %+v, %v; want 3s (300 ticks) and 100 minor faults", got, err)
 	}
 	for _, bad := range []string{"", "1 (x) S 1 2", "1 (x) S 1 2 3 4 5 6 7 8 9 10 x 5 0", "1 (x) S 1 2 3 4 5 6 x 8 9 10 11 5 0"} {
-		if _, err := parseStat([]byte(bad)); err == nil {
-			t.Errorf("parseStat(%q) succeeded", bad)
+		if _, err := readStatAt(fakeProc(t, 4242, "stat", bad), 4242); err == nil {
+			t.Errorf("readStatAt(%q) succeeded", bad)
 		}
 	}
 	if cpu, err := readCPU(0); err != nil || cpu < 0 {
@@ -432,13 +453,13 @@ func TestSummarizeLog(t *testing.T) {
 }
 
 func TestParseMemTotal(t *testing.T) {
-	got, ok := parseMemTotal([]byte("MemTotal:       24683648 kB\nMemFree:         8823388 kB\n"))
+	got, ok := memTotalAt(fakeProc(t, 0, "meminfo", "MemTotal:       24683648 kB\nMemFree:         8823388 kB\n"))
 	if !ok || got != 24683648<<10 {
-		t.Errorf("parseMemTotal = %d, %v", got, ok)
+		t.Errorf("memTotalAt = %d, %v", got, ok)
 	}
 	for _, bad := range []string{"", "MemFree: 1 kB\n", "MemTotal: x kB\n", "MemTotal: 0 kB\n"} {
-		if _, ok := parseMemTotal([]byte(bad)); ok {
-			t.Errorf("parseMemTotal(%q) ok", bad)
+		if _, ok := memTotalAt(fakeProc(t, 0, "meminfo", bad)); ok {
+			t.Errorf("memTotalAt(%q) ok", bad)
 		}
 	}
 	if d := DefaultMaxRSSBytes(); d == 0 {

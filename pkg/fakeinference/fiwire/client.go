@@ -1,4 +1,4 @@
-package fakeinference
+package fiwire
 
 import (
 	"context"
@@ -95,8 +95,8 @@ func (c *Control) Reset(ctx context.Context) error {
 }
 
 // GenerationCut asks the server to cut calls, as a model server does.
-func (c *Control) GenerationCut(ctx context.Context, token string, req CutRequest) (CutReceipt, error) {
-	var out CutReceipt
+func (c *Control) GenerationCut(ctx context.Context, token string, req gencut.Request) (gencut.Receipt, error) {
+	var out gencut.Receipt
 	h := http.Header{"Authorization": {"Bearer " + token}}
 	_, err := httpclient.PostJSON(ctx, c.hc, c.base+gencut.Path, h, req, &out)
 	return out, err

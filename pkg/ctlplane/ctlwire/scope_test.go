@@ -1,4 +1,4 @@
-package ctlplane
+package ctlwire
 
 import (
 	"crypto/sha256"

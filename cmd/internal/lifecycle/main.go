@@ -1,0 +1,107 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gymfleet/gymfleet/cmd/internal/configload"
+	"github.com/gymfleet/gymfleet/pkg/logging"
+)
+
+// RunFunc is a server command's run: main is a shim over it, and the
+// command's tests call it with their own arguments, environment and output.
+type RunFunc func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error
+
+// Main is a server command's main: it runs run with the process's
+// arguments, environment and output until SIGINT or SIGTERM, then exits
+// with ExitCode.
+func Main(name string, run RunFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(ExitCode(name, err, os.Stderr))
+}
+
+// ExitCode is the exit status of a run that returned err: 0 on success, 2
+// for -h (the flag package's usage status), otherwise 1 after writing
+// "<name>: <err>" to stderr.
+func ExitCode(name string, err error, stderr io.Writer) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 2
+	}
+	fmt.Fprintln(stderr, name+":", err)
+	return 1
+}
+
+// Validator is a configuration that checks itself once loaded.
+type Validator interface{ Validate() error }
+
+// LoadConfig fills cfg (holding its defaults) from the file the flags name
+// and the environment, applies --listen through listen when it is set, and
+// validates the result.
+func LoadConfig[C Validator](flags configload.Flags, getenv func(string) string, cfg C, listen func(cfg *C, addr string) error) (C, error) {
+	if err := configload.Load(flags.Config, getenv, &cfg); err != nil {
+		return cfg, err
+	}
+	if flags.Listen != "" {
+		if err := listen(&cfg, flags.Listen); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+// Command is what a server command adds to the common start-up: parse the
+// flags, load the configuration, make a logger, build the servers, and
+// serve them (Run) until the context ends.
+type Command[C any] struct {
+	// Name is the command's name in its usage text.
+	Name string
+	// Load reads and validates the configuration the flags name.
+	Load func(flags configload.Flags, getenv func(string) string) (C, error)
+	// LogLevel is the configuration's log level (debug, info, warn, error).
+	LogLevel func(cfg C) string
+	// Servers builds the configuration's servers, logging at level to
+	// stderr.
+	Servers func(cfg C, level slog.Level, stderr io.Writer) ([]Named, error)
+	// Announce is the line printed once a server listens; nil prints
+	// "<name> listening on http://<addr>".
+	Announce func(cfg C, name, addr string) string
+}
+
+// Run runs the command: it is the body of the command's run.
+func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	flags, err := configload.ParseFlags(c.Name, args, stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := c.Load(flags, getenv)
+	if err != nil {
+		return err
+	}
+	level, err := logging.ParseLevel(c.LogLevel(cfg))
+	if err != nil {
+		return err
+	}
+	servers, err := c.Servers(cfg, level, stderr)
+	if err != nil {
+		return err
+	}
+	return Run(ctx, servers, flags.AddrFile, func(name, addr string) {
+		line := fmt.Sprintf("%s listening on http://%s", name, addr)
+		if c.Announce != nil {
+			line = c.Announce(cfg, name, addr)
+		}
+		fmt.Fprintln(stdout, line)
+	})
+}
