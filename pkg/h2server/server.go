@@ -49,6 +49,17 @@ const (
 	// headers are sent: a reply its handler writes whole within it goes out
 	// with its Content-Length, which lets the client size its buffer.
 	DefaultMaxBufferedReply = 64 << 10
+	// DefaultMaxConnHeaderBytes is the header budget of a connection: room
+	// for every stream of a connection at DefaultMaxConcurrentStreams with
+	// a few KiB of headers each, and for any one request at
+	// DefaultMaxHeaderListSize.
+	DefaultMaxConnHeaderBytes = 4 << 20
+	// DefaultMaxConnBufferedReply is the budget of reply bytes a connection
+	// holds back (see MaxBufferedReply) for its streams together.
+	DefaultMaxConnBufferedReply = 4 << 20
+	// DefaultWriteTimeout and DefaultBodyReadTimeout: see Config.
+	DefaultWriteTimeout    = 30 * time.Second
+	DefaultBodyReadTimeout = 30 * time.Second
 )
 
 // Config configures a Server. Zero values take the defaults.
@@ -80,6 +91,24 @@ type Config struct {
 	IdleTimeout time.Duration
 	// MaxBufferedReply: see DefaultMaxBufferedReply.
 	MaxBufferedReply int
+	// MaxConnHeaderBytes bounds the decoded headers, counted as
+	// MaxHeaderListSize counts them (32 bytes more per field), of the
+	// requests a connection's streams hold until their handlers return: a
+	// stream beyond it is refused (RST_STREAM REFUSED_STREAM), but for a
+	// connection's only stream.
+	MaxConnHeaderBytes int64
+	// MaxConnBufferedReply bounds the reply bytes a connection's handlers
+	// hold back together: past it a reply is sent as it is written, its
+	// handler waiting for the client's window.
+	MaxConnBufferedReply int
+	// WriteTimeout bounds a write to the socket, and a stream's wait for
+	// the client to grant window: the connection fails, or the stream is
+	// reset. Negative: none.
+	WriteTimeout time.Duration
+	// BodyReadTimeout fails a handler's reads of a request body of which
+	// nothing arrived for this long while the client could send. Negative:
+	// none.
+	BodyReadTimeout time.Duration
 }
 
 func (c *Config) withDefaults() {
@@ -113,6 +142,31 @@ func (c *Config) withDefaults() {
 	if c.MaxBufferedReply <= 0 {
 		c.MaxBufferedReply = DefaultMaxBufferedReply
 	}
+	if c.MaxConnHeaderBytes <= 0 {
+		c.MaxConnHeaderBytes = DefaultMaxConnHeaderBytes
+	}
+	if c.MaxConnBufferedReply <= 0 {
+		c.MaxConnBufferedReply = DefaultMaxConnBufferedReply
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+}
+
+// watchPeriod is how often a connection's watchdog looks at its streams
+// (see watchFired): a stream is reset or its body failed between one and
+// one and a half of its timeout.
+func (c *Config) watchPeriod() time.Duration {
+	p := time.Duration(0)
+	for _, t := range []time.Duration{c.WriteTimeout, c.BodyReadTimeout} {
+		if t > 0 && (p == 0 || t/2 < p) {
+			p = t / 2
+		}
+	}
+	return p
 }
 
 // The range RFC 9113 allows SETTINGS_MAX_FRAME_SIZE.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"sync"
+	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -32,12 +33,21 @@ type stream struct {
 	// connection failed). closed: the stream no longer counts as open.
 	// peerReset: the client reset it, so the client knows it is closed.
 	gotEnd, sentEnd, reset, closed, peerReset bool
+	// headerCost is what the request counts against MaxConnHeaderBytes.
+	headerCost int64
+	// lastRecv is when the body last made progress (see watchFired);
+	// bodyExpired: its reads failed for want of it.
+	lastRecv    time.Time
+	bodyExpired bool
+	// stallSince is when a write started waiting for window (zero: none
+	// waits).
+	stallSince time.Time
 
 	body pipe
 }
 
 // newStream registers a stream for req and counts it open.
-func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
+func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost int64) *stream {
 	ctx, cancel := context.WithCancelCause(c.ctx)
 	st := &stream{
 		c:          c,
@@ -47,6 +57,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
 		recvWindow: int64(c.s.cfg.StreamReceiveWindow),
 		declared:   req.ContentLength,
 		gotEnd:     ended,
+		headerCost: headerCost,
 	}
 	st.body.cond.L = &st.body.mu
 	st.body.bufs = &c.s.bufs
@@ -61,6 +72,11 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
 	st.sendWindow = c.peer.StreamWindow
 	c.streams[id] = st
 	c.open++
+	c.headerBytes += headerCost
+	if !ended && c.s.cfg.BodyReadTimeout > 0 {
+		st.lastRecv = time.Now()
+		c.watchLocked()
+	}
 	c.mu.Unlock()
 	return st
 }
@@ -103,6 +119,7 @@ func (c *conn) runHandler(st *stream) {
 			if p != http.ErrAbortHandler {
 				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", st.req.Method, "path", st.req.URL.Path, "panic", p, "stack", string(debug.Stack()))
 			}
+			w.releaseBuffer()
 			c.resetStream(st.id, http2.ErrCodeInternal, errHandlerPanicked)
 		} else {
 			w.finish()
