@@ -81,6 +81,8 @@ type conn struct {
 	// headerBytes is what the requests of streams counts against
 	// MaxConnHeaderBytes.
 	headerBytes int64
+	// stalled counts the streams waiting for window (MaxStalledStreams).
+	stalled int
 	// watch runs watchFired while streams wait for window or for their
 	// body.
 	watch       *time.Timer

@@ -470,3 +470,30 @@ func TestContinuationFlood(t *testing.T) {
 	}
 	served(t, s)
 }
+
+// A client granting no window gets MaxStalledStreams streams; the rest are
+// refused rather than run handlers that would wait holding their replies.
+func TestStreamsOfAClientGrantingNoWindowAreBounded(t *testing.T) {
+	const limit, streams = 5, 12
+	var started atomic.Int64
+	s := start(t, Config{
+		MaxStalledStreams: limit,
+		WriteTimeout:      time.Hour,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			started.Add(1)
+			w.Write([]byte("waits for window"))
+		}),
+	})
+	c := dialRaw(t, s)
+	c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	for i := range streams {
+		c.headers(uint32(2*i+1), true, http2.PriorityParam{})
+	}
+	for i := limit; i < streams; i++ {
+		c.expectReset(uint32(2*i+1), http2.ErrCodeRefusedStream)
+	}
+	if n := started.Load(); n > limit {
+		t.Errorf("%d handlers ran, over the limit of %d", n, limit)
+	}
+	served(t, s)
+}

@@ -131,7 +131,11 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		len(c.streams) >= 2*int(c.s.cfg.MaxConcurrentStreams) || // handlers still returning from resets
 		// The connection's header budget: requests left waiting (without
 		// their END_STREAM, say) hold their decoded headers.
-		(len(c.streams) > 0 && c.headerBytes+cost > c.s.cfg.MaxConnHeaderBytes)
+		(len(c.streams) > 0 && c.headerBytes+cost > c.s.cfg.MaxConnHeaderBytes) ||
+		// A client granting no window: its handlers would wait holding
+		// their replies' makings.
+		c.stalled >= c.s.cfg.MaxStalledStreams ||
+		(c.peer.StreamWindow <= 0 && c.open >= c.s.cfg.MaxStalledStreams)
 	c.mu.Unlock()
 	if refuse {
 		return c.queueControl(ctrlFrame{kind: ctrlReset, id: id, val: uint32(http2.ErrCodeRefusedStream)})

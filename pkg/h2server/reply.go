@@ -219,9 +219,11 @@ func (w *responseWriter) send(b []byte, end bool) (int, error) {
 				st.stallSince = time.Now()
 				c.watchLocked()
 			}
+			c.stalled++
 			for len(b) > 0 && (st.sendWindow <= 0 || c.sendWindow <= 0) && !st.reset && c.err == nil {
 				c.cond.Wait()
 			}
+			c.stalled--
 			st.stallSince = time.Time{}
 		}
 		if st.reset || c.err != nil {

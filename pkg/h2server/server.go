@@ -57,6 +57,8 @@ const (
 	// DefaultMaxConnBufferedReply is the budget of reply bytes a connection
 	// holds back (see MaxBufferedReply) for its streams together.
 	DefaultMaxConnBufferedReply = 4 << 20
+	// DefaultMaxStalledStreams: see Config.MaxStalledStreams.
+	DefaultMaxStalledStreams = 100
 	// DefaultWriteTimeout and DefaultBodyReadTimeout: see Config.
 	DefaultWriteTimeout    = 30 * time.Second
 	DefaultBodyReadTimeout = 30 * time.Second
@@ -101,6 +103,13 @@ type Config struct {
 	// hold back together: past it a reply is sent as it is written, its
 	// handler waiting for the client's window.
 	MaxConnBufferedReply int
+	// MaxStalledStreams bounds the streams of a connection whose client
+	// grants no window: while that many wait for window, or the client's
+	// initial stream window is 0 and that many are open, new streams are
+	// refused (REFUSED_STREAM). A handler waiting for window holds what it
+	// built its reply from, so this bounds what a client that never grants
+	// window costs, below what MaxConcurrentStreams allows.
+	MaxStalledStreams int
 	// WriteTimeout bounds a write to the socket, and a stream's wait for
 	// the client to grant window: the connection fails, or the stream is
 	// reset. Negative: none.
@@ -147,6 +156,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.MaxConnBufferedReply <= 0 {
 		c.MaxConnBufferedReply = DefaultMaxConnBufferedReply
+	}
+	if c.MaxStalledStreams <= 0 {
+		c.MaxStalledStreams = DefaultMaxStalledStreams
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = DefaultWriteTimeout
