@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -256,7 +257,8 @@ func TestControlFrameFloodWithoutReading(t *testing.T) {
 		"settings": func(fr *http2.Framer) error { return fr.WriteSettings() },
 	} {
 		t.Run(name, func(t *testing.T) {
-			srv := New(Config{WriteTimeout: -1})
+			var log lockedBuffer
+			srv := New(Config{WriteTimeout: -1, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			defer srv.Close()
 			sc, cc := net.Pipe() // unbuffered: nothing the client does not read is written
 			defer cc.Close()
@@ -283,8 +285,29 @@ func TestControlFrameFloodWithoutReading(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the connection was not closed")
 			}
+			if !strings.Contains(log.String(), "code=ENHANCE_YOUR_CALM") {
+				t.Errorf("the connection did not end with ENHANCE_YOUR_CALM; log:\n%s", log.String())
+			}
 		})
 	}
+}
+
+// lockedBuffer is a log's output, safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // A request whose body stops arriving fails its handler's read after the

@@ -19,6 +19,12 @@
 // reply has none), HTTP/1.1 or TLS: pkg/httpserver hands it the
 // connections that open with the HTTP/2 preface and the rest to net/http.
 //
+// A client's cost is bounded as x/net's server bounds it, or tighter (see
+// guard.go): per connection, the decoded headers its streams hold, the
+// reply bytes held back, and the streams waiting for a window it does not
+// grant; a write deadline, a request body read timeout, and a limit on
+// control frames queued for a client that does not read them.
+//
 // Frames are judged against stream states as x/net's server judges them,
 // which h2spec checks against every server kind (tests/e2e): a stream id
 // at most the highest one opened that is not in the connection's streams
