@@ -88,6 +88,7 @@ type conn struct {
 	watch       *time.Timer
 	watchArmed  bool
 	watchPeriod time.Duration
+	epoch       time.Time // of clock
 
 	handlers sync.WaitGroup
 	idle     *time.Timer // nil without an idle timeout
@@ -107,6 +108,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		peer:        h2frame.NewPeer(0),
 		recvWindow:  int64(s.cfg.ConnReceiveWindow),
 		watchPeriod: s.cfg.watchPeriod(),
+		epoch:       time.Now(),
 	}
 	c.cond.L = &c.mu
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 32<<10))
@@ -142,6 +144,10 @@ func (c *conn) serve() {
 	c.mu.Unlock()
 	c.cancel(errConnClosed)
 }
+
+// clock is the monotonic time since the connection started, at least 1:
+// what streams note times in, smaller than a time.Time.
+func (c *conn) clock() int64 { return int64(time.Since(c.epoch)) + 1 }
 
 var errConnClosed = errors.New("h2server: connection closed")
 
@@ -305,7 +311,7 @@ func (c *conn) creditLocked(n int64) int64 {
 func (c *conn) closeStreamLocked(st *stream) (closeNow bool) {
 	if c.streams[st.id] == st {
 		delete(c.streams, st.id)
-		c.headerBytes -= st.headerCost
+		c.headerBytes -= int64(st.headerCost)
 		if st.reset && !st.peerReset && !st.gotEnd {
 			c.resets[c.nextReset] = resetRecord{id: st.id, declared: st.declared, received: st.received, sendWindow: st.sendWindow}
 			c.nextReset = (c.nextReset + 1) % len(c.resets)

@@ -209,10 +209,10 @@ func (c *conn) writeFinal(fn func() error) {
 // connection's header budget: the size RFC 9113 §6.5.2 gives a header
 // list (each field's name and value and 32 bytes), as x/net's Framer counts
 // it against MaxHeaderListSize, so that a field of one byte costs 33.
-func headerCost(f *http2.MetaHeadersFrame) int64 {
-	var n int64
+func headerCost(f *http2.MetaHeadersFrame) uint32 {
+	var n uint32
 	for _, hf := range f.Fields {
-		n += int64(hf.Size())
+		n += hf.Size() // the Framer kept their sum within MaxHeaderListSize
 	}
 	return n
 }
@@ -236,7 +236,7 @@ func (c *conn) watchLocked() {
 // arriving for the body read timeout; it runs again while some may.
 func (c *conn) watchFired() {
 	cfg := &c.s.cfg
-	now := time.Now()
+	now := c.clock()
 	var stalled []uint32
 	c.mu.Lock()
 	c.watchArmed = false
@@ -249,8 +249,8 @@ func (c *conn) watchFired() {
 		if st.reset {
 			continue
 		}
-		if !st.stallSince.IsZero() && cfg.WriteTimeout > 0 {
-			if now.Sub(st.stallSince) >= cfg.WriteTimeout {
+		if st.stallSince != 0 && cfg.WriteTimeout > 0 {
+			if now-st.stallSince >= int64(cfg.WriteTimeout) {
 				st.resetLocked(errWriteStalled)
 				stalled = append(stalled, st.id)
 				continue
@@ -263,7 +263,7 @@ func (c *conn) watchFired() {
 				// We hold the client back: its silence is not idleness.
 				st.lastRecv = now
 				again = true
-			case now.Sub(st.lastRecv) >= cfg.BodyReadTimeout:
+			case now-st.lastRecv >= int64(cfg.BodyReadTimeout):
 				st.bodyExpired = true
 				st.body.fail(errBodyTimeout)
 			default:

@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/net/http2"
 
@@ -131,7 +130,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		len(c.streams) >= 2*int(c.s.cfg.MaxConcurrentStreams) || // handlers still returning from resets
 		// The connection's header budget: requests left waiting (without
 		// their END_STREAM, say) hold their decoded headers.
-		(len(c.streams) > 0 && c.headerBytes+cost > c.s.cfg.MaxConnHeaderBytes) ||
+		(len(c.streams) > 0 && c.headerBytes+int64(cost) > c.s.cfg.MaxConnHeaderBytes) ||
 		// A client granting no window: its handlers would wait holding
 		// their replies' makings.
 		c.stalled >= c.s.cfg.MaxStalledStreams ||
@@ -302,7 +301,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	data := f.Data()
 	st.received += int64(len(data))
 	if len(data) > 0 && c.s.cfg.BodyReadTimeout > 0 {
-		st.lastRecv = time.Now()
+		st.lastRecv = c.clock()
 	}
 	if wrongLength(st.declared, st.received, f.StreamEnded()) {
 		c.mu.Unlock()

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -216,7 +215,7 @@ func (w *responseWriter) send(b []byte, end bool) (int, error) {
 			// The watchdog resets the stream if the client grants no
 			// window for the write timeout.
 			if c.s.cfg.WriteTimeout > 0 {
-				st.stallSince = time.Now()
+				st.stallSince = c.clock()
 				c.watchLocked()
 			}
 			c.stalled++
@@ -224,7 +223,7 @@ func (w *responseWriter) send(b []byte, end bool) (int, error) {
 				c.cond.Wait()
 			}
 			c.stalled--
-			st.stallSince = time.Time{}
+			st.stallSince = 0
 		}
 		if st.reset || c.err != nil {
 			c.mu.Unlock()

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"runtime/debug"
 	"sync"
-	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -32,22 +31,19 @@ type stream struct {
 	// written or about to be; reset: either side reset the stream (or the
 	// connection failed). closed: the stream no longer counts as open.
 	// peerReset: the client reset it, so the client knows it is closed.
-	gotEnd, sentEnd, reset, closed, peerReset bool
+	// bodyExpired: the body's reads failed for want of it (watchFired).
+	gotEnd, sentEnd, reset, closed, peerReset, bodyExpired bool
 	// headerCost is what the request counts against MaxConnHeaderBytes.
-	headerCost int64
-	// lastRecv is when the body last made progress (see watchFired);
-	// bodyExpired: its reads failed for want of it.
-	lastRecv    time.Time
-	bodyExpired bool
-	// stallSince is when a write started waiting for window (zero: none
-	// waits).
-	stallSince time.Time
+	headerCost uint32
+	// lastRecv is when the body last made progress, stallSince when a
+	// write started waiting for window (0: none waits), on c.clock.
+	lastRecv, stallSince int64
 
 	body pipe
 }
 
 // newStream registers a stream for req and counts it open.
-func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost int64) *stream {
+func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost uint32) *stream {
 	ctx, cancel := context.WithCancelCause(c.ctx)
 	st := &stream{
 		c:          c,
@@ -72,9 +68,9 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost in
 	st.sendWindow = c.peer.StreamWindow
 	c.streams[id] = st
 	c.open++
-	c.headerBytes += headerCost
+	c.headerBytes += int64(headerCost)
 	if !ended && c.s.cfg.BodyReadTimeout > 0 {
-		st.lastRecv = time.Now()
+		st.lastRecv = c.clock()
 		c.watchLocked()
 	}
 	c.mu.Unlock()
