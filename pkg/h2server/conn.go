@@ -249,10 +249,10 @@ func (c *conn) idleFired() {
 }
 
 // writeFrames writes the queued control frames, runs fn (if not nil) with
-// the connection's writer and flushes, unless
-// another writer is waiting for the writer: that one flushes both. Under
-// load, replies of many streams then leave in one write, as net/http's
-// single writer goroutine sends them. A write error fails the connection.
+// the connection's writer and flushes, unless another writer is waiting
+// for the writer: that one flushes both. Under load, replies of many
+// streams then leave in one write, as net/http's single writer goroutine
+// sends them. A write error fails the connection.
 func (c *conn) writeFrames(fn func() error) error {
 	c.writersWaiting.Add(1)
 	c.wmu.Lock()
