@@ -48,3 +48,13 @@ func (b *buffers) grow(buf []byte, n int) []byte {
 	b.put(buf)
 	return bigger
 }
+
+// classCap is the capacity get(n) returns a buffer with.
+func classCap(n int) int {
+	for _, size := range bufferClasses {
+		if n <= size {
+			return size
+		}
+	}
+	return n
+}

@@ -41,6 +41,21 @@ type conn struct {
 	fr             *http2.Framer // its read side is serve's alone
 	henc           *hpack.Encoder
 	hbuf           bytes.Buffer
+	wdeadline      time.Time // the socket's write deadline (under wmu)
+
+	// qmu guards the control frames queued for the writer (see
+	// queueControl); queued mirrors len(ctrlQ) for writers to skip qmu.
+	qmu       sync.Mutex
+	ctrlQ     []ctrlFrame
+	ctrlSpare []ctrlFrame
+	queued    atomic.Int32
+	flushing  bool // a flushControl goroutine runs
+	qclosed   bool // the connection ended: nothing more is queued
+	writers   sync.WaitGroup
+
+	// replyHeld is what the handlers' reply buffers hold, against
+	// MaxConnBufferedReply.
+	replyHeld atomic.Int64
 
 	mu sync.Mutex
 	// cond is signalled when a send window grows, a stream is reset or the
@@ -63,6 +78,17 @@ type conn struct {
 	resets    [8]resetRecord
 	nextReset int
 	err       error // set once: the connection is ending
+	// headerBytes is what the requests of streams counts against
+	// MaxConnHeaderBytes.
+	headerBytes int64
+	// stalled counts the streams waiting for window (MaxStalledStreams).
+	stalled int
+	// watch runs watchFired while streams wait for window or for their
+	// body.
+	watch       *time.Timer
+	watchArmed  bool
+	watchPeriod time.Duration
+	epoch       time.Time // of clock
 
 	handlers sync.WaitGroup
 	idle     *time.Timer // nil without an idle timeout
@@ -71,16 +97,18 @@ type conn struct {
 func newConn(s *Server, nc net.Conn) *conn {
 	ctx, cancel := context.WithCancelCause(s.cfg.BaseContext)
 	c := &conn{
-		s:          s,
-		nc:         nc,
-		remoteAddr: nc.RemoteAddr().String(),
-		ctx:        ctx,
-		cancel:     cancel,
-		bw:         bufio.NewWriterSize(nc, 32<<10),
-		streams:    map[uint32]*stream{},
-		sendWindow: h2frame.InitialWindow,
-		peer:       h2frame.NewPeer(0),
-		recvWindow: int64(s.cfg.ConnReceiveWindow),
+		s:           s,
+		nc:          nc,
+		remoteAddr:  nc.RemoteAddr().String(),
+		ctx:         ctx,
+		cancel:      cancel,
+		bw:          bufio.NewWriterSize(nc, 32<<10),
+		streams:     map[uint32]*stream{},
+		sendWindow:  h2frame.InitialWindow,
+		peer:        h2frame.NewPeer(0),
+		recvWindow:  int64(s.cfg.ConnReceiveWindow),
+		watchPeriod: s.cfg.watchPeriod(),
+		epoch:       time.Now(),
 	}
 	c.cond.L = &c.mu
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 32<<10))
@@ -104,11 +132,22 @@ func (c *conn) serve() {
 	}
 	c.end(err)
 	c.handlers.Wait()
+	c.closeQueue()
+	c.writers.Wait()
 	if c.idle != nil {
 		c.idle.Stop()
 	}
+	c.mu.Lock()
+	if c.watch != nil {
+		c.watch.Stop()
+	}
+	c.mu.Unlock()
 	c.cancel(errConnClosed)
 }
+
+// clock is the monotonic time since the connection started, at least 1:
+// what streams note times in, smaller than a time.Time.
+func (c *conn) clock() int64 { return int64(time.Since(c.epoch)) + 1 }
 
 var errConnClosed = errors.New("h2server: connection closed")
 
@@ -209,15 +248,20 @@ func (c *conn) idleFired() {
 	}
 }
 
-// writeFrames runs fn with the connection's writer and flushes, unless
-// another writer is waiting for the writer: that one flushes both. Under
-// load, replies of many streams then leave in one write, as net/http's
-// single writer goroutine sends them. A write error fails the connection.
+// writeFrames writes the queued control frames, runs fn (if not nil) with
+// the connection's writer and flushes, unless another writer is waiting
+// for the writer: that one flushes both. Under load, replies of many
+// streams then leave in one write, as net/http's single writer goroutine
+// sends them. A write error fails the connection.
 func (c *conn) writeFrames(fn func() error) error {
 	c.writersWaiting.Add(1)
 	c.wmu.Lock()
 	c.writersWaiting.Add(-1)
-	err := fn()
+	c.armWriteDeadlineLocked()
+	err := c.drainControlLocked()
+	if err == nil && fn != nil {
+		err = fn()
+	}
 	if err == nil && c.writersWaiting.Load() == 0 {
 		err = c.bw.Flush()
 	}
@@ -237,14 +281,15 @@ func (c *conn) writeFramesFresh(fn func() error) error {
 	return err
 }
 
-// resetStream resets stream id with code and forgets it.
+// resetStream resets stream id with code and forgets it. The RST_STREAM is
+// queued: the read loop calls it.
 func (c *conn) resetStream(id uint32, code http2.ErrCode, err error) error {
 	c.mu.Lock()
 	if st := c.streams[id]; st != nil {
 		st.resetLocked(err)
 	}
 	c.mu.Unlock()
-	return c.writeFrames(func() error { return c.fr.WriteRSTStream(id, code) })
+	return c.queueControl(ctrlFrame{kind: ctrlReset, id: id, val: uint32(code)})
 }
 
 // creditLocked notes n received bytes as taken and returns the
@@ -266,6 +311,7 @@ func (c *conn) creditLocked(n int64) int64 {
 func (c *conn) closeStreamLocked(st *stream) (closeNow bool) {
 	if c.streams[st.id] == st {
 		delete(c.streams, st.id)
+		c.headerBytes -= int64(st.headerCost)
 		if st.reset && !st.peerReset && !st.gotEnd {
 			c.resets[c.nextReset] = resetRecord{id: st.id, declared: st.declared, received: st.received, sendWindow: st.sendWindow}
 			c.nextReset = (c.nextReset + 1) % len(c.resets)

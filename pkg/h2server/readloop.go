@@ -11,13 +11,14 @@ import (
 	"strings"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/gymfleet/gymfleet/pkg/h2frame"
 )
 
 // readFrames dispatches the client's frames until the connection ends. A
-// connection error is sent as GOAWAY before it returns.
+// connection error is sent as GOAWAY before it returns. It never waits on
+// the socket to write but for that GOAWAY (and at most goAwayTimeout): what
+// it answers with is queued (queueControl).
 func (c *conn) readFrames() error {
 	for {
 		f, err := c.fr.ReadFrame()
@@ -38,7 +39,7 @@ func (c *conn) readFrames() error {
 			last := c.maxID
 			c.mu.Unlock()
 			c.s.cfg.Logger.Warn("http2 connection error", "remote", c.remoteAddr, "code", http2.ErrCode(ce))
-			c.writeFrames(func() error { return c.fr.WriteGoAway(last, http2.ErrCode(ce), nil) })
+			c.writeFinal(func() error { return c.fr.WriteGoAway(last, http2.ErrCode(ce), nil) })
 		}
 		return err
 	}
@@ -61,8 +62,7 @@ func (c *conn) dispatch(f http2.Frame) error {
 		if f.IsAck() {
 			return nil
 		}
-		data := f.Data
-		return c.writeFrames(func() error { return c.fr.WritePing(true, data) })
+		return c.queueControl(ctrlFrame{kind: ctrlPingAck, data: f.Data})
 	case *http2.RSTStreamFrame:
 		return c.onReset(f)
 	case *http2.GoAwayFrame:
@@ -124,12 +124,20 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		c.mu.Unlock()
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("stream depends on itself")}
 	}
+	cost := headerCost(f)
 	refuse := c.goingAway || c.err != nil ||
 		c.open >= int(c.s.cfg.MaxConcurrentStreams) ||
-		len(c.streams) >= 2*int(c.s.cfg.MaxConcurrentStreams) // handlers still returning from resets
+		len(c.streams) >= 2*int(c.s.cfg.MaxConcurrentStreams) || // handlers still returning from resets
+		// The connection's header budget: requests left waiting (without
+		// their END_STREAM, say) hold their decoded headers.
+		(len(c.streams) > 0 && c.headerBytes+int64(cost) > c.s.cfg.MaxConnHeaderBytes) ||
+		// A client granting no window: its handlers would wait holding
+		// their replies' makings.
+		c.stalled >= c.s.cfg.MaxStalledStreams ||
+		(c.peer.StreamWindow <= 0 && c.open >= c.s.cfg.MaxStalledStreams)
 	c.mu.Unlock()
 	if refuse {
-		return c.writeFrames(func() error { return c.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream) })
+		return c.queueControl(ctrlFrame{kind: ctrlReset, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 	}
 	if f.Truncated {
 		return c.writeStatusOnly(id, http.StatusRequestHeaderFieldsTooLarge)
@@ -142,7 +150,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		// As net/http answers it: a client's check that the server is up.
 		return c.writeStatusOnly(id, http.StatusOK)
 	}
-	st := c.newStream(id, req, f.StreamEnded())
+	st := c.newStream(id, req, f.StreamEnded(), cost)
 	c.handlers.Add(1)
 	go c.runHandler(st)
 	return nil
@@ -151,12 +159,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 // writeStatusOnly answers stream id with a bodiless status, without a
 // handler.
 func (c *conn) writeStatusOnly(id uint32, status int) error {
-	return c.writeFrames(func() error {
-		c.hbuf.Reset()
-		c.henc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(status)})
-		c.henc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
-		return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: true, EndHeaders: true})
-	})
+	return c.queueControl(ctrlFrame{kind: ctrlStatusOnly, id: id, val: uint32(status)})
 }
 
 // newRequest builds a handler's request from its header block.
@@ -297,6 +300,9 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	}
 	data := f.Data()
 	st.received += int64(len(data))
+	if len(data) > 0 && c.s.cfg.BodyReadTimeout > 0 {
+		st.lastRecv = c.clock()
+	}
 	if wrongLength(st.declared, st.received, f.StreamEnded()) {
 		c.mu.Unlock()
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: errors.New("request body length differs from its content-length")}
@@ -336,12 +342,12 @@ func (c *conn) endRequestBody(st *stream) error {
 }
 
 // sendCredit gives the client back credit bytes of window on stream id (0:
-// the connection).
+// the connection). The update is queued.
 func (c *conn) sendCredit(id uint32, credit int64) error {
 	if credit <= 0 {
 		return nil
 	}
-	return c.writeFrames(func() error { return c.fr.WriteWindowUpdate(id, uint32(credit)) })
+	return c.queueControl(ctrlFrame{kind: ctrlWindowUpdate, id: id, val: uint32(credit)})
 }
 
 // onWindowUpdate grows a send window.
@@ -393,12 +399,7 @@ func (c *conn) onSettings(f *http2.SettingsFrame) error {
 	if err != nil {
 		return err
 	}
-	return c.writeFrames(func() error {
-		if tableSizeSet {
-			c.henc.SetMaxDynamicTableSizeLimit(tableSize)
-		}
-		return c.fr.WriteSettingsAck()
-	})
+	return c.queueControl(ctrlFrame{kind: ctrlSettingsAck, val: tableSize, tableSizeSet: tableSizeSet})
 }
 
 // errStreamReset is the cause of a request's context when its client

@@ -28,6 +28,8 @@ type responseWriter struct {
 	sentHeader bool
 	head       bool // a HEAD request: the body is not sent
 	buf        []byte
+	// reserved is what buf counts against MaxConnBufferedReply.
+	reserved int64
 }
 
 func (w *responseWriter) Header() http.Header {
@@ -62,7 +64,7 @@ func (w *responseWriter) Write(b []byte) (int, error) {
 	if w.sentHeader {
 		return w.send(b, false)
 	}
-	if len(w.buf)+len(b) <= w.st.c.s.cfg.MaxBufferedReply {
+	if n := len(w.buf) + len(b); n <= w.st.c.s.cfg.MaxBufferedReply && w.reserveReply(n) {
 		w.buf = append(w.st.c.s.bufs.grow(w.buf, len(b)), b...)
 		return len(b), nil
 	}
@@ -104,6 +106,10 @@ func (w *responseWriter) flushBuffered(next []byte) error {
 func (w *responseWriter) releaseBuffer() {
 	w.st.c.s.bufs.put(w.buf)
 	w.buf = nil
+	if w.reserved > 0 {
+		w.st.c.replyHeld.Add(-w.reserved)
+		w.reserved = 0
+	}
 }
 
 // finish ends the reply once the handler returned.
@@ -205,8 +211,19 @@ func (w *responseWriter) send(b []byte, end bool) (int, error) {
 	written := 0
 	for len(b) > 0 || end {
 		c.mu.Lock()
-		for len(b) > 0 && (st.sendWindow <= 0 || c.sendWindow <= 0) && !st.reset && c.err == nil {
-			c.cond.Wait()
+		if len(b) > 0 && (st.sendWindow <= 0 || c.sendWindow <= 0) && !st.reset && c.err == nil {
+			// The watchdog resets the stream if the client grants no
+			// window for the write timeout.
+			if c.s.cfg.WriteTimeout > 0 {
+				st.stallSince = c.clock()
+				c.watchLocked()
+			}
+			c.stalled++
+			for len(b) > 0 && (st.sendWindow <= 0 || c.sendWindow <= 0) && !st.reset && c.err == nil {
+				c.cond.Wait()
+			}
+			c.stalled--
+			st.stallSince = 0
 		}
 		if st.reset || c.err != nil {
 			c.mu.Unlock()

@@ -19,6 +19,12 @@
 // reply has none), HTTP/1.1 or TLS: pkg/httpserver hands it the
 // connections that open with the HTTP/2 preface and the rest to net/http.
 //
+// A client's cost is bounded as x/net's server bounds it, or tighter (see
+// guard.go): per connection, the decoded headers its streams hold, the
+// reply bytes held back, and the streams waiting for a window it does not
+// grant; a write deadline, a request body read timeout, and a limit on
+// control frames queued for a client that does not read them.
+//
 // Frames are judged against stream states as x/net's server judges them,
 // which h2spec checks against every server kind (tests/e2e): a stream id
 // at most the highest one opened that is not in the connection's streams
@@ -49,6 +55,19 @@ const (
 	// headers are sent: a reply its handler writes whole within it goes out
 	// with its Content-Length, which lets the client size its buffer.
 	DefaultMaxBufferedReply = 64 << 10
+	// DefaultMaxConnHeaderBytes is the header budget of a connection: room
+	// for every stream of a connection at DefaultMaxConcurrentStreams with
+	// a few KiB of headers each, and for any one request at
+	// DefaultMaxHeaderListSize.
+	DefaultMaxConnHeaderBytes = 4 << 20
+	// DefaultMaxConnBufferedReply is the budget of reply bytes a connection
+	// holds back (see MaxBufferedReply) for its streams together.
+	DefaultMaxConnBufferedReply = 4 << 20
+	// DefaultMaxStalledStreams: see Config.MaxStalledStreams.
+	DefaultMaxStalledStreams = 100
+	// DefaultWriteTimeout and DefaultBodyReadTimeout: see Config.
+	DefaultWriteTimeout    = 30 * time.Second
+	DefaultBodyReadTimeout = 30 * time.Second
 )
 
 // Config configures a Server. Zero values take the defaults.
@@ -80,6 +99,31 @@ type Config struct {
 	IdleTimeout time.Duration
 	// MaxBufferedReply: see DefaultMaxBufferedReply.
 	MaxBufferedReply int
+	// MaxConnHeaderBytes bounds the decoded headers, counted as
+	// MaxHeaderListSize counts them (32 bytes more per field), of the
+	// requests a connection's streams hold until their handlers return: a
+	// stream beyond it is refused (RST_STREAM REFUSED_STREAM), but for a
+	// connection's only stream.
+	MaxConnHeaderBytes int64
+	// MaxConnBufferedReply bounds the reply bytes a connection's handlers
+	// hold back together: past it a reply is sent as it is written, its
+	// handler waiting for the client's window.
+	MaxConnBufferedReply int
+	// MaxStalledStreams bounds the streams of a connection whose client
+	// grants no window: while that many wait for window, or the client's
+	// initial stream window is 0 and that many are open, new streams are
+	// refused (REFUSED_STREAM). A handler waiting for window holds what it
+	// built its reply from, so this bounds what a client that never grants
+	// window costs, below what MaxConcurrentStreams allows.
+	MaxStalledStreams int
+	// WriteTimeout bounds a write to the socket, and a stream's wait for
+	// the client to grant window: the connection fails, or the stream is
+	// reset. Negative: none.
+	WriteTimeout time.Duration
+	// BodyReadTimeout fails a handler's reads of a request body of which
+	// nothing arrived for this long while the client could send. Negative:
+	// none.
+	BodyReadTimeout time.Duration
 }
 
 func (c *Config) withDefaults() {
@@ -113,6 +157,34 @@ func (c *Config) withDefaults() {
 	if c.MaxBufferedReply <= 0 {
 		c.MaxBufferedReply = DefaultMaxBufferedReply
 	}
+	if c.MaxConnHeaderBytes <= 0 {
+		c.MaxConnHeaderBytes = DefaultMaxConnHeaderBytes
+	}
+	if c.MaxConnBufferedReply <= 0 {
+		c.MaxConnBufferedReply = DefaultMaxConnBufferedReply
+	}
+	if c.MaxStalledStreams <= 0 {
+		c.MaxStalledStreams = DefaultMaxStalledStreams
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+}
+
+// watchPeriod is how often a connection's watchdog looks at its streams
+// (see watchFired): a stream is reset or its body failed between one and
+// one and a half of its timeout.
+func (c *Config) watchPeriod() time.Duration {
+	p := time.Duration(0)
+	for _, t := range []time.Duration{c.WriteTimeout, c.BodyReadTimeout} {
+		if t > 0 && (p == 0 || t/2 < p) {
+			p = t / 2
+		}
+	}
+	return p
 }
 
 // The range RFC 9113 allows SETTINGS_MAX_FRAME_SIZE.

@@ -31,13 +31,19 @@ type stream struct {
 	// written or about to be; reset: either side reset the stream (or the
 	// connection failed). closed: the stream no longer counts as open.
 	// peerReset: the client reset it, so the client knows it is closed.
-	gotEnd, sentEnd, reset, closed, peerReset bool
+	// bodyExpired: the body's reads failed for want of it (watchFired).
+	gotEnd, sentEnd, reset, closed, peerReset, bodyExpired bool
+	// headerCost is what the request counts against MaxConnHeaderBytes.
+	headerCost uint32
+	// lastRecv is when the body last made progress, stallSince when a
+	// write started waiting for window (0: none waits), on c.clock.
+	lastRecv, stallSince int64
 
 	body pipe
 }
 
 // newStream registers a stream for req and counts it open.
-func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
+func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost uint32) *stream {
 	ctx, cancel := context.WithCancelCause(c.ctx)
 	st := &stream{
 		c:          c,
@@ -47,6 +53,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
 		recvWindow: int64(c.s.cfg.StreamReceiveWindow),
 		declared:   req.ContentLength,
 		gotEnd:     ended,
+		headerCost: headerCost,
 	}
 	st.body.cond.L = &st.body.mu
 	st.body.bufs = &c.s.bufs
@@ -61,6 +68,11 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool) *stream {
 	st.sendWindow = c.peer.StreamWindow
 	c.streams[id] = st
 	c.open++
+	c.headerBytes += int64(headerCost)
+	if !ended && c.s.cfg.BodyReadTimeout > 0 {
+		st.lastRecv = c.clock()
+		c.watchLocked()
+	}
 	c.mu.Unlock()
 	return st
 }
@@ -103,6 +115,7 @@ func (c *conn) runHandler(st *stream) {
 			if p != http.ErrAbortHandler {
 				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", st.req.Method, "path", st.req.URL.Path, "panic", p, "stack", string(debug.Stack()))
 			}
+			w.releaseBuffer()
 			c.resetStream(st.id, http2.ErrCodeInternal, errHandlerPanicked)
 		} else {
 			w.finish()

@@ -1,0 +1,304 @@
+package h2server
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// This file holds what bounds a hostile client's cost, each after x/net's
+// HTTP/2 server (golang.org/x/net@v0.62.0, http2/server.go):
+//
+//   - control frames the read loop answers with (PING and SETTINGS acks,
+//     RST_STREAM, WINDOW_UPDATE) are queued and written by another
+//     goroutine, so the read loop never waits on the socket; a client that
+//     makes more of them wait than maxQueuedControlFrames is not reading
+//     them, and the connection ends with ENHANCE_YOUR_CALM (x/net's
+//     maxQueuedControlFrames and serverConn.serve);
+//   - every socket write has a deadline, so a client that stops reading
+//     fails its connection (x/net's Server.WriteByteTimeout, bufferedWriter);
+//   - a stream waiting that long for the client to grant window is reset
+//     (x/net's stream.onWriteTimeout, there after http.Server.WriteTimeout);
+//   - a request body that stops arriving fails its handler's reads after
+//     BodyReadTimeout (x/net's stream.onReadTimeout);
+//   - the decoded headers of the streams a connection holds, and the reply
+//     bytes it holds back, have per-connection budgets (x/net bounds them
+//     only through its stream limit and per-stream buffers).
+
+// maxQueuedControlFrames is x/net's limit (http2/server.go): control frames
+// queued for a client that does not read them.
+const maxQueuedControlFrames = 10000
+
+// goAwayTimeout bounds the wait to write the last GOAWAY of a connection
+// ending on an error: a writer stalled on a client that does not read holds
+// the writer until the connection is closed.
+const goAwayTimeout = time.Second
+
+var (
+	errTooManyControlFrames = http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+	// errWriteStalled resets a stream whose client granted no window for
+	// the write timeout.
+	errWriteStalled = fmt.Errorf("h2server: the client granted no window for the write timeout: %w", os.ErrDeadlineExceeded)
+	// errBodyTimeout is what a handler reading a request body that stopped
+	// arriving gets.
+	errBodyTimeout = fmt.Errorf("h2server: no request body bytes arrived for the body read timeout: %w", os.ErrDeadlineExceeded)
+)
+
+type ctrlKind uint8
+
+const (
+	ctrlPingAck ctrlKind = iota
+	ctrlSettingsAck
+	ctrlReset
+	ctrlWindowUpdate
+	ctrlStatusOnly // a bodiless reply without a handler (431, OPTIONS *)
+)
+
+// ctrlFrame is a frame queued by queueControl.
+type ctrlFrame struct {
+	kind ctrlKind
+	id   uint32
+	// val: the error code, window increment, status, or (with
+	// tableSizeSet) the client's new header table size.
+	val          uint32
+	tableSizeSet bool
+	data         [8]byte
+}
+
+// queueControl queues a frame for the connection's writer and makes sure a
+// goroutine writes it: the caller never waits on the socket. It fails with
+// ENHANCE_YOUR_CALM once maxQueuedControlFrames wait.
+func (c *conn) queueControl(f ctrlFrame) error {
+	c.qmu.Lock()
+	if c.qclosed {
+		c.qmu.Unlock()
+		return nil // the connection is ending; nothing more is written
+	}
+	if len(c.ctrlQ) >= maxQueuedControlFrames {
+		c.qmu.Unlock()
+		return errTooManyControlFrames
+	}
+	c.ctrlQ = append(c.ctrlQ, f)
+	c.queued.Store(int32(len(c.ctrlQ)))
+	start := !c.flushing
+	if start {
+		c.flushing = true
+		c.writers.Add(1)
+	}
+	c.qmu.Unlock()
+	if start {
+		go c.flushControl()
+	}
+	return nil
+}
+
+// flushControl writes queued control frames until none is left. It is
+// owned by the connection: serve waits for it (c.writers).
+func (c *conn) flushControl() {
+	defer c.writers.Done()
+	for {
+		err := c.writeFrames(nil) // drains the queue, then flushes
+		c.qmu.Lock()
+		if err != nil || len(c.ctrlQ) == 0 {
+			if err != nil {
+				c.ctrlQ = c.ctrlQ[:0]
+				c.queued.Store(0)
+			}
+			c.flushing = false
+			c.qmu.Unlock()
+			return
+		}
+		c.qmu.Unlock()
+	}
+}
+
+// closeQueue stops queueControl from queuing or starting writers.
+func (c *conn) closeQueue() {
+	c.qmu.Lock()
+	c.qclosed = true
+	c.qmu.Unlock()
+}
+
+// drainControlLocked writes the queued control frames; the caller holds
+// wmu. Every writer drains first, so frames leave in the order queued.
+func (c *conn) drainControlLocked() error {
+	if c.queued.Load() == 0 {
+		return nil
+	}
+	c.qmu.Lock()
+	q := c.ctrlQ
+	c.ctrlQ = c.ctrlSpare[:0]
+	c.queued.Store(0)
+	c.qmu.Unlock()
+	var err error
+	for i := range q {
+		if err == nil {
+			err = c.writeControlLocked(&q[i])
+		}
+	}
+	c.qmu.Lock()
+	c.ctrlSpare = q[:0]
+	c.qmu.Unlock()
+	return err
+}
+
+func (c *conn) writeControlLocked(f *ctrlFrame) error {
+	switch f.kind {
+	case ctrlPingAck:
+		return c.fr.WritePing(true, f.data)
+	case ctrlSettingsAck:
+		if f.tableSizeSet {
+			c.henc.SetMaxDynamicTableSizeLimit(f.val)
+		}
+		return c.fr.WriteSettingsAck()
+	case ctrlReset:
+		return c.fr.WriteRSTStream(f.id, http2.ErrCode(f.val))
+	case ctrlWindowUpdate:
+		return c.fr.WriteWindowUpdate(f.id, f.val)
+	case ctrlStatusOnly:
+		c.hbuf.Reset()
+		c.henc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(int(f.val))})
+		c.henc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
+		return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.id, BlockFragment: c.hbuf.Bytes(), EndStream: true, EndHeaders: true})
+	}
+	return nil
+}
+
+// armWriteDeadlineLocked keeps a deadline between half the write timeout
+// and the whole of it ahead of every write (the caller holds wmu): a client
+// that stops reading fails the write, as x/net's WriteByteTimeout does,
+// without setting the deadline on every write.
+func (c *conn) armWriteDeadlineLocked() {
+	timeout := c.s.cfg.WriteTimeout
+	if timeout <= 0 {
+		return
+	}
+	now := time.Now()
+	if c.wdeadline.Sub(now) < timeout/2 {
+		c.wdeadline = now.Add(timeout)
+		c.nc.SetWriteDeadline(c.wdeadline)
+	}
+}
+
+// writeFinal writes a connection's last frames (queued ones first) and
+// flushes, waiting at most goAwayTimeout: a writer stalled on a client
+// that does not read gives the writer up when the connection closes.
+func (c *conn) writeFinal(fn func() error) {
+	stop := time.AfterFunc(goAwayTimeout, func() { c.nc.Close() })
+	defer stop.Stop()
+	c.writersWaiting.Add(1)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.writersWaiting.Add(-1)
+	c.wdeadline = time.Now().Add(goAwayTimeout)
+	c.nc.SetWriteDeadline(c.wdeadline)
+	err := c.drainControlLocked()
+	if err == nil {
+		err = fn()
+	}
+	if err == nil {
+		c.bw.Flush()
+	}
+}
+
+// headerCost is what a request's header block counts against the
+// connection's header budget: the size RFC 9113 §6.5.2 gives a header
+// list (each field's name and value and 32 bytes), as x/net's Framer counts
+// it against MaxHeaderListSize, so that a field of one byte costs 33.
+func headerCost(f *http2.MetaHeadersFrame) uint32 {
+	var n uint32
+	for _, hf := range f.Fields {
+		n += hf.Size() // the Framer kept their sum within MaxHeaderListSize
+	}
+	return n
+}
+
+// watchLocked makes sure the watchdog runs while a stream waits for window
+// or for its request body.
+func (c *conn) watchLocked() {
+	if c.watchPeriod <= 0 || c.watchArmed || c.err != nil {
+		return
+	}
+	c.watchArmed = true
+	if c.watch == nil {
+		c.watch = time.AfterFunc(c.watchPeriod, c.watchFired)
+	} else {
+		c.watch.Reset(c.watchPeriod)
+	}
+}
+
+// watchFired resets the streams whose client granted no window for the
+// write timeout, and fails the body reads of those whose body stopped
+// arriving for the body read timeout; it runs again while some may.
+func (c *conn) watchFired() {
+	cfg := &c.s.cfg
+	now := c.clock()
+	var stalled []uint32
+	c.mu.Lock()
+	c.watchArmed = false
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	again := false
+	for _, st := range c.streams {
+		if st.reset {
+			continue
+		}
+		if st.stallSince != 0 && cfg.WriteTimeout > 0 {
+			if now-st.stallSince >= int64(cfg.WriteTimeout) {
+				st.resetLocked(errWriteStalled)
+				stalled = append(stalled, st.id)
+				continue
+			}
+			again = true
+		}
+		if !st.gotEnd && !st.bodyExpired && cfg.BodyReadTimeout > 0 {
+			switch {
+			case st.recvWindow <= 0 || c.recvWindow <= 0:
+				// We hold the client back: its silence is not idleness.
+				st.lastRecv = now
+				again = true
+			case now-st.lastRecv >= int64(cfg.BodyReadTimeout):
+				st.bodyExpired = true
+				st.body.fail(errBodyTimeout)
+			default:
+				again = true
+			}
+		}
+	}
+	if len(stalled) > 0 {
+		c.cond.Broadcast()
+	}
+	if again {
+		c.watchLocked()
+	}
+	c.mu.Unlock()
+	for _, id := range stalled {
+		// As x/net's onWriteTimeout: INTERNAL_ERROR.
+		if err := c.queueControl(ctrlFrame{kind: ctrlReset, id: id, val: uint32(http2.ErrCodeInternal)}); err != nil {
+			c.abort(err)
+			return
+		}
+	}
+}
+
+// reserveReply counts a reply buffer growing to hold n bytes against the
+// connection's budget of held-back reply bytes; false when it has no room.
+func (w *responseWriter) reserveReply(n int) bool {
+	need := int64(classCap(n)) - w.reserved
+	if need <= 0 {
+		return true
+	}
+	c := w.st.c
+	if c.replyHeld.Add(need) > int64(c.s.cfg.MaxConnBufferedReply) {
+		c.replyHeld.Add(-need)
+		return false
+	}
+	w.reserved += need
+	return true
+}
