@@ -26,6 +26,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // TestH2Attack makes the attacks of issue 33 on a model server (our HTTP/2
@@ -36,6 +37,11 @@ import (
 // during and after it; the baseline's figures are logged beside ours, not
 // asserted.
 func TestH2Attack(t *testing.T) {
+	if stack == httpconf.StackNetHTTP {
+		// net/http's own server is the baseline this test already runs
+		// beside ours on every pass; its bounds are not ours to assert.
+		t.Skipf("the attacks hold the lean HTTP/2 server to its bounds; this pass runs on %s", stack)
+	}
 	f := startFleet(t, nil)
 	ep, _ := f.Cfg.Endpoint("policy_model")
 	u, err := url.Parse(ep.URL)
