@@ -38,8 +38,8 @@ import (
 // asserted.
 func TestH2Attack(t *testing.T) {
 	if stack == httpconf.StackNetHTTP {
-		// net/http's own server is the baseline this test already runs
-		// beside ours on every pass; its bounds are not ours to assert.
+		// net/http's own server is the baseline the lean pass measures
+		// beside ours; its bounds are not ours to assert.
 		t.Skipf("the attacks hold the lean HTTP/2 server to its bounds; this pass runs on %s", stack)
 	}
 	f := startFleet(t, nil)
