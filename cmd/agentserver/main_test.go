@@ -228,3 +228,34 @@ func TestCheckpointSigningKeyFile(t *testing.T) {
 		return cfg.Checkpoint.SigningKeyFile, err
 	})
 }
+
+// GYMFLEET_HTTP_STACK chooses every agent's stack; an unknown one fails
+// start-up.
+func TestHTTPStackFromEnv(t *testing.T) {
+	for _, tc := range []struct {
+		stack string
+		ok    bool
+	}{{"nethttp", true}, {"lean", true}, {"quic", false}} {
+		env := func(k string) string {
+			if k == "GYMFLEET_HTTP_STACK" {
+				return tc.stack
+			}
+			return ""
+		}
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/agentserver.yaml"}, env)
+		if !tc.ok {
+			if err == nil || !strings.Contains(err.Error(), "http.stack") {
+				t.Errorf("stack %s: loadConfig = %v, want an error naming http.stack", tc.stack, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("stack %s: %v", tc.stack, err)
+		}
+		for _, ac := range cfg.AgentConfigs() {
+			if string(ac.HTTP.Stack) != tc.stack {
+				t.Errorf("stack %s: agent %s has %q", tc.stack, ac.Name, ac.HTTP.Stack)
+			}
+		}
+	}
+}

@@ -111,7 +111,11 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 			eps = append(eps, coordination.Endpoint{Name: e.Name, URL: e.URL})
 		}
 	}
-	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token})
+	hc, err := fleetHTTP(cfg, getenv)
+	if err != nil {
+		return err
+	}
+	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token, HTTP: hc})
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/collect"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 )
 
@@ -92,6 +93,20 @@ func environmentURL(cfg *fleet.Config, path string) (string, error) {
 	return envs[0].URL, nil
 }
 
+// fleetHTTP is the http: section gymctl's clients to a fleet speak: the
+// fleet file's http.stack, else GYMFLEET_HTTP_STACK (the variable the
+// servers read), else the default (lean). cfg may be nil (no fleet file).
+func fleetHTTP(cfg *fleet.Config, getenv func(string) string) (httpconf.Config, error) {
+	hc := httpconf.Config{Stack: httpconf.Stack(getenv("GYMFLEET_HTTP_STACK"))}
+	if cfg != nil && cfg.HTTP.Stack != "" {
+		hc.Stack = cfg.HTTP.Stack
+	}
+	if err := hc.Validate(); err != nil {
+		return hc, fmt.Errorf("GYMFLEET_HTTP_STACK: %w", err)
+	}
+	return hc, nil
+}
+
 // fleetEndpoints lists every endpoint of the fleet for discovery.
 func fleetEndpoints(cfg *fleet.Config) []coordination.Endpoint {
 	var eps []coordination.Endpoint
@@ -110,11 +125,15 @@ func collectOptions(f collectFlags, getenv func(string) string, stdout, stderr i
 	if !f.noProgress {
 		opts.Progress = stderr
 	}
-	if f.config == "" {
-		return opts, nil
+	var cfg *fleet.Config
+	if f.config != "" {
+		var err error
+		if cfg, err = fleet.Load(f.config); err != nil {
+			return opts, err
+		}
 	}
-	cfg, err := fleet.Load(f.config)
-	if err != nil {
+	var err error
+	if opts.HTTP, err = fleetHTTP(cfg, getenv); err != nil || cfg == nil {
 		return opts, err
 	}
 	if opts.EnvURL, err = environmentURL(cfg, f.config); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/collect"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // demoOptions are gymctl demo's flags.
@@ -162,6 +163,10 @@ func (d *demo) cleanup(err error) {
 	fmt.Fprintf(d.stdout, "demo files (fleet configs, logs, checkpoints, results) are in %s\n", d.dir)
 }
 
+// httpConf is the http: section the demo's clients speak: the fleet
+// file's stack (the generated fleet's is the default).
+func (d *demo) httpConf() httpconf.Config { return httpconf.Config{Stack: d.cfg.HTTP.Stack} }
+
 func (d *demo) loadFleet(context.Context) error {
 	cfg, err := fleet.Load(d.opts.config)
 	if err != nil {
@@ -191,7 +196,7 @@ func (d *demo) startFleet(ctx context.Context) error {
 }
 
 func (d *demo) collect(ctx context.Context) error {
-	opts := collect.Options{EnvURL: d.envURL, Concurrency: d.opts.concurrency}
+	opts := collect.Options{EnvURL: d.envURL, Concurrency: d.opts.concurrency, HTTP: d.httpConf()}
 	if !d.opts.noProgress {
 		opts.Progress = d.stderr
 	}
@@ -292,7 +297,7 @@ func (d *demo) generateFleet(context.Context) error {
 // --config does.
 func (d *demo) collectOptions(resume bool) collect.Options {
 	opts := collect.Options{
-		EnvURL: d.envURL, Concurrency: d.opts.concurrency,
+		EnvURL: d.envURL, Concurrency: d.opts.concurrency, HTTP: d.httpConf(),
 		Fleet:       &collect.FleetControl{Endpoints: fleetEndpoints(d.cfg), Token: demoToken},
 		Checkpoints: &collect.CheckpointOptions{Dir: d.ckptDir, Timeout: 30 * time.Second, Resume: resume},
 		Notices:     prefixWriter{w: d.stdout, prefix: "      "},
@@ -400,7 +405,7 @@ func (d *demo) countSaved(ctx context.Context) error {
 	if !ok {
 		return errors.New("the fleet has no policy_model endpoint")
 	}
-	client := httpclient.New(httpclient.Options{H2C: true})
+	client := httpclient.New(httpclient.Options{H2C: true, HTTP: d.httpConf()})
 	defer client.CloseIdleConnections()
 	for _, e := range d.after.Restore.Continued {
 		var m struct {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -38,6 +39,9 @@ type Config struct {
 	// (to answer a close sent again and refuse late activations); 0 keeps
 	// every closed session for the life of the process.
 	ClosedSessionTTL time.Duration `mapstructure:"-"`
+	// HTTP is the process's http: section, copied into each agent like
+	// Checkpoint: its listener's and its clients' stack and TLS.
+	HTTP httpconf.Config `mapstructure:"-"`
 }
 
 // DefaultConfig is an agent on a free loopback port against the default
@@ -81,6 +85,9 @@ func (c Config) Validate() error {
 	if err := c.Checkpoint.Validate(); err != nil {
 		return fmt.Errorf("agent %s: %w", c.Name, err)
 	}
+	if err := c.HTTP.Validate(); err != nil {
+		return fmt.Errorf("agent %s: %w", c.Name, err)
+	}
 	return nil
 }
 
@@ -112,6 +119,9 @@ type ProcessConfig struct {
 	// ClosedSessionTTL is how long every agent of the process remembers a
 	// closed session (see Config.ClosedSessionTTL).
 	ClosedSessionTTL time.Duration `mapstructure:"closed_session_ttl"`
+	// HTTP is the http: section every agent of the process shares: the
+	// HTTP stack (lean or nethttp) and TLS of its listeners and clients.
+	HTTP httpconf.Config `mapstructure:"http"`
 	// Agents is a list, not a map: viper lower-cases map keys.
 	Agents []Config `mapstructure:"agents"`
 }
@@ -122,13 +132,14 @@ func DefaultProcessConfig() ProcessConfig {
 }
 
 // AgentConfigs returns the agents with the process's checkpoint block,
-// pprof and closed_session_ttl keys copied into each.
+// pprof, closed_session_ttl and http keys copied into each.
 func (p ProcessConfig) AgentConfigs() []Config {
 	out := slices.Clone(p.Agents)
 	for i := range out {
 		out[i].Checkpoint = p.Checkpoint
 		out[i].Pprof = p.Pprof
 		out[i].ClosedSessionTTL = p.ClosedSessionTTL
+		out[i].HTTP = p.HTTP
 	}
 	return out
 }
@@ -136,6 +147,9 @@ func (p ProcessConfig) AgentConfigs() []Config {
 // Validate checks every agent, and that names and listen addresses are unique.
 func (p ProcessConfig) Validate() error {
 	if err := p.Checkpoint.Validate(); err != nil {
+		return err
+	}
+	if err := p.HTTP.Validate(); err != nil {
 		return err
 	}
 	if len(p.Agents) == 0 {

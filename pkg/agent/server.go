@@ -170,7 +170,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	ownClient := deps.Client == nil
 	if ownClient {
-		deps.Client = httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto})
+		deps.Client = httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto, HTTP: cfg.HTTP})
 	}
 	s := &Server{
 		ownClient: ownClient,
@@ -203,7 +203,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.ctl.Mount(r)
 	}
 	s.router = r
-	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger, HTTP: cfg.HTTP}, r)
 	return s, nil
 }
 

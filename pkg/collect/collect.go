@@ -29,6 +29,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -78,6 +79,10 @@ type Options struct {
 	// /run is never retried blindly: a /run without a reply is retried as
 	// the next attempt, after the one without a reply is retired.
 	Client *http.Client
+	// HTTP is the http: section of the clients the collector builds (Client
+	// when nil, and the fleet's control client when FleetControl.Client is
+	// nil): the fleet's stack and TLS.
+	HTTP httpconf.Config
 	// Progress receives the progress bar; nil shows none.
 	Progress io.Writer
 	// Notices receives one line per checkpoint, restore and resume
@@ -193,7 +198,7 @@ func New(opts Options) (*Collector, error) {
 		c.log = logging.Discard()
 	}
 	if c.client == nil {
-		c.client = httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto})
+		c.client = httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto, HTTP: opts.HTTP})
 	}
 	return c, nil
 }

@@ -395,7 +395,7 @@ func (r *Collection) coordinator(ctx context.Context) (*coordination.Coordinator
 		r.coord = f.Coordinator
 		return r.coord, nil
 	}
-	c, err := coordination.Discover(ctx, f.Endpoints, coordination.Options{Token: f.Token, Client: f.Client, Logger: r.c.log})
+	c, err := coordination.Discover(ctx, f.Endpoints, coordination.Options{Token: f.Token, Client: f.Client, HTTP: r.c.opts.HTTP, Logger: r.c.log})
 	if err != nil {
 		return nil, err
 	}

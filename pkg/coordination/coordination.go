@@ -21,6 +21,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -61,6 +62,9 @@ type Options struct {
 	// Client carries control calls. It must be a pool of its own, so control
 	// calls never queue behind data traffic; nil builds one.
 	Client *http.Client
+	// HTTP is the http: section the client built when Client is nil
+	// speaks (the fleet's stack and TLS).
+	HTTP   httpconf.Config
 	Logger *slog.Logger
 	// OnCall, if set, is called before every control request (tests record
 	// the order of calls with it).
@@ -110,8 +114,8 @@ func (e *Error) Code() apierror.Code {
 	return code
 }
 
-func newClient() *http.Client {
-	return httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: 4})
+func newClient(hc httpconf.Config) *http.Client {
+	return httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: 4, HTTP: hc})
 }
 
 // New returns a coordinator of already discovered members.
@@ -121,7 +125,7 @@ func New(members []Member, opts Options) *Coordinator {
 	}
 	c := &Coordinator{opts: opts, client: opts.Client, log: opts.Logger}
 	if c.client == nil {
-		c.client = newClient()
+		c.client = newClient(opts.HTTP)
 	}
 	c.members = append([]Member(nil), members...)
 	sort.SliceStable(c.members, func(i, j int) bool {
@@ -149,7 +153,7 @@ func stageIndex(kind string) int {
 func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordinator, error) {
 	client := opts.Client
 	if client == nil {
-		client = newClient()
+		client = newClient(opts.HTTP)
 		opts.Client = client
 	}
 	getter := httpclient.NewIdempotentClient(client, 3)

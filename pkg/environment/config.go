@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -61,6 +62,9 @@ type Config struct {
 	Checkpoint ctlplane.Config `mapstructure:"checkpoint"`
 	// Pprof serves net/http/pprof under /debug/pprof/ (off by default).
 	Pprof bool `mapstructure:"pprof"`
+	// HTTP is the http: section: the HTTP stack (lean or nethttp) and TLS
+	// of the server's listener and of its clients to fleet peers.
+	HTTP httpconf.Config `mapstructure:"http"`
 }
 
 // AgentConfig names one agent server and the resources server its episodes use.
@@ -104,6 +108,9 @@ func (c Config) Validate() error {
 	}
 	if !rollout.ValidID(c.Name) {
 		errs = append(errs, fmt.Errorf("name %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", c.Name))
+	}
+	if err := c.HTTP.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if !validProtocol(c.Protocol) {
 		errs = append(errs, fmt.Errorf("protocol %q: want %s or %s", c.Protocol, ProtocolSingleAgentTurn, ProtocolLegacy))

@@ -74,7 +74,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{
 		cfg:     cfg,
 		log:     deps.Logger,
-		client:  httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto}), // peers may be NeMo Gym's (HTTP/1.1)
+		client:  httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto, HTTP: cfg.HTTP}), // peers may be NeMo Gym's (HTTP/1.1)
 		agents:  make(map[string]AgentConfig, len(cfg.Agents)),
 		metrics: newMetrics(deps.Registry),
 		live:    make(map[string]*episode),
@@ -109,7 +109,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	// resources servers have no benchmark hooks, so every one of them
 	// answers the same baseline, and one call needs no fan-out.
 	r.Post(rewardprofile.Path, httpserver.Handle(deps.Logger, rewardprofile.Handle))
-	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger, HTTP: cfg.HTTP}, r)
 	// Last: nothing after it can fail and leave its goroutines running.
 	s.late = newLateCleanup(deps.Logger, cfg.CleanupTimeout, cfg.CleanupRetryWindow, newLateCleanupMetrics(deps.Registry))
 	return s, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 )
 
@@ -44,6 +45,9 @@ type Config struct {
 	ControlAuthToken string `mapstructure:"control_auth_token"`
 	// Pprof serves net/http/pprof under /debug/pprof/ (off by default).
 	Pprof bool `mapstructure:"pprof"`
+	// HTTP is the http: section: the HTTP stack (lean or nethttp) and TLS
+	// of the server's listener.
+	HTTP httpconf.Config `mapstructure:"http"`
 }
 
 // DefaultConfig returns the defaults of every field.
@@ -69,6 +73,9 @@ func (c Config) Validate() error {
 		if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 			errs = append(errs, fmt.Errorf("log_level: %w", err))
 		}
+	}
+	if err := c.HTTP.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if strings.TrimSpace(c.Model) == "" {
 		errs = append(errs, errors.New("model must not be empty"))

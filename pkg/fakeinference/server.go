@@ -119,7 +119,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof})
 	s.routes(r)
 	s.handler = r
-	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger, HTTP: cfg.HTTP}, r)
 	return s, nil
 }
 

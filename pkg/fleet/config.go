@@ -16,6 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -48,6 +49,8 @@ type Config struct {
 	BinDir string `yaml:"bin_dir"`
 	// Checkpoint is the checkpoint settings every server shares.
 	Checkpoint Checkpoint `yaml:"checkpoint"`
+	// HTTP is the fleet-wide http: section.
+	HTTP HTTP `yaml:"http"`
 	// Processes start in file order and stop in reverse.
 	Processes []Process `yaml:"processes"`
 
@@ -72,6 +75,15 @@ type Checkpoint struct {
 	// Empty: manifests are not signed. gymctl ckpt verify checks
 	// signatures with it.
 	SigningKeyFile string `yaml:"signing_key_file"`
+}
+
+// HTTP is the fleet-wide http: section. The launcher hands its stack to
+// every process as GYMFLEET_HTTP_STACK (a process's own env entries still
+// win), and gymctl's clients to the fleet speak the same stack.
+type HTTP struct {
+	// Stack is lean (the default) or nethttp (see pkg/httpconf); empty
+	// leaves each process to its own configuration.
+	Stack httpconf.Stack `yaml:"stack"`
 }
 
 // Process is one server process of the fleet.
@@ -163,6 +175,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Checkpoint.Enabled && c.Checkpoint.Root == "" {
 		errs = append(errs, errors.New("checkpoint.enabled is true but checkpoint.root is empty: name the directory every checkpoint directory lies beneath"))
+	}
+	if c.HTTP.Stack != "" {
+		if err := (httpconf.Config{Stack: c.HTTP.Stack}).Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	procs := map[string]bool{}
 	endpoints := map[string]bool{}

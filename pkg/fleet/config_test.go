@@ -62,6 +62,7 @@ func TestValidate(t *testing.T) {
 		{"bad env name", strings.Replace(minimal, "GYMFLEET_LOG_LEVEL", "1X", 1), "not a valid variable name"},
 		{"duplicate process", minimal + strings.Replace(strings.TrimPrefix(minimal, "\nprocesses:\n"), "name: env\n", "name: env\n", 1), "used twice"},
 		{"checkpoint without token", "checkpoint: {enabled: true}\n" + minimal, "control_auth_token"},
+		{"unknown http stack", "http: {stack: quic}\n" + minimal, `http.stack "quic"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := fleet.Decode(strings.NewReader(tc.yaml))

@@ -28,3 +28,21 @@ func TestLauncher_EnvironCheckpointBlock(t *testing.T) {
 		t.Errorf("environ %v lacks the key file's path", env)
 	}
 }
+
+// The fleet's http.stack reaches every process as GYMFLEET_HTTP_STACK, after
+// the launcher's own environment and before the process's entries.
+func TestLauncher_EnvironHTTPStack(t *testing.T) {
+	cfg := &Config{BaseDir: "/fleet"}
+	env := NewLauncher(cfg, Options{Environ: []string{"PATH=/bin"}}).environ(Process{})
+	for _, e := range env {
+		if strings.HasPrefix(e, "GYMFLEET_HTTP_STACK=") {
+			t.Errorf("environ without http.stack sets %s", e)
+		}
+	}
+	cfg.HTTP.Stack = "nethttp"
+	env = NewLauncher(cfg, Options{Environ: []string{"GYMFLEET_HTTP_STACK=lean"}}).environ(Process{Env: []EnvVar{{Name: "X", Value: "1"}}})
+	want := []string{"GYMFLEET_HTTP_STACK=lean", "GYMFLEET_HTTP_STACK=nethttp", "X=1"}
+	if !slices.Equal(env, want) {
+		t.Errorf("environ = %v, want %v (the fleet's stack after the launcher's)", env, want)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // ServedModel is the model name a generated fleet's fakeinference serves
@@ -43,6 +45,9 @@ type Topology struct {
 	LogLevel string
 	// Pprof serves net/http/pprof under /debug/pprof/ on every server.
 	Pprof bool
+	// HTTPStack is every server's http.stack (empty: the default, lean),
+	// also the fleet file's http.stack.
+	HTTPStack httpconf.Stack
 }
 
 // ResourcesSpec is one resources server.
@@ -190,6 +195,11 @@ func Generate(t Topology) (*Config, error) {
 		env["default_agent"] = t.Routes[0].Name
 	}
 	files["envserver.yaml"] = env
+	if t.HTTPStack != "" {
+		for _, v := range files {
+			v.(map[string]any)["http"] = map[string]any{"stack": string(t.HTTPStack)}
+		}
+	}
 	for name, v := range files {
 		b, err := yaml.Marshal(v)
 		if err != nil {
@@ -203,6 +213,7 @@ func Generate(t Topology) (*Config, error) {
 	cfg := &Config{
 		RunDir: filepath.Join(t.Dir, "run"), BinDir: t.BinDir, BaseDir: t.Dir,
 		Checkpoint: Checkpoint{Enabled: t.Token != "", ControlAuthToken: t.Token, Root: t.CheckpointRoot},
+		HTTP:       HTTP{Stack: t.HTTPStack},
 	}
 	proc := func(name, binary, config string, eps ...Endpoint) {
 		cfg.Processes = append(cfg.Processes, Process{Name: name, Binary: binary, Config: filepath.Join(t.Dir, config), Endpoints: eps})

@@ -131,3 +131,33 @@ func TestGenerate_CheckpointRoot(t *testing.T) {
 		}
 	}
 }
+
+// A topology's HTTP stack reaches every server's file and the fleet file.
+func TestGenerate_HTTPStackReachesEveryServer(t *testing.T) {
+	topo := fleet.Standard(t.TempDir(), "/bin", "tok")
+	topo.HTTPStack = "nethttp"
+	cfg, err := fleet.Generate(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HTTP.Stack != "nethttp" {
+		t.Errorf("fleet http.stack %q, want nethttp", cfg.HTTP.Stack)
+	}
+	for _, p := range cfg.Processes {
+		b, err := os.ReadFile(p.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m struct {
+			HTTP struct {
+				Stack string `yaml:"stack"`
+			} `yaml:"http"`
+		}
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%s: %v", filepath.Base(p.Config), err)
+		}
+		if m.HTTP.Stack != "nethttp" {
+			t.Errorf("%s has http.stack %q, want nethttp", filepath.Base(p.Config), m.HTTP.Stack)
+		}
+	}
+}

@@ -192,10 +192,14 @@ func (l *Launcher) start(name string) (*proc, error) {
 	return p, nil
 }
 
-// environ is the launcher's environment, then the shared checkpoint block,
-// then the process's own variables (later entries win in exec).
+// environ is the launcher's environment, then the shared checkpoint and
+// http blocks, then the process's own variables (later entries win in
+// exec).
 func (l *Launcher) environ(spec Process) []string {
 	env := append([]string(nil), l.opts.Environ...)
+	if l.cfg.HTTP.Stack != "" {
+		env = append(env, "GYMFLEET_HTTP_STACK="+string(l.cfg.HTTP.Stack))
+	}
 	if l.cfg.Checkpoint.Enabled {
 		env = append(env,
 			"GYMFLEET_CHECKPOINT_ENABLED=true",

@@ -29,6 +29,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/httpbody"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // DefaultH2CConnsPerHost bounds the h2c connections to one server. A
@@ -74,6 +75,9 @@ type Options struct {
 	MaxConnsPerHost int
 	DialTimeout     time.Duration
 	IdleConnTimeout time.Duration
+	// HTTP is the process's http: section: which HTTP stack the transport
+	// speaks (lean or nethttp) and TLS.
+	HTTP httpconf.Config
 }
 
 // Transport is what New sends requests with.

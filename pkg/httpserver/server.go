@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/h2server"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // Defaults for Config.
@@ -53,6 +54,9 @@ type Config struct {
 	// more, up to their own bound in pkg/httpclient, rather than one per
 	// request).
 	MaxConcurrentStreams int
+	// HTTP is the process's http: section: which HTTP stack serves (lean
+	// or nethttp) and TLS.
+	HTTP httpconf.Config
 }
 
 func (c *Config) withDefaults() {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -42,6 +43,9 @@ type Config struct {
 	GenerationCuts GenerationCutsConfig `mapstructure:"generation_cuts"`
 	// Pprof serves net/http/pprof under /debug/pprof/ (off by default).
 	Pprof bool `mapstructure:"pprof"`
+	// HTTP is the http: section: the HTTP stack (lean or nethttp) and TLS
+	// of the server's listener and of its clients to fleet peers.
+	HTTP httpconf.Config `mapstructure:"http"`
 }
 
 // GenerationCutsConfig configures generation cuts: when a checkpoint closes
@@ -157,6 +161,9 @@ func (c Config) Validate() error {
 		if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 			errs = append(errs, fmt.Errorf("log_level: %w", err))
 		}
+	}
+	if err := c.HTTP.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if u, err := url.Parse(c.Upstream.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, fmt.Errorf("upstream.base_url %q must be an absolute http(s) URL such as http://127.0.0.1:18000/v1", c.Upstream.BaseURL))

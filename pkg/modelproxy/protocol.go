@@ -14,6 +14,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/h2client"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // Values of upstream.protocol.
@@ -48,6 +49,8 @@ type upstreamConn struct {
 	mode              string
 	baseURL           string
 	modelsURL, apiKey string
+	// http is the process's http: section, for the probes' transports.
+	http httpconf.Config
 
 	// The data and cut clients of each protocol; chosen is nil until the
 	// protocol is known.
@@ -66,16 +69,16 @@ type upstreamConn struct {
 
 func newUpstreamConn(cfg Config, deps Deps, log *slog.Logger) *upstreamConn {
 	base := strings.TrimRight(cfg.Upstream.BaseURL, "/")
-	u := &upstreamConn{log: log, mode: cfg.Upstream.protocol(), baseURL: base, modelsURL: base + "/models", apiKey: cfg.Upstream.APIKey}
+	u := &upstreamConn{log: log, mode: cfg.Upstream.protocol(), baseURL: base, modelsURL: base + "/models", apiKey: cfg.Upstream.APIKey, http: cfg.HTTP}
 	if deps.Upstream != nil {
 		u.h2c, u.http1, u.injected = deps.Upstream, deps.Upstream, true
 		u.chosen.Store(deps.Upstream)
 	} else {
 		if u.mode != ProtocolHTTP1 {
-			u.h2c = httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: cfg.Upstream.MaxConnsPerHost})
+			u.h2c = httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: cfg.Upstream.MaxConnsPerHost, HTTP: cfg.HTTP})
 		}
 		if u.mode != ProtocolH2C {
-			u.http1 = httpclient.New(httpclient.Options{MaxConnsPerHost: cfg.Upstream.MaxConnsPerHost})
+			u.http1 = httpclient.New(httpclient.Options{MaxConnsPerHost: cfg.Upstream.MaxConnsPerHost, HTTP: cfg.HTTP})
 		}
 		switch u.mode {
 		case ProtocolH2C:
@@ -88,8 +91,8 @@ func newUpstreamConn(cfg Config, deps Deps, log *slog.Logger) *upstreamConn {
 		if deps.Control != nil {
 			u.cutH2C, u.cutHTTP1 = deps.Control, deps.Control
 		} else {
-			u.cutH2C = httpclient.New(httpclient.Options{H2C: true})
-			u.cutHTTP1 = httpclient.New(httpclient.Options{})
+			u.cutH2C = httpclient.New(httpclient.Options{H2C: true, HTTP: cfg.HTTP})
+			u.cutHTTP1 = httpclient.New(httpclient.Options{HTTP: cfg.HTTP})
 		}
 		if c := u.chosen.Load(); c != nil {
 			u.chooseCut(c)
@@ -183,7 +186,7 @@ func (u *upstreamConn) probeStatus(ctx context.Context, h2c bool) (int, error) {
 	if u.injected {
 		return u.getModels(ctx, u.h2c)
 	}
-	tr := httpclient.NewTransport(httpclient.Options{H2C: h2c, DialTimeout: probeTimeout})
+	tr := httpclient.NewTransport(httpclient.Options{H2C: h2c, DialTimeout: probeTimeout, HTTP: u.http})
 	defer tr.CloseIdleConnections()
 	return u.getModels(ctx, &http.Client{Transport: tr})
 }

@@ -121,7 +121,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.ctl.Mount(r)
 	}
 	s.handler = r
-	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger, HTTP: cfg.HTTP}, r)
 	return s, nil
 }
 

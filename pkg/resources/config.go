@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -54,6 +55,9 @@ type Config struct {
 	// Checkpoint: every listener of the process then serves /debug/pprof/
 	// (the profiles are the whole process's).
 	Pprof bool `mapstructure:"-"`
+	// HTTP is the process's http: section, copied into each server like
+	// Checkpoint: its listener's stack and TLS.
+	HTTP httpconf.Config `mapstructure:"-"`
 }
 
 // DefaultConfig is a weather server on a free loopback port.
@@ -124,6 +128,9 @@ func (c Config) Validate() error {
 	if err := c.Checkpoint.Validate(); err != nil {
 		return fmt.Errorf("resources server %s: %w", c.Name, err)
 	}
+	if err := c.HTTP.Validate(); err != nil {
+		return fmt.Errorf("resources server %s: %w", c.Name, err)
+	}
 	return nil
 }
 
@@ -135,6 +142,9 @@ type ProcessConfig struct {
 	// Pprof serves net/http/pprof under /debug/pprof/ on every server of
 	// the process (off by default).
 	Pprof bool `mapstructure:"pprof"`
+	// HTTP is the http: section every server of the process shares: the
+	// HTTP stack (lean or nethttp) and TLS of its listeners.
+	HTTP httpconf.Config `mapstructure:"http"`
 	// Servers is a list, not a map: viper lower-cases map keys.
 	Servers []Config `mapstructure:"servers"`
 }
@@ -144,13 +154,14 @@ func DefaultProcessConfig() ProcessConfig {
 	return ProcessConfig{LogLevel: "info", Checkpoint: ctlplane.DefaultConfig()}
 }
 
-// ServerConfigs returns the servers with the process's checkpoint block
-// and pprof key copied into each.
+// ServerConfigs returns the servers with the process's checkpoint block,
+// pprof and http keys copied into each.
 func (p ProcessConfig) ServerConfigs() []Config {
 	out := slices.Clone(p.Servers)
 	for i := range out {
 		out[i].Checkpoint = p.Checkpoint
 		out[i].Pprof = p.Pprof
+		out[i].HTTP = p.HTTP
 	}
 	return out
 }
@@ -158,6 +169,9 @@ func (p ProcessConfig) ServerConfigs() []Config {
 // Validate checks every server, and that names and listen addresses are unique.
 func (p ProcessConfig) Validate() error {
 	if err := p.Checkpoint.Validate(); err != nil {
+		return err
+	}
+	if err := p.HTTP.Validate(); err != nil {
 		return err
 	}
 	if len(p.Servers) == 0 {

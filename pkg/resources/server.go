@@ -177,7 +177,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	r.Post("/{tool}", withCookie(s.handleTool))
 	s.router = r
-	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger}, r)
+	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger, HTTP: cfg.HTTP}, r)
 	return s, nil
 }
 

@@ -33,6 +33,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -89,6 +90,9 @@ type Options struct {
 	MaxRSSBytes uint64
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// Stack is the HTTP stack of every server of the fleet and of the
+	// bench's own clients (empty: the default, lean).
+	Stack httpconf.Stack
 }
 
 // DefaultProfileSeconds is a CPU profile window long enough for the
@@ -246,9 +250,9 @@ func (b *bench) run(parent context.Context) (runErr error) {
 			b.res.Processes = append(b.res.Processes, b.processStats(b.fleetLabel, false)...)
 		}
 	}()
-	b.client = httpclient.New(httpclient.Options{H2C: true})
+	b.client = httpclient.New(httpclient.Options{H2C: true, HTTP: b.httpConf()})
 	defer b.client.CloseIdleConnections()
-	b.ctl = httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: 16})
+	b.ctl = httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: 16, HTTP: b.httpConf()})
 	defer b.ctl.CloseIdleConnections()
 	b.fake = fakeinference.NewControl(b.url(fakeName), b.ctl)
 	b.profiler = newProfiler(b, filepath.Join(b.opts.Dir, "profiles"))
@@ -418,6 +422,9 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	return context.Cause(ctx)
 }
 
+// httpConf is the http: section of the bench's clients: the fleet's stack.
+func (b *bench) httpConf() httpconf.Config { return httpconf.Config{Stack: b.opts.Stack} }
+
 // startFleet generates the weather-only topology and starts it.
 func (b *bench) startFleet(ctx context.Context) error {
 	fleetDir := filepath.Join(b.opts.Dir, "fleet")
@@ -434,8 +441,9 @@ func (b *bench) startFleet(ctx context.Context) error {
 		Agents:    []fleet.AgentSpec{{Name: agentName, Resources: resourceName, MaxSteps: 10}},
 		Routes:    []fleet.RouteSpec{{Name: agentName, Agent: agentName, Protocol: "single_agent_turn"}},
 		// A line per request at 100,000 rollouts costs more than the work.
-		LogLevel: "warn",
-		Pprof:    b.opts.Profile,
+		LogLevel:  "warn",
+		Pprof:     b.opts.Profile,
+		HTTPStack: b.opts.Stack,
 	}
 	cfg, err := fleet.Generate(b.topo)
 	if err != nil {
@@ -611,7 +619,7 @@ func (b *bench) discover(ctx context.Context) (*coordination.Coordinator, error)
 			eps = append(eps, coordination.Endpoint{Name: e.Name, URL: e.URL})
 		}
 	}
-	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: controlToken})
+	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: controlToken, HTTP: b.httpConf()})
 	if err != nil {
 		return nil, fmt.Errorf("discovering the participants: %w", err)
 	}
