@@ -248,10 +248,17 @@ func TestH2COnly_HTTP1ServerFailsAtOnce(t *testing.T) {
 	}
 }
 
-// Ensure auto sends an https:// address over HTTP/1.1 with TLS when the
-// server picks HTTP/1.1 by ALPN (net/http's test server without HTTP/2),
-// verifying it against the configured CA, and remembers the host.
-func TestAuto_HTTPSServerChoosingHTTP1(t *testing.T) {
+// Ensure auto and h2c transports send an https:// address over HTTP/1.1
+// with TLS when the server picks HTTP/1.1 by ALPN (net/http's test server
+// without HTTP/2), verifying it against the configured CA, and remember
+// the host.
+func TestHTTPSServerChoosingHTTP1(t *testing.T) {
+	for _, protocol := range []Protocol{ProtocolAuto, ProtocolH2C} {
+		t.Run(map[Protocol]string{ProtocolAuto: "auto", ProtocolH2C: "h2c"}[protocol], func(t *testing.T) { testHTTPSServerChoosingHTTP1(t, protocol) })
+	}
+}
+
+func testHTTPSServerChoosingHTTP1(t *testing.T, protocol Protocol) {
 	files := tlstest.New(t)
 	var posts, notH1 atomic.Int64
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -271,7 +278,7 @@ func TestAuto_HTTPSServerChoosingHTTP1(t *testing.T) {
 	srv.TLS = conf
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	c := poolClient(t, Options{Protocol: ProtocolAuto, HTTP: httpconf.Config{TLS: files.Client()}})
+	c := poolClient(t, Options{Protocol: protocol, HTTP: httpconf.Config{TLS: files.Client()}})
 	for i := range 3 {
 		body := fmt.Sprintf(`{"row":%d}`, i)
 		rep, err := Do(context.Background(), c, http.MethodPost, srv.URL+"/run", nil, []byte(body))
