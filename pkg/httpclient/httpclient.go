@@ -94,7 +94,8 @@ type Transport interface {
 // HTTP/2 connections (h2client) that take requests only once the server
 // has answered on them (h2cPool); for HTTP/1.1, net/http's transport; for
 // ProtocolAuto, the h2c pool falling back to the HTTP/1.1 transport per
-// host.
+// host. With opts.HTTP's stack nethttp, h2c is net/http's own transport
+// instead (newNetHTTP).
 //
 // A CA file that cannot be read makes a transport that fails every request
 // with that error; process configurations refuse it at start
@@ -113,6 +114,9 @@ func NewTransport(opts Options) Transport {
 	proto := opts.Protocol
 	if proto == ProtocolHTTP1 && opts.H2C {
 		proto = ProtocolH2C
+	}
+	if opts.HTTP.EffectiveStack() == httpconf.StackNetHTTP {
+		return newNetHTTP(opts, proto, tlsConf)
 	}
 	switch proto {
 	case ProtocolH2C:

@@ -1,7 +1,8 @@
 // Package httpserver is what every fleet server is built on: a Server with
 // Listen/Serve/Close that speaks HTTP/1.1 (net/http) and HTTP/2 (pkg/h2server,
-// for the calls between our servers) on one port, without TLS (h2c) on one
-// host or over TLS, HTTP/2 chosen by ALPN, between hosts,
+// for the calls between our servers; or net/http's own with http.stack
+// nethttp, the baseline it is measured against) on one port, without TLS
+// (h2c) on one host or over TLS, HTTP/2 chosen by ALPN, between hosts,
 // a router with the fleet's middleware (recovery, metrics by route pattern,
 // body limits, the /ng-rollout prefix), health and metrics routes, and the
 // JSON request/reply helpers that map every error through apierror.
@@ -76,14 +77,15 @@ func (c *Config) withDefaults() {
 	}
 }
 
-// Server is one listening HTTP server. It reads the first bytes of every
-// connection it accepts: those opening with the HTTP/2 preface are served
-// by h2, the rest by srv (HTTP/1.1).
+// Server is one listening HTTP server. On the lean stack it reads the first
+// bytes of every connection it accepts: those opening with the HTTP/2
+// preface are served by h2, the rest by srv (HTTP/1.1). On the nethttp
+// stack srv serves the listener itself, both protocols.
 type Server struct {
 	cfg    Config
 	srv    *http.Server
-	h2     *h2server.Server
-	h1     *connQueue // srv's listener
+	h2     *h2server.Server // nil on the nethttp stack
+	h1     *connQueue       // srv's listener on the lean stack
 	ln     net.Listener
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -124,6 +126,11 @@ func New(cfg Config, handler http.Handler) *Server {
 		// What net/http reports here is a connection it closed or could not
 		// serve: warnings an operator must see.
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	if cfg.HTTP.EffectiveStack() == httpconf.StackNetHTTP {
+		s.h1 = nil
+		s.useNetHTTP2(&protocols)
+		return s
 	}
 	s.h2 = h2server.New(h2server.Config{
 		Handler:              tracked,
@@ -205,6 +212,9 @@ func (s *Server) Serve() error {
 		if err := s.Listen(); err != nil {
 			return err
 		}
+	}
+	if s.h2 == nil {
+		return s.serveNetHTTP()
 	}
 	var h1 sync.WaitGroup
 	h1.Go(func() { s.srv.Serve(s.h1) }) // returns when h1 closes
@@ -342,6 +352,9 @@ func (s *Server) Close(ctx context.Context) error {
 
 // shutdown closes both protocols' connections as their requests finish.
 func (s *Server) shutdown(ctx context.Context) error {
+	if s.h2 == nil {
+		return s.shutdownNetHTTP(ctx)
+	}
 	var h2 sync.WaitGroup
 	var h2Err error
 	h2.Go(func() { h2Err = s.h2.Shutdown(ctx) })
@@ -352,7 +365,9 @@ func (s *Server) shutdown(ctx context.Context) error {
 
 // closeConns closes every connection at once.
 func (s *Server) closeConns() {
-	s.h2.Close()
+	if s.h2 != nil {
+		s.h2.Close()
+	}
 	_ = s.srv.Close()
 }
 

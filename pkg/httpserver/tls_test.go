@@ -47,22 +47,33 @@ func protoHandler(served *atomic.Int64) http.Handler {
 	})
 }
 
-// tlsClient is a client of protocol verifying files' CA, closed at the end
-// of the test.
-func tlsClient(t testing.TB, protocol httpclient.Protocol, files tlstest.Files) *http.Client {
+// tlsServerConfig is the configuration of a server on st serving TLS with
+// files' certificate.
+func tlsServerConfig(st httpconf.Stack, files tlstest.Files) httpserver.Config {
+	return httpserver.Config{HTTP: httpconf.Config{Stack: st, TLS: files.Server()}}
+}
+
+// tlsClient is a client on st of protocol verifying files' CA, closed at
+// the end of the test.
+func tlsClient(t testing.TB, st httpconf.Stack, protocol httpclient.Protocol, files tlstest.Files) *http.Client {
 	t.Helper()
-	c := httpclient.New(httpclient.Options{Protocol: protocol, HTTP: httpconf.Config{TLS: files.Client()}})
+	c := httpclient.New(httpclient.Options{Protocol: protocol, HTTP: httpconf.Config{Stack: st, TLS: files.Client()}})
 	t.Cleanup(c.CloseIdleConnections)
 	return c
 }
 
 // Ensure a TLS listener serves HTTP/2 to the clients that offer "h2" by
 // ALPN (the lean h2 client, from h2c and auto transports) and HTTP/1.1 to
-// those that offer only "http/1.1", on one port.
+// those that offer only "http/1.1", on one port; on either stack, to
+// clients of either stack.
 func TestTLS_ALPNChoosesTheProtocol(t *testing.T) {
+	forStacks(t, testALPNChoosesTheProtocol)
+}
+
+func testALPNChoosesTheProtocol(t *testing.T, st httpconf.Stack) {
 	files := tlstest.New(t)
 	var served atomic.Int64
-	s := startConfig(t, httpserver.Config{HTTP: httpconf.Config{TLS: files.Server()}}, protoHandler(&served))
+	s := startConfig(t, tlsServerConfig(st, files), protoHandler(&served))
 	if !strings.HasPrefix(s.URL(), "https://") {
 		t.Fatalf("URL() = %s, want https://", s.URL())
 	}
@@ -75,14 +86,16 @@ func TestTLS_ALPNChoosesTheProtocol(t *testing.T) {
 		{"auto transport speaks h2", httpclient.ProtocolAuto, "2.0"},
 		{"HTTP/1.1 transport", httpclient.ProtocolHTTP1, "1.1"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := tlsClient(t, tc.protocol, files)
-			for range 3 {
-				if code, body := get(t, c, s.URL()+"/"); code != 200 || body != tc.want {
-					t.Fatalf("got %d %q, want 200 %q", code, body, tc.want)
+		for _, cst := range stacks {
+			t.Run(string(cst)+" "+tc.name, func(t *testing.T) {
+				c := tlsClient(t, cst, tc.protocol, files)
+				for range 3 {
+					if code, body := get(t, c, s.URL()+"/"); code != 200 || body != tc.want {
+						t.Fatalf("got %d %q, want 200 %q", code, body, tc.want)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 	// What the listener offers, seen by a bare TLS client.
 	roots, err := files.Client().ClientConfig()
@@ -109,15 +122,21 @@ func TestTLS_ALPNChoosesTheProtocol(t *testing.T) {
 // Ensure a client verifying another CA refuses the server, saying why, and
 // that no request reaches a handler.
 func TestTLS_UnknownCAIsRefused(t *testing.T) {
+	forStacks(t, testUnknownCAIsRefused)
+}
+
+func testUnknownCAIsRefused(t *testing.T, st httpconf.Stack) {
 	files := tlstest.New(t)
 	var served atomic.Int64
-	s := startConfig(t, httpserver.Config{HTTP: httpconf.Config{TLS: files.Server()}}, protoHandler(&served))
+	s := startConfig(t, tlsServerConfig(st, files), protoHandler(&served))
 	other := tlstest.New(t)
 	for _, protocol := range []httpclient.Protocol{httpclient.ProtocolH2C, httpclient.ProtocolAuto, httpclient.ProtocolHTTP1} {
-		c := tlsClient(t, protocol, other)
-		_, err := httpclient.Do(context.Background(), c, http.MethodGet, s.URL()+"/", nil, nil)
-		if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
-			t.Errorf("protocol %d: err = %v, want the certificate refused as signed by an unknown authority", protocol, err)
+		for _, cst := range stacks {
+			c := tlsClient(t, cst, protocol, other)
+			_, err := httpclient.Do(context.Background(), c, http.MethodGet, s.URL()+"/", nil, nil)
+			if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+				t.Errorf("%s client, protocol %d: err = %v, want the certificate refused as signed by an unknown authority", cst, protocol, err)
+			}
 		}
 	}
 	if n := served.Load(); n != 0 {
@@ -129,9 +148,13 @@ func TestTLS_UnknownCAIsRefused(t *testing.T) {
 // answered 400 (as net/http's TLS server answers it) and an h2c client
 // fails, and neither reaches a handler.
 func TestTLS_PlaintextIsRefused(t *testing.T) {
+	forStacks(t, testPlaintextIsRefused)
+}
+
+func testPlaintextIsRefused(t *testing.T, st httpconf.Stack) {
 	files := tlstest.New(t)
 	var served atomic.Int64
-	s := startConfig(t, httpserver.Config{HTTP: httpconf.Config{TLS: files.Server()}}, protoHandler(&served))
+	s := startConfig(t, tlsServerConfig(st, files), protoHandler(&served))
 	plain := "http://" + s.Addr() + "/"
 	code, body := get(t, newClient(t, false), plain)
 	if code != http.StatusBadRequest || !strings.Contains(body, "HTTPS server") {
@@ -150,9 +173,15 @@ func TestTLS_PlaintextIsRefused(t *testing.T) {
 // others: the handshake runs on the connection's goroutine, not the accept
 // loop's.
 func TestTLS_HandshakeTimeout(t *testing.T) {
+	forStacks(t, testHandshakeTimeout)
+}
+
+func testHandshakeTimeout(t *testing.T, st httpconf.Stack) {
 	files := tlstest.New(t)
 	var served atomic.Int64
-	quick := startConfig(t, httpserver.Config{ReadHeaderTimeout: 200 * time.Millisecond, HTTP: httpconf.Config{TLS: files.Server()}}, protoHandler(&served))
+	cfg := tlsServerConfig(st, files)
+	cfg.ReadHeaderTimeout = 200 * time.Millisecond
+	quick := startConfig(t, cfg, protoHandler(&served))
 	silent, err := net.Dial("tcp", quick.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +192,8 @@ func TestTLS_HandshakeTimeout(t *testing.T) {
 		t.Errorf("a silent connection read %v, want the server to close it", err)
 	}
 
-	patient := startConfig(t, httpserver.Config{ReadHeaderTimeout: time.Hour, HTTP: httpconf.Config{TLS: files.Server()}}, protoHandler(&served))
+	cfg.ReadHeaderTimeout = time.Hour
+	patient := startConfig(t, cfg, protoHandler(&served))
 	for range 4 {
 		nc, err := net.Dial("tcp", patient.Addr())
 		if err != nil {
@@ -173,7 +203,7 @@ func TestTLS_HandshakeTimeout(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rep, err := httpclient.Do(ctx, tlsClient(t, httpclient.ProtocolH2C, files), http.MethodGet, patient.URL()+"/", nil, nil)
+	rep, err := httpclient.Do(ctx, tlsClient(t, st, httpclient.ProtocolH2C, files), http.MethodGet, patient.URL()+"/", nil, nil)
 	if err != nil || rep.Status != 200 {
 		t.Fatalf("request beside silent handshakes: %+v, %v", rep, err)
 	}
@@ -186,23 +216,29 @@ func isReset(err error) bool {
 
 // Ensure Listen fails on a certificate it cannot load, naming the key.
 func TestTLS_ListenErrorNamesTheKey(t *testing.T) {
-	files := tlstest.New(t)
-	missing := files.Server()
-	missing.CertFile += ".missing"
-	s := httpserver.New(httpserver.Config{Addr: "127.0.0.1:0", HTTP: httpconf.Config{TLS: missing}}, http.NotFoundHandler())
-	err := s.Listen()
-	if err == nil || !strings.Contains(err.Error(), "http.tls.cert_file") || !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("Listen = %v, want a missing http.tls.cert_file", err)
-	}
-	_ = s.CloseNow()
+	forStacks(t, func(t *testing.T, st httpconf.Stack) {
+		files := tlstest.New(t)
+		missing := files.Server()
+		missing.CertFile += ".missing"
+		s := httpserver.New(httpserver.Config{Addr: "127.0.0.1:0", HTTP: httpconf.Config{Stack: st, TLS: missing}}, http.NotFoundHandler())
+		err := s.Listen()
+		if err == nil || !strings.Contains(err.Error(), "http.tls.cert_file") || !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("Listen = %v, want a missing http.tls.cert_file", err)
+		}
+		_ = s.CloseNow()
+	})
 }
 
 // Ensure an HTTP/1.1 client over TLS keeps its connection across requests
-// and sees TLS in its replies' connection state.
+// on either stack.
 func TestTLS_HTTP1KeepsTheConnection(t *testing.T) {
+	forStacks(t, testHTTP1KeepsTheConnection)
+}
+
+func testHTTP1KeepsTheConnection(t *testing.T, st httpconf.Stack) {
 	files := tlstest.New(t)
 	var served atomic.Int64
-	s := startConfig(t, httpserver.Config{HTTP: httpconf.Config{TLS: files.Server()}}, protoHandler(&served))
+	s := startConfig(t, tlsServerConfig(st, files), protoHandler(&served))
 	roots, err := files.Client().ClientConfig()
 	if err != nil {
 		t.Fatal(err)
