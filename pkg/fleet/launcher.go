@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // Defaults for Options.
@@ -84,6 +86,7 @@ func NewLauncher(cfg *Config, opts Options) *Launcher {
 	tr := &http.Transport{DisableKeepAlives: true, Proxy: nil}
 	tlsConf, tlsErr := cfg.HTTP.Conf(cfg.BaseDir).TLS.ClientConfig()
 	if tlsErr == nil {
+		tlsConf.NextProtos = []string{httpconf.ALPNHTTP11} // the transport speaks HTTP/1.1 only
 		tr.TLSClientConfig = tlsConf
 	}
 	return &Launcher{
