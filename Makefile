@@ -34,8 +34,18 @@ test-fuzz:
 	@scripts/fuzz.sh $(FUZZTIME)
 
 # The process-level suite builds the binaries itself and kills real processes.
+# It runs twice at once, every process on each HTTP stack (lean, nethttp;
+# see pkg/httpconf), each pass on its own free ports and directories; each
+# pass's output is printed once both are done.
+E2E_STACKS := lean nethttp
 test-e2e: build
-	GYMFLEET_BIN=$(BIN) $(GO) test -count=1 -timeout 8m ./tests/e2e/...
+	@logs=$$(mktemp -d); pids=; \
+	for s in $(E2E_STACKS); do \
+		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s $(GO) test -count=1 -timeout 10m ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \
+	done; \
+	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
+	for s in $(E2E_STACKS); do echo "--- e2e on the $$s HTTP stack"; cat $$logs/$$s.log; done; \
+	rm -rf $$logs; exit $$rc
 
 demo: build
 	$(BIN)/gymctl demo
@@ -44,8 +54,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 20m ./pkg/... | tee bench.out
 
 N ?= 1000
+# Both HTTP stacks, one run after the other, then side by side (STACKS=lean
+# for one run).
+STACKS ?= lean,nethttp
 bench-scale: build
-	$(BIN)/gymctl bench-scale --rollouts $(N) --json bench-scale-$(N).json
+	$(BIN)/gymctl bench-scale --rollouts $(N) --stacks $(STACKS) --json bench-scale-$(N).json
 
 lint: vet
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

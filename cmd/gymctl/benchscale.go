@@ -9,15 +9,21 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
+	"strings"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 
 	"github.com/gymfleet/gymfleet/pkg/scalebench"
 )
 
 // runBenchScale is `gymctl bench-scale`: the scale benchmark of the
-// checkpoint path (pkg/scalebench). It prints one table and, with --json,
-// writes the same figures for comparing runs.
+// checkpoint path (pkg/scalebench). It prints one table per HTTP stack
+// (--stacks), one after the other, then with several stacks their figures
+// side by side; with --json it writes the same figures for comparing runs
+// (with several stacks, one file per stack: --json's name with -<stack>
+// before its extension).
 func runBenchScale(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench-scale", stderr)
 	rollouts := fs.Int("rollouts", 1000, "rollouts in flight at the checkpoint")
@@ -29,8 +35,13 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 	maxRSS := fs.Float64("max-rss-gib", math.Round(float64(scalebench.DefaultMaxRSSBytes())/(1<<30)*10)/10,
 		"abort when the fleet and the bench together hold more resident memory than this (GiB); 0: no limit; default: 90% of this machine's")
 	binDir := fs.String("bin-dir", "", "directory of the server binaries; empty: gymctl's own directory")
+	stacksFlag := fs.String("stacks", string(httpconf.StackLean), "comma-separated HTTP stacks (lean, nethttp) to run the bench on, one run after the other, every server and the bench on the run's stack")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	stacks, err := parseStacks(*stacksFlag)
+	if err != nil {
+		return fmt.Errorf("bench-scale: --stacks: %w", err)
 	}
 	if *rollouts < 1 {
 		return fmt.Errorf("bench-scale: --rollouts must be at least 1, got %d", *rollouts)
@@ -50,28 +61,83 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 	if getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(lifecycle.ServerGCPercent))
 	}
-	res, err := scalebench.Run(ctx, scalebench.Options{
-		Rollouts:       *rollouts,
-		BinDir:         *binDir,
-		Dir:            *dir,
-		Keep:           *keep,
-		Profile:        *profile,
-		ProfileSeconds: *profileSeconds,
-		MaxRSSBytes:    uint64(*maxRSS * (1 << 30)),
-		Log:            stderr,
-	})
+	var runs []*scalebench.Result
+	var errs []error
+	for _, st := range stacks {
+		opts := scalebench.Options{
+			Rollouts:       *rollouts,
+			BinDir:         *binDir,
+			Dir:            *dir,
+			Keep:           *keep,
+			Profile:        *profile,
+			ProfileSeconds: *profileSeconds,
+			MaxRSSBytes:    uint64(*maxRSS * (1 << 30)),
+			Log:            stderr,
+			Stack:          st,
+		}
+		path := *jsonPath
+		if len(stacks) > 1 {
+			if opts.Dir != "" {
+				opts.Dir = filepath.Join(opts.Dir, string(st))
+			}
+			if path != "" {
+				ext := filepath.Ext(path)
+				path = strings.TrimSuffix(path, ext) + "-" + string(st) + ext
+			}
+			fmt.Fprintf(stdout, "=== %s HTTP stack\n", st)
+		}
+		res, err := runBenchOnce(ctx, opts, path, stdout)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s stack: %w", st, err))
+		}
+		if res != nil {
+			runs = append(runs, res)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(runs) > 1 {
+		fmt.Fprintln(stdout)
+		if err := scalebench.WriteComparison(stdout, runs); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parseStacks reads --stacks: known stacks, each once.
+func parseStacks(s string) ([]httpconf.Stack, error) {
+	var out []httpconf.Stack
+	for _, name := range strings.Split(s, ",") {
+		st := httpconf.Stack(strings.TrimSpace(name))
+		if err := (httpconf.Config{Stack: st}).Validate(); err != nil || st == "" {
+			return nil, fmt.Errorf("%q is not lean or nethttp", name)
+		}
+		if slices.Contains(out, st) {
+			return nil, fmt.Errorf("%s is named twice", st)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// runBenchOnce runs the bench on one stack, prints its table and writes
+// its JSON to jsonPath (unless empty).
+func runBenchOnce(ctx context.Context, opts scalebench.Options, jsonPath string, stdout io.Writer) (*scalebench.Result, error) {
+	res, err := scalebench.Run(ctx, opts)
 	if res == nil {
-		return err
+		return nil, err
 	}
 	if werr := res.WriteTable(stdout); werr != nil {
 		err = errors.Join(err, werr)
 	}
-	if *jsonPath != "" {
-		if werr := res.WriteJSON(*jsonPath); werr != nil {
-			err = errors.Join(err, fmt.Errorf("writing %s: %w", *jsonPath, werr))
+	if jsonPath != "" {
+		if werr := res.WriteJSON(jsonPath); werr != nil {
+			err = errors.Join(err, fmt.Errorf("writing %s: %w", jsonPath, werr))
 		} else {
-			fmt.Fprintln(stdout, "figures written to", *jsonPath)
+			fmt.Fprintln(stdout, "figures written to", jsonPath)
 		}
 	}
-	return err
+	return res, err
 }

@@ -30,6 +30,9 @@ func TestBenchScaleFlags(t *testing.T) {
 		{[]string{"--rollouts", "many"}, "invalid value"},
 		{[]string{"--max-rss-gib", "-1"}, "--max-rss-gib must be >= 0"},
 		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"--stacks", "lean,quic"}, `"quic" is not lean or nethttp`},
+		{[]string{"--stacks", "lean,lean"}, "lean is named twice"},
+		{[]string{"--stacks", ""}, "is not lean or nethttp"},
 	}
 	for _, tc := range tests {
 		if _, _, err := runBench(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -60,5 +63,33 @@ func TestBenchScaleWithoutBinariesReportsTheFailure(t *testing.T) {
 	}
 	if err := json.Unmarshal(b, &res); err != nil || res.Rollouts != 3 || !strings.Contains(res.Error, "starting the fleet") {
 		t.Fatalf("JSON %s: %+v, %v", b, res, err)
+	}
+}
+
+// With several stacks the bench runs once per stack, each into its own
+// work directory and JSON file, and prints both runs side by side.
+func TestBenchScaleTwoStacks(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "bench.json")
+	stdout, _, err := runBench(t, "--rollouts", "3", "--stacks", "lean,nethttp", "--bin-dir", filepath.Join(dir, "nobin"), "--dir", filepath.Join(dir, "work"), "--json", jsonPath)
+	if err == nil || !strings.Contains(err.Error(), "lean stack") || !strings.Contains(err.Error(), "nethttp stack") {
+		t.Fatalf("error %v, want both runs' start failures", err)
+	}
+	for _, want := range []string{"=== lean HTTP stack", "=== nethttp HTTP stack", "lean HTTP stack (", "scale bench side by side"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	for _, st := range []string{"lean", "nethttp"} {
+		b, err := os.ReadFile(filepath.Join(dir, "bench-"+st+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Stack string `json:"stack"`
+		}
+		if err := json.Unmarshal(b, &res); err != nil || res.Stack != st {
+			t.Errorf("bench-%s.json: stack %q, %v", st, res.Stack, err)
+		}
 	}
 }

@@ -107,8 +107,11 @@ func fleetHTTP(cfg *fleet.Config, getenv func(string) string) (httpconf.Config, 
 	if cfg != nil && cfg.HTTP.TLS.CAFile != "" {
 		hc.TLS.CAFile = cfg.HTTP.Conf(cfg.BaseDir).TLS.CAFile
 	}
+	if err := (httpconf.Config{Stack: hc.Stack}).Validate(); err != nil {
+		return hc, fmt.Errorf("GYMFLEET_HTTP_STACK: %w", err)
+	}
 	if err := hc.Validate(); err != nil {
-		return hc, fmt.Errorf("the fleet file's http section or GYMFLEET_HTTP_*: %w", err)
+		return hc, fmt.Errorf("the fleet file's http.tls.ca_file or GYMFLEET_HTTP_TLS_CA_FILE: %w", err)
 	}
 	return hc, nil
 }

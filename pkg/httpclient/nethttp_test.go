@@ -199,3 +199,20 @@ func TestNetHTTPH2COnly_HTTP1ServerFails(t *testing.T) {
 		t.Errorf("the POST arrived %d times, want never", n)
 	}
 }
+
+// Ensure net/http's h2c transport reports a connection it could not open
+// as the dial error resendUnsent sends again, as the lean pool does.
+func TestNetHTTPH2C_DialErrorIsResent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: the dial is refused
+	tr := NewTransport(Options{H2C: true, HTTP: netHTTP})
+	t.Cleanup(tr.CloseIdleConnections)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/run", nil)
+	if _, err := tr.RoundTrip(req); err == nil || !neverProcessed(err) {
+		t.Fatalf("RoundTrip to a closed port = %v, want a dial error resendUnsent sends again", err)
+	}
+}

@@ -14,7 +14,10 @@ import (
 // Result is one run's figures. Times are in seconds, sizes in bytes; the
 // JSON form is for comparing runs.
 type Result struct {
-	Rollouts  int       `json:"rollouts"`
+	Rollouts int `json:"rollouts"`
+	// Stack is the HTTP stack the fleet and the bench spoke (lean or
+	// nethttp, see pkg/httpconf).
+	Stack     string    `json:"stack"`
 	StartedAt time.Time `json:"started_at"`
 	Host      Host      `json:"host"`
 	// Profiled runs are slower: the servers record CPU profiles during
@@ -203,8 +206,8 @@ func (r *Result) WriteJSON(path string) error {
 // WriteTable prints the result as one table of phases, then one of
 // processes.
 func (r *Result) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "scale bench: %d weather rollouts on single_agent_turn, checkpointing and generation cuts on (%s, %d CPUs, %s, load %s)\n",
-		r.Rollouts, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage)
+	fmt.Fprintf(w, "scale bench: %d weather rollouts on single_agent_turn, checkpointing and generation cuts on, %s HTTP stack (%s, %d CPUs, %s, load %s)\n",
+		r.Rollouts, r.Stack, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage)
 	if r.Profiled {
 		fmt.Fprintln(w, "profiled run: CPU profiling slows prepare, commit and restore")
 	}

@@ -932,6 +932,7 @@ func newResult(opts Options) *Result {
 	}
 	return &Result{
 		Rollouts:  opts.Rollouts,
+		Stack:     string(httpconf.Config{Stack: opts.Stack}.EffectiveStack()),
 		StartedAt: time.Now().UTC(),
 		Host:      Host{Name: host, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, LoadAverage: load},
 		Profiled:  opts.Profile,

@@ -31,6 +31,14 @@ import (
 // binDir holds the binaries TestMain built (or GYMFLEET_BIN named).
 var binDir string
 
+// stack is the HTTP stack every process of every fleet and the suite's own
+// clients speak: GYMFLEET_E2E_STACK (lean or nethttp), empty for the
+// default (lean). `make test-e2e` runs the suite once on each.
+var stack httpconf.Stack
+
+// httpConf is the http: section of the suite's clients.
+func httpConf() httpconf.Config { return httpconf.Config{Stack: stack} }
+
 var binaries = []string{"fakeinference", "modelserver", "resourceserver", "agentserver", "envserver", "gymctl"}
 
 func TestMain(m *testing.M) {
@@ -39,6 +47,12 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	binDir = os.Getenv("GYMFLEET_BIN")
+	stack = httpconf.Stack(os.Getenv("GYMFLEET_E2E_STACK"))
+	if err := httpConf().Validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: GYMFLEET_E2E_STACK:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "e2e: every process on the %s HTTP stack\n", httpConf().EffectiveStack())
 	if binDir == "" {
 		dir, err := os.MkdirTemp("", "gymfleet-e2e-bin-")
 		if err != nil {
@@ -94,6 +108,7 @@ func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	dir := t.TempDir()
 	topo := fleet.Standard(dir, binDir, token)
 	topo.LogLevel = "debug"
+	topo.HTTPStack = stack
 	// The temp directory: the collect tests checkpoint into workspaces of
 	// their own subtests' (t.TempDir), which lie beneath it and not
 	// beneath dir.

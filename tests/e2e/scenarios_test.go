@@ -68,7 +68,7 @@ func TestScenario03_ResourcesStateIsRequired(t *testing.T) {
 					ms = append(ms, m)
 				}
 			}
-			c = coordination.New(ms, coordination.Options{Token: token})
+			c = coordination.New(ms, coordination.Options{Token: token, HTTP: httpConf()})
 		}
 		if _, err := c.Restore(context.Background(), "c1", f.Dir("c1"), []rollout.EpisodeID{ep("counter-1", 0)}, deadline(30*time.Second)); err != nil {
 			t.Fatal(err)

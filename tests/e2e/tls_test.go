@@ -20,19 +20,11 @@ import (
 // own, the launcher's probes, the test's) verifies the fleet's CA. Rollouts
 // of both protocols run, a rollout held at its second model call is
 // checkpointed, the fleet is killed and restored, and the rollout
-// continues without repeating its delivered call; on both HTTP stacks.
+// continues without repeating its delivered call; on the pass's HTTP stack
+// (GYMFLEET_E2E_STACK: make test-e2e runs both).
 func TestTLS_FleetRunsCheckpointsAndRestores(t *testing.T) {
-	for _, stack := range []httpconf.Stack{httpconf.StackLean, httpconf.StackNetHTTP} {
-		t.Run(string(stack), func(t *testing.T) { testFleetOnTLS(t, stack) })
-	}
-}
-
-func testFleetOnTLS(t *testing.T, stack httpconf.Stack) {
 	files := tlstest.New(t)
-	f := startFleet(t, func(tp *fleet.Topology) {
-		tp.TLS = files.Server()
-		tp.HTTPStack = stack
-	})
+	f := startFleet(t, func(tp *fleet.Topology) { tp.TLS = files.Server() })
 	for _, e := range f.Cfg.Endpoints("") {
 		if !strings.HasPrefix(e.URL, "https://") {
 			t.Fatalf("endpoint %s is %s, want https://", e.Name, e.URL)
