@@ -16,8 +16,10 @@
 // (RST_STREAM) reaching the handler's context, a stream limit, graceful
 // GOAWAY, PING and SETTINGS answered, and an idle timeout. It does not do
 // server push, priorities, trailers (a request's are read and dropped; a
-// reply has none), HTTP/1.1 or TLS: pkg/httpserver hands it the
-// connections that open with the HTTP/2 preface and the rest to net/http.
+// reply has none), HTTP/1.1 or TLS itself: pkg/httpserver hands it the
+// connections that open with the HTTP/2 preface, or the TLS connections
+// whose ALPN chose "h2" (their requests carry the TLS state), and the rest
+// to net/http.
 //
 // Frames are judged against stream states as x/net's server judges them,
 // which h2spec checks against every server kind (tests/e2e): a stream id

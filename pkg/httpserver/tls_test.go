@@ -38,12 +38,15 @@ func startConfig(t testing.TB, cfg httpserver.Config, handler http.Handler) *ser
 	return s
 }
 
-// protoHandler answers with the request's protocol version and whether it
-// came over TLS, and counts the requests it served.
+// protoHandler answers with the request's protocol version and " tls"
+// when it came over TLS, and counts the requests it served.
 func protoHandler(served *atomic.Int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served.Add(1)
 		fmt.Fprintf(w, "%d.%d", r.ProtoMajor, r.ProtoMinor)
+		if r.TLS != nil && r.TLS.HandshakeComplete {
+			fmt.Fprint(w, " tls")
+		}
 	})
 }
 
@@ -82,9 +85,9 @@ func testALPNChoosesTheProtocol(t *testing.T, st httpconf.Stack) {
 		protocol httpclient.Protocol
 		want     string
 	}{
-		{"h2c transport speaks h2", httpclient.ProtocolH2C, "2.0"},
-		{"auto transport speaks h2", httpclient.ProtocolAuto, "2.0"},
-		{"HTTP/1.1 transport", httpclient.ProtocolHTTP1, "1.1"},
+		{"h2c transport speaks h2", httpclient.ProtocolH2C, "2.0 tls"},
+		{"auto transport speaks h2", httpclient.ProtocolAuto, "2.0 tls"},
+		{"HTTP/1.1 transport", httpclient.ProtocolHTTP1, "1.1 tls"},
 	} {
 		for _, cst := range stacks {
 			t.Run(string(cst)+" "+tc.name, func(t *testing.T) {
@@ -258,8 +261,8 @@ func testHTTP1KeepsTheConnection(t *testing.T, st httpconf.Stack) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || string(b) != "1.1" {
-			t.Fatalf("request %d: %d %q, want 200 \"1.1\"", i, resp.StatusCode, b)
+		if resp.StatusCode != 200 || string(b) != "1.1 tls" {
+			t.Fatalf("request %d: %d %q, want 200 \"1.1 tls\"", i, resp.StatusCode, b)
 		}
 	}
 }
