@@ -272,7 +272,15 @@ func (p *h2cPool) dialTLS(ctx context.Context, u *url.URL) (*h2client.Conn, bool
 	defer cancel()
 	if err := tc.HandshakeContext(hctx); err != nil {
 		nc.Close()
-		return nil, false, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		var verify *tls.CertificateVerificationError
+		var alert tls.AlertError
+		if errors.As(err, &verify) || errors.As(err, &alert) || ctx.Err() != nil {
+			return nil, false, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		}
+		// The connection failed under the handshake (a server restarting):
+		// nothing of the request went out, so it may be sent again, as
+		// after a failed dial.
+		return nil, false, fmt.Errorf("%w: TLS handshake with %s: %w", h2client.ErrNotProcessed, addr, err)
 	}
 	if tc.ConnectionState().NegotiatedProtocol != httpconf.ALPNHTTP2 {
 		tc.Close()
