@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,4 +75,26 @@ func TestTLS_FleetRunsCheckpointsAndRestores(t *testing.T) {
 	if got, want := f.MessageCounts("tls-native"), []int{2, 4, 4}; !slices.Equal(got, want) {
 		t.Fatalf("model calls (messages each) %v, want %v: the delivered call 0 is never repeated, the undelivered call 1 is re-issued once", got, want)
 	}
+}
+
+// TestTLS_GymctlCollectsAndCheckpoints runs gymctl collect against a fleet
+// on TLS: gymctl verifies the servers with the fleet file's
+// http.tls.ca_file, checkpoints on SIGUSR1 and finishes every row once.
+func TestTLS_GymctlCollectsAndCheckpoints(t *testing.T) {
+	files := tlstest.New(t)
+	f := startFleet(t, func(tp *fleet.Topology) { tp.TLS = files.Server() })
+	f.HoldSecondCalls()
+	ws := newWorkspace(t, weatherRow("tls-usr-1", "weather_agent", "Lima"), weatherRow("tls-usr-2", "weather_agent_legacy", "Rome"))
+	c := f.collect(ws)
+	f.WaitHeld("tls-usr-1", 2)
+	f.WaitHeld("tls-usr-2", 2)
+	c.signal(syscall.SIGUSR1)
+	f.WaitFor("LATEST", 30*time.Second, func() bool { _, ok := ws.latest(); return ok })
+	f.Release()
+	c.requireExit(time.Minute, 0)
+	m, _ := ws.latest()
+	if got := continuedKeys(m); !slices.Equal(got, []string{"tls-usr-1", "tls-usr-2"}) {
+		t.Fatalf("the manifest continues %v, want [tls-usr-1 tls-usr-2]", got)
+	}
+	ws.exactlyOnce("tls-usr-1", "tls-usr-2")
 }
