@@ -4,8 +4,8 @@
 //
 // Between our own servers the transport speaks HTTP/2 without TLS (prior
 // knowledge) on one host, or over TLS chosen by ALPN for https:// peers
-// (verified against Options.HTTP.TLS.CAFile), so thousands of rollouts in flight share a handful of
-// connections instead of needing a socket each. Peers that may be NeMo
+// (verified against Options.HTTP.TLS.CAFile), so thousands of rollouts in
+// flight share a handful of connections instead of needing a socket each. Peers that may be NeMo
 // Gym's servers (uvicorn: HTTP/1.1 only) get ProtocolAuto: h2c first, and
 // HTTP/1.1 for a host that answers the h2c preface in HTTP/1.x. Clients carry no overall
 // Timeout: generations and held calls are long by design, and every call is
