@@ -19,6 +19,7 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/agent"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -258,4 +259,13 @@ func TestHTTPStackFromEnv(t *testing.T) {
 			}
 		}
 	}
+}
+
+// http.tls loads from the environment; a file that cannot be read stops
+// the start with an error naming its key.
+func TestHTTPTLSFiles(t *testing.T) {
+	configtest.HTTPTLS(t, func(getenv func(string) string) (httpconf.TLS, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/agentserver.yaml"}, getenv)
+		return cfg.HTTP.TLS, err
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/environment"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 func noEnv(string) string { return "" }
@@ -161,5 +162,14 @@ func TestCheckpointSigningKeyFile(t *testing.T) {
 	configtest.SigningKeyFile(t, func(getenv func(string) string) (string, error) {
 		cfg, err := loadConfig(configload.Flags{Config: "../../configs/envserver.yaml"}, getenv)
 		return cfg.Checkpoint.SigningKeyFile, err
+	})
+}
+
+// http.tls loads from the environment; a file that cannot be read stops
+// the start with an error naming its key.
+func TestHTTPTLSFiles(t *testing.T) {
+	configtest.HTTPTLS(t, func(getenv func(string) string) (httpconf.TLS, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/envserver.yaml"}, getenv)
+		return cfg.HTTP.TLS, err
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
+	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
@@ -88,10 +89,10 @@ func TestShippedConfigDocumentsEveryKey(t *testing.T) {
 			t.Errorf("key line %q has no comment above it", line)
 		}
 	}
-	// The 11 of fakeinference.Config, http: taking a line for itself and
-	// one for its stack.
-	if keys != 12 {
-		t.Errorf("%d keys in the shipped file, want the 12 lines of fakeinference.Config's keys", keys)
+	// The 11 of fakeinference.Config, http: taking a line for itself, one
+	// for its stack and four for tls: and its three files.
+	if keys != 16 {
+		t.Errorf("%d keys in the shipped file, want the 16 lines of fakeinference.Config's keys", keys)
 	}
 }
 
@@ -188,4 +189,13 @@ func waitAddr(t *testing.T, path string, done <-chan error) string {
 	}
 	t.Fatal("the address file never named the server")
 	return ""
+}
+
+// http.tls loads from the environment; a file that cannot be read stops
+// the start with an error naming its key.
+func TestHTTPTLSFiles(t *testing.T) {
+	configtest.HTTPTLS(t, func(getenv func(string) string) (httpconf.TLS, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/fakeinference.yaml"}, getenv)
+		return cfg.HTTP.TLS, err
+	})
 }

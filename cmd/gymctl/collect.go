@@ -95,14 +95,23 @@ func environmentURL(cfg *fleet.Config, path string) (string, error) {
 
 // fleetHTTP is the http: section gymctl's clients to a fleet speak: the
 // fleet file's http.stack, else GYMFLEET_HTTP_STACK (the variable the
-// servers read), else the default (lean). cfg may be nil (no fleet file).
+// servers read), else the default (lean); and the CA https:// endpoints
+// are verified against, the fleet file's http.tls.ca_file, else
+// GYMFLEET_HTTP_TLS_CA_FILE. cfg may be nil (no fleet file).
 func fleetHTTP(cfg *fleet.Config, getenv func(string) string) (httpconf.Config, error) {
 	hc := httpconf.Config{Stack: httpconf.Stack(getenv("GYMFLEET_HTTP_STACK"))}
+	hc.TLS.CAFile = getenv("GYMFLEET_HTTP_TLS_CA_FILE")
 	if cfg != nil && cfg.HTTP.Stack != "" {
 		hc.Stack = cfg.HTTP.Stack
 	}
-	if err := hc.Validate(); err != nil {
+	if cfg != nil && cfg.HTTP.TLS.CAFile != "" {
+		hc.TLS.CAFile = cfg.HTTP.Conf(cfg.BaseDir).TLS.CAFile
+	}
+	if err := (httpconf.Config{Stack: hc.Stack}).Validate(); err != nil {
 		return hc, fmt.Errorf("GYMFLEET_HTTP_STACK: %w", err)
+	}
+	if err := hc.Validate(); err != nil {
+		return hc, fmt.Errorf("the fleet file's http.tls.ca_file or GYMFLEET_HTTP_TLS_CA_FILE: %w", err)
 	}
 	return hc, nil
 }

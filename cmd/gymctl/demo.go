@@ -164,8 +164,10 @@ func (d *demo) cleanup(err error) {
 }
 
 // httpConf is the http: section the demo's clients speak: the fleet
-// file's stack (the generated fleet's is the default).
-func (d *demo) httpConf() httpconf.Config { return httpconf.Config{Stack: d.cfg.HTTP.Stack} }
+// file's stack (the generated fleet's is the default) and CA.
+func (d *demo) httpConf() httpconf.Config {
+	return httpconf.Config{Stack: d.cfg.HTTP.Stack, TLS: httpconf.TLS{CAFile: d.cfg.HTTP.Conf(d.cfg.BaseDir).TLS.CAFile}}
+}
 
 func (d *demo) loadFleet(context.Context) error {
 	cfg, err := fleet.Load(d.opts.config)

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/httpconf/tlstest"
 )
 
 // gymctl's clients speak the fleet file's http.stack, else the one
@@ -40,5 +42,39 @@ func TestFleetHTTP(t *testing.T) {
 		case err != nil || string(hc.EffectiveStack()) != tc.want:
 			t.Errorf("%s: %q, %v; want %s", tc.name, hc.Stack, err, tc.want)
 		}
+	}
+}
+
+// gymctl's clients verify https:// endpoints against the fleet file's
+// http.tls.ca_file (relative to its directory), else the one
+// GYMFLEET_HTTP_TLS_CA_FILE names; a missing one is an error naming it.
+func TestFleetHTTP_CAFile(t *testing.T) {
+	files := tlstest.New(t)
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "GYMFLEET_HTTP_TLS_CA_FILE" {
+				return v
+			}
+			return ""
+		}
+	}
+	dir, name := filepath.Split(files.CA)
+	for _, tc := range []struct {
+		name string
+		cfg  *fleet.Config
+		env  string
+		want string
+	}{
+		{"nothing set", nil, "", ""},
+		{"the environment", nil, files.CA, files.CA},
+		{"the fleet file, relative", &fleet.Config{BaseDir: dir, HTTP: fleet.HTTP{TLS: fleet.TLS{CAFile: name}}}, "/elsewhere.pem", files.CA},
+	} {
+		hc, err := fleetHTTP(tc.cfg, env(tc.env))
+		if err != nil || hc.TLS.CAFile != tc.want {
+			t.Errorf("%s: %q, %v; want %q", tc.name, hc.TLS.CAFile, err, tc.want)
+		}
+	}
+	if _, err := fleetHTTP(nil, env(files.CA+".missing")); err == nil || !strings.Contains(err.Error(), "GYMFLEET_HTTP_TLS_CA_FILE") {
+		t.Errorf("a missing CA file: %v, want an error naming GYMFLEET_HTTP_TLS_CA_FILE", err)
 	}
 }

@@ -84,6 +84,30 @@ type HTTP struct {
 	// Stack is lean (the default) or nethttp (see pkg/httpconf); empty
 	// leaves each process to its own configuration.
 	Stack httpconf.Stack `yaml:"stack"`
+	// TLS is every process's http.tls, handed to it as
+	// GYMFLEET_HTTP_TLS_CERT_FILE, _KEY_FILE and _CA_FILE (paths relative
+	// to the file's base directory); the launcher's probes and gymctl's
+	// clients verify the fleet's https:// endpoints against its ca_file.
+	TLS TLS `yaml:"tls"`
+}
+
+// TLS is the fleet-wide http.tls section (see pkg/httpconf.TLS).
+type TLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	CAFile   string `yaml:"ca_file"`
+}
+
+// Conf is the section as a process's httpconf.Config, its paths resolved
+// against base.
+func (h HTTP) Conf(base string) httpconf.Config {
+	abs := func(p string) string {
+		if p == "" || filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(base, p)
+	}
+	return httpconf.Config{Stack: h.Stack, TLS: httpconf.TLS{CertFile: abs(h.TLS.CertFile), KeyFile: abs(h.TLS.KeyFile), CAFile: abs(h.TLS.CAFile)}}
 }
 
 // Process is one server process of the fleet.
@@ -180,6 +204,9 @@ func (c *Config) Validate() error {
 		if err := (httpconf.Config{Stack: c.HTTP.Stack}).Validate(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if (c.HTTP.TLS.CertFile == "") != (c.HTTP.TLS.KeyFile == "") {
+		errs = append(errs, errors.New("http.tls: cert_file and key_file are set together or not at all"))
 	}
 	procs := map[string]bool{}
 	endpoints := map[string]bool{}

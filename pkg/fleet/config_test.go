@@ -63,6 +63,7 @@ func TestValidate(t *testing.T) {
 		{"duplicate process", minimal + strings.Replace(strings.TrimPrefix(minimal, "\nprocesses:\n"), "name: env\n", "name: env\n", 1), "used twice"},
 		{"checkpoint without token", "checkpoint: {enabled: true}\n" + minimal, "control_auth_token"},
 		{"unknown http stack", "http: {stack: quic}\n" + minimal, `http.stack "quic"`},
+		{"tls cert without key", "http: {tls: {cert_file: c.pem}}\n" + minimal, "http.tls"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := fleet.Decode(strings.NewReader(tc.yaml))

@@ -46,3 +46,14 @@ func TestLauncher_EnvironHTTPStack(t *testing.T) {
 		t.Errorf("environ = %v, want %v (the fleet's stack after the launcher's)", env, want)
 	}
 }
+
+// The fleet's http.tls reaches every process as GYMFLEET_HTTP_TLS_*, its
+// relative paths resolved against the fleet file's directory.
+func TestLauncher_EnvironHTTPTLS(t *testing.T) {
+	cfg := &Config{BaseDir: "/fleet", HTTP: HTTP{TLS: TLS{CertFile: "pki/cert.pem", KeyFile: "/abs/key.pem", CAFile: "pki/ca.pem"}}}
+	env := NewLauncher(cfg, Options{Environ: []string{}}).environ(Process{})
+	want := []string{"GYMFLEET_HTTP_TLS_CERT_FILE=/fleet/pki/cert.pem", "GYMFLEET_HTTP_TLS_KEY_FILE=/abs/key.pem", "GYMFLEET_HTTP_TLS_CA_FILE=/fleet/pki/ca.pem"}
+	if !slices.Equal(env, want) {
+		t.Errorf("environ = %v, want %v", env, want)
+	}
+}

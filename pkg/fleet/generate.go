@@ -48,6 +48,10 @@ type Topology struct {
 	// HTTPStack is every server's http.stack (empty: the default, lean),
 	// also the fleet file's http.stack.
 	HTTPStack httpconf.Stack
+	// TLS is every server's http.tls (absolute paths). With a certificate
+	// every listener serves TLS and every URL is https://; the CA is what
+	// every client, the launcher's probes included, verifies them by.
+	TLS httpconf.TLS
 }
 
 // ResourcesSpec is one resources server.
@@ -133,6 +137,9 @@ func Generate(t Topology) (*Config, error) {
 	for i, name := range names {
 		listen[name] = fmt.Sprintf("127.0.0.1:%d", ports[i])
 		urls[name] = "http://" + listen[name]
+		if t.TLS.Serving() {
+			urls[name] = "https://" + listen[name]
+		}
 	}
 	if t.CheckpointRoot == "" {
 		t.CheckpointRoot = t.Dir
@@ -195,9 +202,11 @@ func Generate(t Topology) (*Config, error) {
 		env["default_agent"] = t.Routes[0].Name
 	}
 	files["envserver.yaml"] = env
-	if t.HTTPStack != "" {
+	if t.HTTPStack != "" || t.TLS != (httpconf.TLS{}) {
 		for _, v := range files {
-			v.(map[string]any)["http"] = map[string]any{"stack": string(t.HTTPStack)}
+			v.(map[string]any)["http"] = map[string]any{"stack": string(t.HTTPStack), "tls": map[string]any{
+				"cert_file": t.TLS.CertFile, "key_file": t.TLS.KeyFile, "ca_file": t.TLS.CAFile,
+			}}
 		}
 	}
 	for name, v := range files {
@@ -213,7 +222,7 @@ func Generate(t Topology) (*Config, error) {
 	cfg := &Config{
 		RunDir: filepath.Join(t.Dir, "run"), BinDir: t.BinDir, BaseDir: t.Dir,
 		Checkpoint: Checkpoint{Enabled: t.Token != "", ControlAuthToken: t.Token, Root: t.CheckpointRoot},
-		HTTP:       HTTP{Stack: t.HTTPStack},
+		HTTP:       HTTP{Stack: t.HTTPStack, TLS: TLS{CertFile: t.TLS.CertFile, KeyFile: t.TLS.KeyFile, CAFile: t.TLS.CAFile}},
 	}
 	proc := func(name, binary, config string, eps ...Endpoint) {
 		cfg.Processes = append(cfg.Processes, Process{Name: name, Binary: binary, Config: filepath.Join(t.Dir, config), Endpoints: eps})

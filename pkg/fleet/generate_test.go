@@ -3,11 +3,13 @@ package fleet_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // Every generated server configuration carries the topology's pprof key at
@@ -158,6 +160,49 @@ func TestGenerate_HTTPStackReachesEveryServer(t *testing.T) {
 		}
 		if m.HTTP.Stack != "nethttp" {
 			t.Errorf("%s has http.stack %q, want nethttp", filepath.Base(p.Config), m.HTTP.Stack)
+		}
+	}
+}
+
+// A topology's TLS makes every endpoint https:// and reaches every
+// server's file and the fleet file.
+func TestGenerate_TLSReachesEveryServer(t *testing.T) {
+	topo := fleet.Standard(t.TempDir(), "/bin", "tok")
+	topo.TLS = httpconf.TLS{CertFile: "/pki/cert.pem", KeyFile: "/pki/key.pem", CAFile: "/pki/ca.pem"}
+	cfg, err := fleet.Generate(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.HTTP.Conf(cfg.BaseDir).TLS; got != topo.TLS {
+		t.Errorf("fleet http.tls %+v, want %+v", got, topo.TLS)
+	}
+	for _, p := range cfg.Processes {
+		for _, e := range p.Endpoints {
+			if !strings.HasPrefix(e.URL, "https://") {
+				t.Errorf("endpoint %s: %s, want https://", e.Name, e.URL)
+			}
+		}
+		b, err := os.ReadFile(p.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m struct {
+			HTTP struct {
+				TLS struct {
+					CertFile string `yaml:"cert_file"`
+					KeyFile  string `yaml:"key_file"`
+					CAFile   string `yaml:"ca_file"`
+				} `yaml:"tls"`
+			} `yaml:"http"`
+		}
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%s: %v", filepath.Base(p.Config), err)
+		}
+		if got := (httpconf.TLS{CertFile: m.HTTP.TLS.CertFile, KeyFile: m.HTTP.TLS.KeyFile, CAFile: m.HTTP.TLS.CAFile}); got != topo.TLS {
+			t.Errorf("%s has http.tls %+v, want %+v", filepath.Base(p.Config), got, topo.TLS)
+		}
+		if strings.Contains(string(b), "http://") {
+			t.Errorf("%s names an http:// peer in a TLS fleet", filepath.Base(p.Config))
 		}
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // Defaults for Options.
@@ -44,6 +46,8 @@ type Launcher struct {
 	cfg    *Config
 	opts   Options
 	client *http.Client
+	// tlsErr is why the fleet's CA file could not be loaded, or nil.
+	tlsErr error
 
 	mu    sync.Mutex
 	procs map[string]*proc
@@ -76,11 +80,20 @@ func NewLauncher(cfg *Config, opts Options) *Launcher {
 	if opts.Environ == nil {
 		opts.Environ = os.Environ()
 	}
+	// Readiness probes only; a probe that hangs is just a failed probe.
+	// https:// endpoints are verified against the fleet's CA; a CA file
+	// that cannot be read fails every probe with its error.
+	tr := &http.Transport{DisableKeepAlives: true, Proxy: nil}
+	tlsConf, tlsErr := cfg.HTTP.Conf(cfg.BaseDir).TLS.ClientConfig()
+	if tlsErr == nil {
+		tlsConf.NextProtos = []string{httpconf.ALPNHTTP11} // the transport speaks HTTP/1.1 only
+		tr.TLSClientConfig = tlsConf
+	}
 	return &Launcher{
-		cfg:  cfg,
-		opts: opts,
-		// Readiness probes only; a probe that hangs is just a failed probe.
-		client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}},
+		cfg:    cfg,
+		opts:   opts,
+		client: &http.Client{Timeout: 2 * time.Second, Transport: tr},
+		tlsErr: tlsErr,
 		procs:  make(map[string]*proc),
 	}
 }
@@ -200,6 +213,14 @@ func (l *Launcher) environ(spec Process) []string {
 	if l.cfg.HTTP.Stack != "" {
 		env = append(env, "GYMFLEET_HTTP_STACK="+string(l.cfg.HTTP.Stack))
 	}
+	tc := l.cfg.HTTP.Conf(l.cfg.BaseDir).TLS
+	for _, v := range []struct{ name, path string }{
+		{"GYMFLEET_HTTP_TLS_CERT_FILE", tc.CertFile}, {"GYMFLEET_HTTP_TLS_KEY_FILE", tc.KeyFile}, {"GYMFLEET_HTTP_TLS_CA_FILE", tc.CAFile},
+	} {
+		if v.path != "" {
+			env = append(env, v.name+"="+v.path)
+		}
+	}
 	if l.cfg.Checkpoint.Enabled {
 		env = append(env,
 			"GYMFLEET_CHECKPOINT_ENABLED=true",
@@ -263,6 +284,9 @@ func (l *Launcher) waitReady(ctx context.Context, p *proc) error {
 
 // probe GETs <url>/readyz once.
 func (l *Launcher) probe(ctx context.Context, base string) error {
+	if l.tlsErr != nil {
+		return l.tlsErr
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/readyz", nil)
 	if err != nil {
 		return err

@@ -1,5 +1,6 @@
-// Package h2client is an HTTP/2 client connection without TLS (prior
-// knowledge) for calls between our own servers, built so that a request
+// Package h2client is an HTTP/2 client connection, without TLS (prior
+// knowledge) or over a TLS connection whose ALPN chose "h2" (the caller
+// dials it and hands it to NewConn), for calls between our own servers, built so that a request
 // waiting for its reply costs no goroutine of its own.
 //
 // net/http's HTTP/2 client starts a goroutine for every request
@@ -14,7 +15,7 @@
 // requests with bodies (flow-controlled both ways), replies streamed as they
 // arrive, cancellation (RST_STREAM), the server's stream limit, GOAWAY, and
 // PING and SETTINGS answered. It does not do server push (disabled in our
-// SETTINGS), priorities, trailers (read and dropped) or TLS. A server that
+// SETTINGS), priorities, trailers (read and dropped) or TLS itself. A server that
 // answers the preface in HTTP/1.x fails the connection with ErrHTTP1Server.
 package h2client
 
@@ -427,7 +428,11 @@ func (c *Conn) writeHeadersLocked(id uint32, req *http.Request, endStream bool) 
 		method = http.MethodGet
 	}
 	c.field(":method", method)
-	c.field(":scheme", "http")
+	scheme := "http"
+	if req.URL.Scheme == "https" {
+		scheme = "https" // the connection is TLS the caller set up (NewConn)
+	}
+	c.field(":scheme", scheme)
 	c.field(":authority", host)
 	c.field(":path", path)
 	for k, vs := range req.Header {

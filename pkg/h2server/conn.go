@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -31,8 +32,11 @@ type conn struct {
 	s          *Server
 	nc         net.Conn
 	remoteAddr string
-	ctx        context.Context // parent of its requests' contexts
-	cancel     context.CancelCauseFunc
+	// tlsState is the TLS connection's state, every request's TLS; nil
+	// for h2c.
+	tlsState *tls.ConnectionState
+	ctx      context.Context // parent of its requests' contexts
+	cancel   context.CancelCauseFunc
 
 	// wmu orders everything written: frames and the HPACK encoder's state.
 	wmu            sync.Mutex
@@ -111,6 +115,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 		epoch:       time.Now(),
 	}
 	c.cond.L = &c.mu
+	if tc, ok := nc.(interface{ ConnectionState() tls.ConnectionState }); ok {
+		st := tc.ConnectionState()
+		c.tlsState = &st
+	}
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 32<<10))
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = s.cfg.MaxHeaderListSize

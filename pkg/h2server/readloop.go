@@ -232,6 +232,7 @@ func (c *conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, error) {
 		ContentLength: declared,
 		Host:          authority,
 		RemoteAddr:    c.remoteAddr,
+		TLS:           c.tlsState,
 		RequestURI:    path,
 	}, nil
 }

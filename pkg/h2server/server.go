@@ -16,8 +16,10 @@
 // (RST_STREAM) reaching the handler's context, a stream limit, graceful
 // GOAWAY, PING and SETTINGS answered, and an idle timeout. It does not do
 // server push, priorities, trailers (a request's are read and dropped; a
-// reply has none), HTTP/1.1 or TLS: pkg/httpserver hands it the
-// connections that open with the HTTP/2 preface and the rest to net/http.
+// reply has none), HTTP/1.1 or TLS itself: pkg/httpserver hands it the
+// connections that open with the HTTP/2 preface, or the TLS connections
+// whose ALPN chose "h2" (their requests carry the TLS state), and the rest
+// to net/http.
 //
 // A client's cost is bounded as x/net's server bounds it, or tighter (see
 // guard.go): per connection, the decoded headers its streams hold, the

@@ -7,12 +7,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/h2client"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/httpconf/tlstest"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )
@@ -89,7 +90,7 @@ func hostState(c *http.Client, url string) (http1 bool, conns int) {
 	pool := c.Transport.(resendUnsent).next.(*h2cPool)
 	pool.mu.Lock()
 	defer pool.mu.Unlock()
-	h := pool.hosts[strings.TrimPrefix(url, "http://")]
+	h := pool.hosts[url]
 	if h == nil {
 		return false, 0
 	}
@@ -247,20 +248,48 @@ func TestH2COnly_HTTP1ServerFailsAtOnce(t *testing.T) {
 	}
 }
 
-// Ensure auto sends an https:// address over HTTP/1.1 with TLS (h2c is
-// HTTP/2 without TLS only), where h2c only refuses it.
-func TestAuto_HTTPSGoesOverHTTP1(t *testing.T) {
-	var posts atomic.Int64
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		posts.Add(1)
+// Ensure auto and h2c transports send an https:// address over HTTP/1.1
+// with TLS when the server picks HTTP/1.1 by ALPN (net/http's test server
+// without HTTP/2), verifying it against the configured CA, and remember
+// the host.
+func TestHTTPSServerChoosingHTTP1(t *testing.T) {
+	for _, protocol := range []Protocol{ProtocolAuto, ProtocolH2C} {
+		t.Run(map[Protocol]string{ProtocolAuto: "auto", ProtocolH2C: "h2c"}[protocol], func(t *testing.T) { testHTTPSServerChoosingHTTP1(t, protocol) })
+	}
+}
+
+func testHTTPSServerChoosingHTTP1(t *testing.T, protocol Protocol) {
+	files := tlstest.New(t)
+	var posts, notH1 atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+		if r.ProtoMajor != 1 || r.TLS == nil {
+			notH1.Add(1)
+		}
 		io.Copy(w, r.Body)
 	}))
+	conf, err := files.Server().ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf.NextProtos = []string{"http/1.1"}
+	srv.TLS = conf
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	tr := NewTransport(Options{Protocol: ProtocolAuto})
-	t.Cleanup(tr.CloseIdleConnections)
-	tr.(*h2cPool).http1.(*http.Transport).TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
-	rep, err := Do(context.Background(), &http.Client{Transport: tr}, http.MethodPost, srv.URL+"/run", nil, []byte(`{"row":1}`))
-	if err != nil || rep.Status != 200 || string(rep.Body) != `{"row":1}` || posts.Load() != 1 {
-		t.Fatalf("Do = %+v, %v after %d POSTs; want the body echoed by one", rep, err, posts.Load())
+	c := poolClient(t, Options{Protocol: protocol, HTTP: httpconf.Config{TLS: files.Client()}})
+	for i := range 3 {
+		body := fmt.Sprintf(`{"row":%d}`, i)
+		rep, err := Do(context.Background(), c, http.MethodPost, srv.URL+"/run", nil, []byte(body))
+		if err != nil || rep.Status != 200 || string(rep.Body) != body {
+			t.Fatalf("Do = %+v, %v; want the body echoed", rep, err)
+		}
+	}
+	if posts.Load() != 3 || notH1.Load() != 0 {
+		t.Errorf("%d POSTs arrived, %d not over HTTP/1.1 with TLS; want 3, 0", posts.Load(), notH1.Load())
+	}
+	if http1, conns := hostState(c, srv.URL); !http1 || conns != 0 {
+		t.Errorf("host marked HTTP/1.1: %v, %d h2 connections; want marked, none", http1, conns)
 	}
 }

@@ -2,6 +2,7 @@ package httpclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -11,10 +12,11 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/h2client"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
 // h2cPool is the round tripper between our own servers: HTTP/2 without TLS
-// over connections it opens itself (h2client: a request waiting for its
+// (http://) or over TLS with ALPN (https://) over connections it opens itself (h2client: a request waiting for its
 // reply holds no goroutine of its own) and hands a request only after the
 // server has answered on them.
 //
@@ -35,7 +37,9 @@ import (
 // lifetime, and its requests go to http1 from then on, the one that opened
 // the connection included: none of them was sent on it, only the
 // handshake was, so even a POST goes out once. Without one (h2c only) the
-// request fails at once with that error.
+// request fails at once with that error. Over TLS the server says so by
+// ALPN instead: one that picks "http/1.1" marks the host the same way, and
+// its requests go to tls1.
 type h2cPool struct {
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxConns int // per host
@@ -47,10 +51,15 @@ type h2cPool struct {
 	// http1 takes the requests of hosts that speak only HTTP/1.1; nil when
 	// the pool speaks h2c only.
 	http1 Transport
+	// tls is what https:// connections are opened with (ALPN h2 then
+	// http/1.1, the roots to verify the server by); tls1 takes the requests
+	// of https:// hosts that chose HTTP/1.1.
+	tls  *tls.Config
+	tls1 Transport
 
 	mu sync.Mutex
-	// hosts has an entry per address the pool was asked for: the peers a
-	// server is configured with, so it stays small.
+	// hosts has an entry per scheme and address the pool was asked for
+	// (hostKey): the peers a server is configured with, so it stays small.
 	hosts map[string]*hostConns
 }
 
@@ -70,23 +79,31 @@ func newH2CPool(dial func(ctx context.Context, network, addr string) (net.Conn, 
 	return &h2cPool{dial: dial, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, http1: http1, hosts: map[string]*hostConns{}}
 }
 
+// withTLS lets the pool open https:// connections with conf, handing the
+// hosts that choose HTTP/1.1 to tls1.
+func (p *h2cPool) withTLS(conf *tls.Config, tls1 Transport) *h2cPool {
+	p.tls, p.tls1 = conf, tls1
+	return p
+}
+
 // RoundTrip sends req on a connection with a free stream, opening one when
 // none has and the host is under maxConns, else waiting on the least busy;
 // or on the http1 transport when the host speaks only HTTP/1.1.
 func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL != nil && req.URL.Scheme == "https" && p.http1 != nil {
-		return p.http1.RoundTrip(req) // h2c is HTTP/2 without TLS only
-	}
-	if req.URL == nil || req.URL.Scheme != "http" {
+	if req.URL == nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") {
 		closeBody(req)
-		return nil, fmt.Errorf("h2c transport: only http:// addresses, got %v", req.URL)
+		return nil, fmt.Errorf("h2c transport: only http:// and https:// addresses, got %v", req.URL)
 	}
+	secure := req.URL.Scheme == "https"
 	addr := hostPort(req.URL)
+	key := req.URL.Scheme + "://" + addr
 	for {
-		cc, opening, http1 := p.pick(addr)
+		cc, opening, http1 := p.pick(key)
 		switch {
 		case cc != nil:
 			return cc.RoundTrip(req)
+		case http1 && secure:
+			return p.tls1.RoundTrip(req)
 		case http1:
 			return p.http1.RoundTrip(req)
 		case opening != nil:
@@ -97,7 +114,7 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, context.Cause(req.Context())
 			}
 		default: // this request opens the connection
-			if err := p.open(req.Context(), addr); err != nil {
+			if err := p.open(req.Context(), key, req.URL); err != nil {
 				closeBody(req)
 				return nil, err
 			}
@@ -109,13 +126,13 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 // channel of a connection being opened to wait for, or http1 when the host
 // speaks only HTTP/1.1, or none of these when the caller is to open a
 // connection itself (p.open).
-func (p *h2cPool) pick(addr string) (*h2client.Conn, chan struct{}, bool) {
+func (p *h2cPool) pick(key string) (*h2client.Conn, chan struct{}, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	h := p.hosts[addr]
+	h := p.hosts[key]
 	if h == nil {
 		h = &hostConns{}
-		p.hosts[addr] = h
+		p.hosts[key] = h
 	}
 	if h.http1 {
 		return nil, nil, true
@@ -151,13 +168,15 @@ func (p *h2cPool) pick(addr string) (*h2client.Conn, chan struct{}, bool) {
 	return nil, nil, false
 }
 
-// open opens a connection to addr and adds it to the pool once the server
-// has answered on it. A connection the server closed during the handshake
-// is opened again, up to p.handshakes times; a dial error is returned as
-// it is. A server that answered in HTTP/1.x marks the host for http1 when
-// the pool has it (nil error) and fails the call when it has not.
-// Requests waiting on the host are woken either way.
-func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
+// open opens a connection to u's host (the pool's entry key) and adds it to
+// the pool once the server has answered on it. A connection the server
+// closed during the handshake is opened again, up to p.handshakes times; a
+// dial or TLS error is returned as it is. A server that answered in
+// HTTP/1.x, or chose HTTP/1.1 by ALPN, marks the host for http1 (tls1)
+// when the pool has it (nil error); a plain one fails the call when it has
+// not. Requests waiting on the host are woken either way.
+func (p *h2cPool) open(reqCtx context.Context, key string, u *url.URL) (err error) {
+	addr := hostPort(u)
 	// The connection is the pool's, not the request's: its dial and
 	// handshake carry none of the request's values (a client trace would
 	// count the handshake as a request written), only its cancellation.
@@ -168,7 +187,7 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 	http1 := false
 	defer func() {
 		p.mu.Lock()
-		h := p.hosts[addr]
+		h := p.hosts[key]
 		if cc != nil {
 			h.conns = append(h.conns, cc)
 		}
@@ -178,11 +197,20 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 		p.mu.Unlock()
 	}()
 	for attempt := 1; ; attempt++ {
-		cc, err = h2client.Dial(ctx, p.dial, addr)
+		if u.Scheme == "https" {
+			var h2 bool
+			cc, h2, err = p.dialTLS(ctx, u)
+			if err == nil && !h2 {
+				http1 = true // the server chose HTTP/1.1 by ALPN
+				return nil
+			}
+		} else {
+			cc, err = h2client.Dial(ctx, p.dial, addr)
+		}
 		if err != nil {
 			return err
 		}
-		herr := p.handshake(ctx, cc, addr)
+		herr := p.handshake(ctx, cc, u.Scheme, addr)
 		if herr == nil {
 			return nil
 		}
@@ -205,10 +233,10 @@ func (p *h2cPool) open(reqCtx context.Context, addr string) (err error) {
 // then read the client's SETTINGS, so its first-SETTINGS timer cannot drop
 // the connection any more. Any status will do; a server that is not Go's
 // may answer 4xx.
-func (p *h2cPool) handshake(ctx context.Context, cc *h2client.Conn, addr string) error {
+func (p *h2cPool) handshake(ctx context.Context, cc *h2client.Conn, scheme, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, p.handshakeTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodOptions, "http://"+addr, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodOptions, scheme+"://"+addr, nil)
 	if err != nil {
 		return err
 	}
@@ -224,11 +252,52 @@ func (p *h2cPool) handshake(ctx context.Context, cc *h2client.Conn, addr string)
 	return nil
 }
 
+// dialTLS opens a TLS connection to u's host, verifying its certificate
+// against the pool's roots, and starts HTTP/2 on it when the server chose
+// "h2" by ALPN (h2 true); otherwise it closes it and returns h2 false. The
+// handshake is bounded by the pool's handshake timeout.
+func (p *h2cPool) dialTLS(ctx context.Context, u *url.URL) (*h2client.Conn, bool, error) {
+	addr := hostPort(u)
+	if p.tls == nil {
+		return nil, false, fmt.Errorf("h2c transport: https://%s: the transport has no TLS configuration", addr)
+	}
+	nc, err := p.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, false, err
+	}
+	conf := p.tls.Clone()
+	conf.ServerName = u.Hostname()
+	tc := tls.Client(nc, conf)
+	hctx, cancel := context.WithTimeout(ctx, p.handshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		nc.Close()
+		var verify *tls.CertificateVerificationError
+		var alert tls.AlertError
+		if errors.As(err, &verify) || errors.As(err, &alert) || ctx.Err() != nil {
+			return nil, false, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		}
+		// The connection failed under the handshake (a server restarting):
+		// nothing of the request went out, so it may be sent again, as
+		// after a failed dial.
+		return nil, false, fmt.Errorf("%w: TLS handshake with %s: %w", h2client.ErrNotProcessed, addr, err)
+	}
+	if tc.ConnectionState().NegotiatedProtocol != httpconf.ALPNHTTP2 {
+		tc.Close()
+		return nil, false, nil
+	}
+	cc, err := h2client.NewConn(tc)
+	return cc, err == nil, err
+}
+
 // CloseIdleConnections closes every connection carrying no request, the
-// http1 transport's included.
+// http1 and tls1 transports' included.
 func (p *h2cPool) CloseIdleConnections() {
 	if p.http1 != nil {
 		p.http1.CloseIdleConnections()
+	}
+	if p.tls1 != nil && p.tls1 != p.http1 {
+		p.tls1.CloseIdleConnections()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -246,10 +315,15 @@ func (p *h2cPool) CloseIdleConnections() {
 	}
 }
 
-// hostPort is u's host and port, http's default port when it has none.
+// hostPort is u's host and port, its scheme's default port when it has
+// none.
 func hostPort(u *url.URL) string {
 	port := u.Port()
-	if port == "" {
+	switch {
+	case port != "":
+	case u.Scheme == "https":
+		port = "443"
+	default:
 		port = "80"
 	}
 	return net.JoinHostPort(u.Hostname(), port)

@@ -219,7 +219,7 @@ func TestH2CPool_DialErrorIsReturned(t *testing.T) {
 
 func TestH2CPool_RefusesOtherSchemes(t *testing.T) {
 	c := New(Options{H2C: true})
-	if _, err := Do(context.Background(), c, http.MethodGet, "https://example.invalid/x", nil, nil); err == nil || !strings.Contains(err.Error(), "only http://") {
+	if _, err := Do(context.Background(), c, http.MethodGet, "ftp://example.invalid/x", nil, nil); err == nil || !strings.Contains(err.Error(), "only http:// and https://") {
 		t.Fatalf("err = %v", err)
 	}
 }

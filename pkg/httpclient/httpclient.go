@@ -3,8 +3,9 @@
 // apierror values.
 //
 // Between our own servers the transport speaks HTTP/2 without TLS (prior
-// knowledge), so thousands of rollouts in flight share a handful of
-// connections instead of needing a socket each. Peers that may be NeMo
+// knowledge) on one host, or over TLS chosen by ALPN for https:// peers
+// (verified against Options.HTTP.TLS.CAFile), so thousands of rollouts in
+// flight share a handful of connections instead of needing a socket each. Peers that may be NeMo
 // Gym's servers (uvicorn: HTTP/1.1 only) get ProtocolAuto: h2c first, and
 // HTTP/1.1 for a host that answers the h2c preface in HTTP/1.x. Clients carry no overall
 // Timeout: generations and held calls are long by design, and every call is
@@ -14,6 +15,7 @@ package httpclient
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -50,14 +52,16 @@ const (
 	// ProtocolHTTP1 speaks HTTP/1.1 (a vLLM endpoint, for example). It is
 	// the zero value: Options{H2C: true} still means ProtocolH2C.
 	ProtocolHTTP1 Protocol = iota
-	// ProtocolH2C speaks only HTTP/2 without TLS (prior knowledge): our
-	// own servers.
+	// ProtocolH2C speaks only HTTP/2 without TLS (prior knowledge) to
+	// http:// addresses: our own servers. To https:// ones it speaks
+	// HTTP/2 over TLS, or HTTP/1.1 when the server picks it by ALPN.
 	ProtocolH2C
 	// ProtocolAuto speaks h2c to a server that does and HTTP/1.1 to one
 	// that answers the h2c preface in HTTP/1.x (NeMo Gym's uvicorn
 	// servers), found out per host on the first connection and remembered
-	// for the transport's lifetime; https:// addresses go over HTTP/1.1
-	// with TLS. For peers that may be ours or Gym's.
+	// for the transport's lifetime; https:// addresses get HTTP/2 or
+	// HTTP/1.1 as the server picks by ALPN. For peers that may be ours or
+	// Gym's.
 	ProtocolAuto
 )
 
@@ -92,7 +96,15 @@ type Transport interface {
 // ProtocolAuto, the h2c pool falling back to the HTTP/1.1 transport per
 // host. With opts.HTTP's stack nethttp, h2c is net/http's own transport
 // instead (newNetHTTP).
+//
+// A CA file that cannot be read makes a transport that fails every request
+// with that error; process configurations refuse it at start
+// (httpconf.Config.Validate).
 func NewTransport(opts Options) Transport {
+	tlsConf, err := opts.HTTP.TLS.ClientConfig()
+	if err != nil {
+		return failing{err}
+	}
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 10 * time.Second
 	}
@@ -104,11 +116,11 @@ func NewTransport(opts Options) Transport {
 		proto = ProtocolH2C
 	}
 	if opts.HTTP.EffectiveStack() == httpconf.StackNetHTTP {
-		return newNetHTTP(opts, proto)
+		return newNetHTTP(opts, proto, tlsConf)
 	}
 	switch proto {
 	case ProtocolH2C:
-		return newH2C(opts, nil)
+		return newH2C(opts, nil).withTLS(tlsConf, newHTTP1(opts, tlsConf))
 	case ProtocolAuto:
 		http1 := opts
 		// Idle connections are dropped before the peer drops them, so that
@@ -117,10 +129,21 @@ func NewTransport(opts Options) Transport {
 		// own client after 15 s (timeout_keep_alive and keepalive_timeout
 		// in nemo_gym/server_utils.py at 07d6b0d07b22).
 		http1.IdleConnTimeout = min(http1.IdleConnTimeout, peerHTTP1IdleTimeout)
-		return newH2C(opts, newHTTP1(http1))
+		tr := newHTTP1(http1, tlsConf)
+		return newH2C(opts, tr).withTLS(tlsConf, tr)
 	}
-	return newHTTP1(opts)
+	return newHTTP1(opts, tlsConf)
 }
+
+// failing is a transport that fails every request with err.
+type failing struct{ err error }
+
+func (f failing) RoundTrip(req *http.Request) (*http.Response, error) {
+	closeBody(req)
+	return nil, f.err
+}
+
+func (failing) CloseIdleConnections() {}
 
 // peerHTTP1IdleTimeout bounds how long ProtocolAuto keeps an idle HTTP/1.1
 // connection.
@@ -143,17 +166,21 @@ func newH2C(opts Options, http1 Transport) *h2cPool {
 	return newH2CPool(dialer(opts).DialContext, conns, http1)
 }
 
-// newHTTP1 is net/http's HTTP/1.1 transport, keeping connections alive.
-func newHTTP1(opts Options) *http.Transport {
+// newHTTP1 is net/http's HTTP/1.1 transport, keeping connections alive; it
+// verifies https:// servers with tlsConf, offering only HTTP/1.1 by ALPN.
+func newHTTP1(opts Options, tlsConf *tls.Config) *http.Transport {
 	conns := opts.MaxConnsPerHost
 	if conns <= 0 {
 		conns = DefaultHTTP1ConnsPerHost
 	}
 	var protos http.Protocols
 	protos.SetHTTP1(true)
+	tlsConf = tlsConf.Clone()
+	tlsConf.NextProtos = []string{httpconf.ALPNHTTP11}
 	return &http.Transport{
 		Proxy:               nil,
 		DialContext:         dialer(opts).DialContext,
+		TLSClientConfig:     tlsConf,
 		Protocols:           &protos,
 		MaxIdleConns:        conns,
 		MaxIdleConnsPerHost: conns,

@@ -3,6 +3,7 @@ package httpclient
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -22,22 +23,51 @@ import (
 // refused stream, one above a GOAWAY's last stream, a connection that
 // failed before the stream was written) it sends again itself; what it
 // returns of those is a dial error, which resendUnsent sends again as on
-// the lean stack.
-func newNetHTTP(opts Options, proto Protocol) Transport {
+// the lean stack. https:// addresses go to net/http's TLS transport, HTTP/2
+// or HTTP/1.1 as the server picks by ALPN, verified with tlsConf.
+func newNetHTTP(opts Options, proto Protocol, tlsConf *tls.Config) Transport {
 	switch proto {
 	case ProtocolH2C:
-		return newNetH2C(opts)
+		return bySchemes{plain: newNetH2C(opts), secure: newNetTLS(opts, tlsConf)}
 	case ProtocolAuto:
 		http1 := opts
 		// As for the lean stack's ProtocolAuto (see NewTransport).
 		http1.IdleConnTimeout = min(http1.IdleConnTimeout, peerHTTP1IdleTimeout)
 		return &netAuto{
-			h2c: newNetH2C(opts), http1: newHTTP1(http1),
+			h2c: newNetH2C(opts), http1: newHTTP1(http1, tlsConf), tls: newNetTLS(opts, tlsConf),
 			dial: dialer(opts).DialContext, probeTimeout: 30 * time.Second,
 			hosts: map[string]*hostProtocol{},
 		}
 	}
-	return newHTTP1(opts)
+	return newHTTP1(opts, tlsConf)
+}
+
+// newNetTLS is net/http's transport for https:// addresses: HTTP/2 or
+// HTTP/1.1 over TLS as the server picks by ALPN, with the h2c transport's
+// bounds.
+func newNetTLS(opts Options, tlsConf *tls.Config) *http.Transport {
+	tr := newNetH2C(opts)
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	tr.Protocols = &protos
+	tr.TLSClientConfig = tlsConf.Clone()
+	return tr
+}
+
+// bySchemes sends http:// requests to plain and https:// ones to secure.
+type bySchemes struct{ plain, secure *http.Transport }
+
+func (b bySchemes) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL != nil && req.URL.Scheme == "https" {
+		return b.secure.RoundTrip(req)
+	}
+	return b.plain.RoundTrip(req)
+}
+
+func (b bySchemes) CloseIdleConnections() {
+	b.plain.CloseIdleConnections()
+	b.secure.CloseIdleConnections()
 }
 
 // newNetH2C is net/http's transport speaking HTTP/2 without TLS (prior
@@ -75,6 +105,7 @@ func newNetH2C(opts Options) *http.Transport {
 // transport's lifetime, as the lean stack's h2cPool remembers it.
 type netAuto struct {
 	h2c, http1   *http.Transport
+	tls          *http.Transport // https:// addresses
 	dial         func(ctx context.Context, network, addr string) (net.Conn, error)
 	probeTimeout time.Duration
 
@@ -92,6 +123,9 @@ type hostProtocol struct {
 }
 
 func (a *netAuto) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL != nil && req.URL.Scheme == "https" {
+		return a.tls.RoundTrip(req) // ALPN picks the protocol; no probe
+	}
 	if req.URL == nil || req.URL.Scheme != "http" {
 		return a.http1.RoundTrip(req) // h2c is HTTP/2 without TLS only
 	}
@@ -184,6 +218,7 @@ var errNeitherProtocol = errors.New("the server answered the preface with neithe
 func (a *netAuto) CloseIdleConnections() {
 	a.h2c.CloseIdleConnections()
 	a.http1.CloseIdleConnections()
+	a.tls.CloseIdleConnections()
 }
 
 // canonicalAddr is u's host:port, with the scheme's port when u has none.

@@ -36,6 +36,9 @@ func TestNewTransport_NetHTTP(t *testing.T) {
 			if tc.auto {
 				return
 			}
+			if bs, ok := tr.(bySchemes); ok {
+				tr = bs.plain // h2c for http://; bs.secure takes https://
+			}
 			ht, ok := tr.(*http.Transport)
 			if !ok {
 				t.Fatalf("transport %T, want *http.Transport", tr)

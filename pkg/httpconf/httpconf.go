@@ -6,8 +6,11 @@
 package httpconf
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 )
 
 // Stack names an HTTP implementation.
@@ -53,8 +56,9 @@ func (c Config) EffectiveStack() Stack {
 	return c.Stack
 }
 
-// Validate checks the section's values (not that the files exist: the
-// server reports an unreadable file when it loads it).
+// Validate checks the section's values and that its TLS files can be
+// read and parsed, so that a process refuses to start with an error naming
+// the key rather than failing its first handshake.
 func (c Config) Validate() error {
 	switch c.EffectiveStack() {
 	case StackLean, StackNetHTTP:
@@ -64,5 +68,75 @@ func (c Config) Validate() error {
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return errors.New("http.tls: cert_file and key_file are set together or not at all")
 	}
+	if c.TLS.Serving() {
+		if _, err := c.TLS.ServerConfig(); err != nil {
+			return err
+		}
+	}
+	if c.TLS.CAFile != "" {
+		if _, err := c.TLS.roots(); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// ALPN protocol names a TLS listener offers, HTTP/2 first (RFC 7301, RFC
+// 9113 §3.2).
+const (
+	ALPNHTTP2  = "h2"
+	ALPNHTTP11 = "http/1.1"
+)
+
+// ServerConfig loads the listener's certificate and key into a TLS
+// configuration offering HTTP/2 and HTTP/1.1 by ALPN. Errors name the key
+// whose file could not be used.
+func (t TLS) ServerConfig() (*tls.Config, error) {
+	for _, f := range []struct{ key, path string }{{"http.tls.cert_file", t.CertFile}, {"http.tls.key_file", t.KeyFile}} {
+		if _, err := os.Stat(f.path); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.key, err)
+		}
+	}
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("http.tls.cert_file %s and key_file %s: %w", t.CertFile, t.KeyFile, err)
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		MinVersion:   tls.VersionTLS12,
+		NextProtos:   []string{ALPNHTTP2, ALPNHTTP11},
+	}, nil
+}
+
+// ClientConfig is the TLS configuration clients verify https:// peers
+// with: the CA file's roots, or the system's when it is empty. It offers
+// HTTP/2 and HTTP/1.1 by ALPN; a client speaking only HTTP/1.1 narrows
+// NextProtos.
+func (t TLS) ClientConfig() (*tls.Config, error) {
+	roots, err := t.roots()
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		RootCAs:    roots,
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{ALPNHTTP2, ALPNHTTP11},
+	}, nil
+}
+
+// roots is the pool of CAFile's certificates; nil (the system's) when
+// CAFile is empty.
+func (t TLS) roots() (*x509.CertPool, error) {
+	if t.CAFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("http.tls.ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("http.tls.ca_file %s: no PEM certificate in it", t.CAFile)
+	}
+	return pool, nil
 }

@@ -11,9 +11,14 @@ import (
 
 // useNetHTTP2 makes srv serve h2c (prior knowledge) next to HTTP/1.1 with
 // net/http's own HTTP/2, with the lean stack's limits where net/http has
-// the same knob, so the two stacks are compared on equal terms.
+// the same knob, so the two stacks are compared on equal terms. A TLS
+// listener serves HTTP/2 over TLS instead, chosen by ALPN.
 func (s *Server) useNetHTTP2(protocols *http.Protocols) {
-	protocols.SetUnencryptedHTTP2(true)
+	if s.cfg.HTTP.TLS.Serving() {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
 	s.srv.HTTP2 = &http.HTTP2Config{
 		MaxConcurrentStreams:          s.cfg.MaxConcurrentStreams,
 		MaxReceiveBufferPerConnection: DefaultConnReceiveWindow,
@@ -25,9 +30,17 @@ func (s *Server) useNetHTTP2(protocols *http.Protocols) {
 }
 
 // serveNetHTTP serves the listener with net/http alone (the nethttp
-// stack), until Close.
+// stack), until Close; over TLS with the configuration Listen loaded, the
+// handshake on each connection's goroutine bounded by ReadHeaderTimeout
+// (net/http's own rule).
 func (s *Server) serveNetHTTP() error {
-	err := s.srv.Serve(s.listener())
+	var err error
+	if s.tls != nil {
+		s.srv.TLSConfig = s.tls
+		err = s.srv.ServeTLS(s.listener(), "", "")
+	} else {
+		err = s.srv.Serve(s.listener())
+	}
 	// Close closes the listener before net/http learns of the shutdown, so
 	// Serve may report the closed listener rather than ErrServerClosed.
 	if errors.Is(err, http.ErrServerClosed) || s.isClosed() {

@@ -1,7 +1,8 @@
 // Package httpserver is what every fleet server is built on: a Server with
-// Listen/Serve/Close that speaks HTTP/1.1 (net/http) and HTTP/2 without TLS
-// (pkg/h2server, for the calls between our servers; or net/http's own with
-// http.stack nethttp, the baseline it is measured against) on one port,
+// Listen/Serve/Close that speaks HTTP/1.1 (net/http) and HTTP/2 (pkg/h2server,
+// for the calls between our servers; or net/http's own with http.stack
+// nethttp, the baseline it is measured against) on one port, without TLS
+// (h2c) on one host or over TLS, HTTP/2 chosen by ALPN, between hosts,
 // a router with the fleet's middleware (recovery, metrics by route pattern,
 // body limits, the /ng-rollout prefix), health and metrics routes, and the
 // JSON request/reply helpers that map every error through apierror.
@@ -10,6 +11,7 @@ package httpserver
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -88,6 +90,10 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
+	// tls is the listener's TLS configuration, loaded by Listen; nil when
+	// it serves h2c and HTTP/1.1 in the clear.
+	tls *tls.Config
+
 	mu     sync.Mutex
 	closed bool
 
@@ -142,14 +148,23 @@ func New(cfg Config, handler http.Handler) *Server {
 	return s
 }
 
-// Listen binds the address. After it returns, Addr and URL are known.
+// Listen loads the TLS certificate when the server serves TLS and binds
+// the address. After it returns, Addr and URL are known.
 func (s *Server) Listen() error {
+	var tc *tls.Config
+	if s.cfg.HTTP.TLS.Serving() {
+		var err error
+		if tc, err = s.cfg.HTTP.TLS.ServerConfig(); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.cfg.Addr, err)
 	}
 	s.mu.Lock()
 	s.ln = ln
+	s.tls = tc
 	s.mu.Unlock()
 	return nil
 }
@@ -178,8 +193,14 @@ func (s *Server) Addr() string {
 	return ln.Addr().String()
 }
 
-// URL is http://host:port of the bound address.
-func (s *Server) URL() string { return "http://" + s.Addr() }
+// URL is http://host:port of the bound address, https:// when the server
+// serves TLS.
+func (s *Server) URL() string {
+	if s.cfg.HTTP.TLS.Serving() {
+		return "https://" + s.Addr()
+	}
+	return "http://" + s.Addr()
+}
 
 // Context is cancelled when the server closes. Background work owned by the
 // server derives from it.
@@ -250,11 +271,20 @@ func (s *Server) isClosed() bool {
 	return s.closed
 }
 
-// serveConn reads the connection's first bytes and serves it over HTTP/2
-// or hands it to net/http.
+// serveConn reads the connection's first bytes (or, on TLS, completes the
+// handshake and reads ALPN's choice) and serves it over HTTP/2 or hands it
+// to net/http. The handshake runs here, not in the accept loop, so a slow
+// client delays only its own connection.
 func (s *Server) serveConn(nc net.Conn) {
 	stop := context.AfterFunc(s.ctx, func() { nc.Close() }) // a sniff outliving Close
-	conn, h2, err := sniff(nc, s.cfg.ReadHeaderTimeout)
+	var conn net.Conn
+	var h2 bool
+	var err error
+	if s.tls != nil {
+		conn, h2, err = handshakeTLS(s.ctx, nc, s.tls, s.cfg.ReadHeaderTimeout)
+	} else {
+		conn, h2, err = sniff(nc, s.cfg.ReadHeaderTimeout)
+	}
 	stop()
 	if err != nil {
 		nc.Close()

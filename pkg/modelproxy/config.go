@@ -167,8 +167,6 @@ func (c Config) Validate() error {
 	}
 	if u, err := url.Parse(c.Upstream.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, fmt.Errorf("upstream.base_url %q must be an absolute http(s) URL such as http://127.0.0.1:18000/v1", c.Upstream.BaseURL))
-	} else if u.Scheme == "https" && c.Upstream.protocol() == ProtocolH2C {
-		errs = append(errs, errors.New("upstream.protocol h2c (upstream.h2c) is HTTP/2 without TLS and cannot be used with an https base_url"))
 	}
 	switch c.Upstream.Protocol {
 	case "", ProtocolAuto, ProtocolH2C, ProtocolHTTP1:

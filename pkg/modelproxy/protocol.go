@@ -22,7 +22,9 @@ const (
 	// ProtocolAuto finds the protocol out: a prior-knowledge h2c GET of
 	// <base_url>/models, then HTTP/1.1 when the server does not speak h2c.
 	ProtocolAuto = "auto"
-	// ProtocolH2C is HTTP/2 without TLS (fakeinference, our own servers).
+	// ProtocolH2C is HTTP/2 without TLS (fakeinference, our own servers);
+	// with an https base_url, HTTP/2 over TLS chosen by ALPN (HTTP/1.1
+	// when the server picks it).
 	ProtocolH2C = "h2c"
 	// ProtocolHTTP1 is HTTP/1.1 (every vLLM), or HTTPS.
 	ProtocolHTTP1 = "http1"

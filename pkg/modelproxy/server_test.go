@@ -684,8 +684,8 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"defaults", func(*modelproxy.Config) {}, ""},
 		{"bad url", func(c *modelproxy.Config) { c.Upstream.BaseURL = "localhost:8000" }, "upstream.base_url"},
-		{"h2c over https", func(c *modelproxy.Config) { c.Upstream.BaseURL, c.Upstream.H2C = "https://x/v1", true }, "upstream.h2c"},
-		{"protocol h2c over https", func(c *modelproxy.Config) { c.Upstream.BaseURL, c.Upstream.Protocol = "https://x/v1", "h2c" }, "upstream.protocol h2c"},
+		{"h2c over https (HTTP/2 by ALPN)", func(c *modelproxy.Config) { c.Upstream.BaseURL, c.Upstream.H2C = "https://x/v1", true }, ""},
+		{"protocol h2c over https (HTTP/2 by ALPN)", func(c *modelproxy.Config) { c.Upstream.BaseURL, c.Upstream.Protocol = "https://x/v1", "h2c" }, ""},
 		{"auto over https", func(c *modelproxy.Config) { c.Upstream.BaseURL = "https://x/v1" }, ""},
 		{"unknown protocol", func(c *modelproxy.Config) { c.Upstream.Protocol = "http3" }, "upstream.protocol"},
 		{"h2c and http1", func(c *modelproxy.Config) { c.Upstream.H2C, c.Upstream.Protocol = true, "http1" }, "contradicts"},

@@ -120,11 +120,14 @@ func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The test's clients speak the fleet's stack and verify its CA.
+	hc := cfg.HTTP.Conf(cfg.BaseDir)
+	hc.TLS = httpconf.TLS{CAFile: hc.TLS.CAFile}
 	f := &Fleet{
 		t: t, topo: topo, Cfg: cfg,
 		L:       fleet.NewLauncher(cfg, fleet.Options{StopGrace: 5 * time.Second}),
-		client:  httpclient.New(httpclient.Options{H2C: true, HTTP: httpConf()}),
-		ctl:     httpclient.New(httpclient.Options{H2C: true, HTTP: httpConf()}),
+		client:  httpclient.New(httpclient.Options{H2C: true, HTTP: hc}),
+		ctl:     httpclient.New(httpclient.Options{H2C: true, HTTP: hc}),
 		CkptDir: filepath.Join(dir, "checkpoints"),
 	}
 	ep, _ := cfg.Endpoint("fakeinference")
