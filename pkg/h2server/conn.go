@@ -28,6 +28,10 @@ const lingerTimeout = time.Second
 
 // conn is one client connection: the goroutine that runs serve reads its
 // frames, and handlers write their replies on their own goroutines.
+// writeBufferSize is a connection's write buffer: frames written into it
+// count as sent until it fills.
+const writeBufferSize = 32 << 10
+
 type conn struct {
 	s          *Server
 	nc         net.Conn
@@ -52,10 +56,13 @@ type conn struct {
 	qmu       sync.Mutex
 	ctrlQ     []ctrlFrame
 	ctrlSpare []ctrlFrame
-	queued    atomic.Int32
-	flushing  bool // a flushControl goroutine runs
-	qclosed   bool // the connection ended: nothing more is queued
-	writers   sync.WaitGroup
+	// writing is the batch a writer took from ctrlQ and has not yet
+	// written: it still counts against maxQueuedControlFrames.
+	writing  int
+	queued   atomic.Int32
+	flushing bool // a flushControl goroutine runs
+	qclosed  bool // the connection ended: nothing more is queued
+	writers  sync.WaitGroup
 
 	// replyHeld is what the handlers' reply buffers hold, against
 	// MaxConnBufferedReply.
@@ -106,7 +113,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		remoteAddr:  nc.RemoteAddr().String(),
 		ctx:         ctx,
 		cancel:      cancel,
-		bw:          bufio.NewWriterSize(nc, 32<<10),
+		bw:          bufio.NewWriterSize(nc, writeBufferSize),
 		streams:     map[uint32]*stream{},
 		sendWindow:  h2frame.InitialWindow,
 		peer:        h2frame.NewPeer(0),

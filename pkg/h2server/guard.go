@@ -78,7 +78,7 @@ func (c *conn) queueControl(f ctrlFrame) error {
 		c.qmu.Unlock()
 		return nil // the connection is ending; nothing more is written
 	}
-	if len(c.ctrlQ) >= maxQueuedControlFrames {
+	if len(c.ctrlQ)+c.writing >= maxQueuedControlFrames {
 		c.qmu.Unlock()
 		return errTooManyControlFrames
 	}
@@ -133,6 +133,7 @@ func (c *conn) drainControlLocked() error {
 	q := c.ctrlQ
 	c.ctrlQ = c.ctrlSpare[:0]
 	c.queued.Store(0)
+	c.writing = len(q)
 	c.qmu.Unlock()
 	var err error
 	for i := range q {
@@ -142,6 +143,7 @@ func (c *conn) drainControlLocked() error {
 	}
 	c.qmu.Lock()
 	c.ctrlSpare = q[:0]
+	c.writing = 0
 	c.qmu.Unlock()
 	return err
 }
