@@ -704,8 +704,8 @@ func (p participant) Install(ctx context.Context, records []ctlplane.Record, sco
 type decodedRecord struct {
 	sess *session
 	// legacy is a pointer, as legacy runs are rare: inline, the record
-	// made every element 72 bytes rather than 32 (1.15 MB at 16,000
-	// sessions, fresh memory on the restore's critical path).
+	// made every element more than twice as large, fresh memory on the
+	// restore's critical path.
 	legacy *ctlplane.Record
 	err    error
 }

@@ -39,7 +39,8 @@ type task struct {
 }
 
 // closedBackoff is the pause before the resend that follows the nth refusal
-// in a row by an outside checkpoint: 100 ms, doubling to 2 s.
+// in a row by an outside checkpoint: short at first, doubling to a cap, so
+// a checkpoint's closed window is polled without a busy loop.
 func closedBackoff(n int) time.Duration {
 	return backoff.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}.Delay(n)
 }

@@ -18,9 +18,9 @@ type Scope struct {
 	sorted []rollout.EpisodeID
 	// slots index sorted by a hash of each episode: slot value i+1 names
 	// sorted[i], 0 is empty; linear probing, at most half full. A map of
-	// the episodes was 1.15 MB at 16,000 (the table is 128 KB), fresh
-	// memory in a fresh process, and building it was a third of the work
-	// each participant does with a commit's body (BenchmarkCommitBody).
+	// the episodes is several times larger, fresh memory in a fresh
+	// process, and building it dominated the work each participant does
+	// with a commit's body (BenchmarkCommitBody).
 	slots []int32
 	seed  maphash.Seed
 }
@@ -29,12 +29,12 @@ type Scope struct {
 func NewScope(ids []rollout.EpisodeID) Scope { return newScope(ids, false) }
 
 // ScopeOf builds the scope of a decoded body's list, which it sorts in
-// place and keeps (384 KB at 16,000 episodes) rather than copies: the
+// place and keeps rather than copies (it is as long as the scope): the
 // caller must not use ids again.
 func ScopeOf(ids EpisodeIDs) Scope { return newScope(ids, true) }
 
 // newScope builds a scope; owned says ids may be sorted in place and kept
-// (a control body's list, 384 KB at 16,000 episodes) rather than copied.
+// (a control body's list, as long as the scope) rather than copied.
 func newScope(ids []rollout.EpisodeID, owned bool) Scope {
 	sorted := ids
 	if !owned {
@@ -106,8 +106,8 @@ func (s Scope) Digest() string { return scopeDigest(s) }
 
 // scopeDigest is Digest.
 // It hashes the keys' lines a window at a time: built whole, they were an
-// allocation grown to twice their size (130 KB at 16,000 episodes) and a
-// key each, all fresh memory in a fresh process.
+// allocation grown to twice their size and a key each, all fresh memory
+// in a fresh process.
 func scopeDigest(s Scope) string {
 	h := sha256.New()
 	window := make([]byte, 0, 16<<10)

@@ -67,10 +67,10 @@ type CommitReply struct {
 
 // MarshalJSON flattens the extras next to the fixed fields (a fixed field
 // wins over an extra of the same name), keys sorted as encoding/json sorts a
-// map's. The episode ids, one per episode in scope, are appended by hand;
-// through encoding/json they cost every participant ~20 ms of a 16,000
-// episode commit. The other values are few and small and keep
-// encoding/json's encoding.
+// map's. The episode ids, one per episode in scope, are appended by hand:
+// through encoding/json they were a visible part of every participant's
+// commit at scale (docs/scale-log.md). The other values are few and small
+// and keep encoding/json's encoding.
 func (r CommitReply) MarshalJSON() ([]byte, error) {
 	values := make(map[string]any, len(r.Extras)+4)
 	for k, v := range r.Extras {
