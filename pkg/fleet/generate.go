@@ -52,6 +52,13 @@ type Topology struct {
 	// every listener serves TLS and every URL is https://; the CA is what
 	// every client, the launcher's probes included, verifies them by.
 	TLS httpconf.TLS
+	// Ports chooses the servers' ports (nil: FreePorts, the kernel's).
+	Ports PortSource
+}
+
+// PortSource hands out n distinct loopback ports that are free now.
+type PortSource interface {
+	Take(n int) ([]int, error)
 }
 
 // ResourcesSpec is one resources server.
@@ -130,7 +137,11 @@ func Generate(t Topology) (*Config, error) {
 	urls := map[string]string{}
 	listen := map[string]string{}
 	names := t.names()
-	ports, err := FreePorts(len(names))
+	take := FreePorts
+	if t.Ports != nil {
+		take = t.Ports.Take
+	}
+	ports, err := take(len(names))
 	if err != nil {
 		return nil, err
 	}

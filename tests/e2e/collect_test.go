@@ -54,12 +54,30 @@ func newWorkspace(t *testing.T, rows ...map[string]any) *workspace {
 // outputRows reads the output JSONL (a missing file has no rows).
 func (ws *workspace) outputRows() []map[string]any {
 	ws.t.Helper()
+	return ws.readOutput(false)
+}
+
+// finishedOutput is the output of a collection that has exited: every line
+// must be whole.
+func (ws *workspace) finishedOutput() []map[string]any {
+	ws.t.Helper()
+	return ws.readOutput(true)
+}
+
+// readOutput parses the output's rows. While gymctl collect runs, its last
+// line may be half written: polling reads (strict false) leave an
+// unterminated last line out rather than fail on it.
+func (ws *workspace) readOutput(strict bool) []map[string]any {
+	ws.t.Helper()
 	b, err := os.ReadFile(ws.output)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		ws.t.Fatal(err)
+	}
+	if i := bytes.LastIndexByte(b, '\n'); !strict && i+1 < len(b) {
+		b = b[:i+1]
 	}
 	var out []map[string]any
 	sc := bufio.NewScanner(bytes.NewReader(b))
@@ -110,7 +128,7 @@ func (ws *workspace) latest() (*collect.CollectionManifest, bool) {
 // 1.0 and returns each row's attempt.
 func (ws *workspace) exactlyOnce(ids ...string) map[string]int {
 	ws.t.Helper()
-	rows := ws.outputRows()
+	rows := ws.finishedOutput()
 	attempts := map[string]int{}
 	count := map[string]int{}
 	for _, r := range rows {

@@ -36,6 +36,18 @@ var binDir string
 // default (lean). `make test-e2e` runs the suite once on each.
 var stack httpconf.Stack
 
+// ports hands every fleet of this run its ports: GYMFLEET_E2E_PORTS
+// ("lo-hi"), else a block of the stack's own, so the runs on both stacks
+// side by side (and any process drawing kernel-chosen ports) never take
+// each other's.
+var ports *fleet.PortBlock
+
+// stackPorts is each stack's default block, below the ephemeral range.
+var stackPorts = map[httpconf.Stack]string{
+	httpconf.StackLean:    "20000-25999",
+	httpconf.StackNetHTTP: "26000-31999",
+}
+
 // httpConf is the http: section of the suite's clients.
 func httpConf() httpconf.Config { return httpconf.Config{Stack: stack} }
 
@@ -52,7 +64,16 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: GYMFLEET_E2E_STACK:", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "e2e: every process on the %s HTTP stack\n", httpConf().EffectiveStack())
+	block := os.Getenv("GYMFLEET_E2E_PORTS")
+	if block == "" {
+		block = stackPorts[httpConf().EffectiveStack()]
+	}
+	var err error
+	if ports, err = fleet.ParsePortBlock(block); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: GYMFLEET_E2E_PORTS:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "e2e: every process on the %s HTTP stack, ports %s\n", httpConf().EffectiveStack(), block)
 	if binDir == "" {
 		dir, err := os.MkdirTemp("", "gymfleet-e2e-bin-")
 		if err != nil {
@@ -109,6 +130,7 @@ func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	topo := fleet.Standard(dir, binDir, token)
 	topo.LogLevel = "debug"
 	topo.HTTPStack = stack
+	topo.Ports = ports
 	// The temp directory: the collect tests checkpoint into workspaces of
 	// their own subtests' (t.TempDir), which lie beneath it and not
 	// beneath dir.
