@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -283,4 +284,36 @@ func writeTemp(t *testing.T, name, content string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestManifests_ContainersRunBuiltBinaries checks that every container of
+// the gymfleet image runs a binary `make build` puts in it (deploy/Dockerfile
+// copies bin/), or the image's shell.
+func TestManifests_ContainersRunBuiltBinaries(t *testing.T) {
+	makefile, err := os.ReadFile(filepath.Join(repoRoot(t), "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var built []string
+	for _, line := range strings.Split(string(makefile), "\n") {
+		if rest, ok := strings.CutPrefix(line, "CMDS"); ok {
+			built = strings.Fields(strings.TrimLeft(rest, " :="))
+		}
+	}
+	if len(built) == 0 {
+		t.Fatal("no CMDS line in the Makefile")
+	}
+	for _, dir := range kustomizations {
+		o := render(t, dir)
+		for _, p := range o.pods() {
+			for _, c := range p.spec.Containers {
+				if !strings.HasPrefix(c.Image, "gymfleet:") {
+					continue
+				}
+				if len(c.Command) == 0 || !(slices.Contains(built, c.Command[0]) || c.Command[0] == "/bin/sh") {
+					t.Errorf("%s: %s container %s runs %v: want one of %v", dir, p.where, c.Name, c.Command, built)
+				}
+			}
+		}
+	}
 }
