@@ -225,6 +225,22 @@ func TestManifests_CollectorFleetFile(t *testing.T) {
 					t.Errorf("the fleet file has no %s endpoint: checkpoints would leave it out", k)
 				}
 			}
+			// The init container waits for every endpoint of the file, by
+			// URLs that name Services of the rendering.
+			var waited []string
+			for _, ic := range p.spec.InitContainers {
+				for _, w := range strings.Fields(strings.Join(ic.Args, " ")) {
+					if strings.HasPrefix(w, "http://") {
+						checkURL(t, o, "init container "+ic.Name, w)
+						waited = append(waited, w)
+					}
+				}
+			}
+			for _, e := range cfg.Endpoints("") {
+				if !slices.Contains(waited, e.URL) {
+					t.Errorf("the Job does not wait for %s (%s) before collecting", e.Name, e.URL)
+				}
+			}
 			// Every participant listener of the rendering is in the file.
 			if want := listenerCount(t, o); len(cfg.Endpoints("")) != want {
 				t.Errorf("the fleet file has %d endpoints, the StatefulSets' pods %d listeners", len(cfg.Endpoints("")), want)

@@ -3,6 +3,7 @@ package deploycheck
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -315,5 +316,31 @@ func TestManifests_ContainersRunBuiltBinaries(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestManifests_ShellScriptsPassShellcheck lints every `/bin/sh -c` script
+// of every container with shellcheck (make test-deploy installs it).
+func TestManifests_ShellScriptsPassShellcheck(t *testing.T) {
+	if _, err := exec.LookPath("shellcheck"); err != nil {
+		t.Fatal("shellcheck is not installed: make test-deploy installs it")
+	}
+	o := render(t, "base")
+	n := 0
+	for _, p := range o.pods() {
+		for _, c := range append(append([]corev1.Container{}, p.spec.InitContainers...), p.spec.Containers...) {
+			if len(c.Command) != 2 || c.Command[0] != "/bin/sh" || c.Command[1] != "-c" || len(c.Args) != 1 {
+				continue
+			}
+			n++
+			cmd := exec.Command("shellcheck", "--shell=sh", "-")
+			cmd.Stdin = strings.NewReader(c.Args[0])
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("%s container %s: shellcheck: %v\n%s", p.where, c.Name, err, out)
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("no /bin/sh -c script found: the check checked nothing")
 	}
 }
