@@ -190,6 +190,11 @@ func TestManifests_ReferencesResolve(t *testing.T) {
 							t.Errorf("%s: port %s: %s", p.where, port.Name, msg)
 						}
 					}
+					for what, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+						if probe != nil && probe.HTTPGet != nil && !hasPort(c, probe.HTTPGet.Port.String()) {
+							t.Errorf("%s container %s: %s probe on port %s, which the container does not declare", p.where, c.Name, what, probe.HTTPGet.Port.String())
+						}
+					}
 				}
 			}
 			for n, s := range o.statefulSets {
@@ -199,12 +204,27 @@ func TestManifests_ReferencesResolve(t *testing.T) {
 				}
 			}
 			for n, svc := range o.services {
-				if len(podsSelectedBy(o, svc.Spec.Selector)) == 0 {
+				pods := podsSelectedBy(o, svc.Spec.Selector)
+				if len(pods) == 0 {
 					t.Errorf("Service %s selects no pods (selector %v)", n, svc.Spec.Selector)
+				}
+				for _, sp := range svc.Spec.Ports {
+					for _, p := range pods {
+						if !slices.ContainsFunc(p.spec.Containers, func(c corev1.Container) bool { return hasPort(c, sp.TargetPort.String()) }) {
+							t.Errorf("Service %s port %s: %s has no container port %s", n, sp.Name, p.where, sp.TargetPort.String())
+						}
+					}
 				}
 			}
 		})
 	}
+}
+
+// hasPort reports whether c declares port, by name or number.
+func hasPort(c corev1.Container, port string) bool {
+	return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool {
+		return p.Name == port || fmt.Sprint(p.ContainerPort) == port
+	})
 }
 
 func podsSelectedBy(o *objects, sel map[string]string) []pod {
