@@ -13,6 +13,7 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/agent"
+	"github.com/gymfleet/gymfleet/pkg/collect"
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
@@ -323,4 +324,42 @@ func checkURL(t *testing.T, o *objects, where, raw string) {
 		}
 	}
 	t.Errorf("%s: %s: Service %s has no port %s", where, raw, svcName, u.Port())
+}
+
+// TestManifests_SampleRowsRunOnTheFleet reads the fake-inference overlay's
+// rows as gymctl collect does: every line is a row, and each names an
+// agent the environment server knows.
+func TestManifests_SampleRowsRunOnTheFleet(t *testing.T) {
+	o := render(t, "overlays/fake-inference")
+	var rowsText, envText string
+	for name, cm := range o.configMaps {
+		switch {
+		case strings.HasPrefix(name, "gymfleet-input-"):
+			rowsText = cm.Data["rows.jsonl"]
+		case strings.HasPrefix(name, "gymfleet-config-"):
+			envText = cm.Data["envserver.yaml"]
+		}
+	}
+	rows, issues, err := collect.ReadRows(strings.NewReader(rowsText), 0)
+	if err != nil || len(issues) > 0 || len(rows) == 0 {
+		t.Fatalf("rows.jsonl: %d rows, issues %v, %v", len(rows), issues, err)
+	}
+	cfg, err := lifecycle.LoadConfig(configload.Flags{Config: writeTemp(t, "envserver.yaml", envText)}, func(k string) string {
+		if k == "GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN" {
+			return "t"
+		}
+		return ""
+	}, environment.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents := map[string]bool{}
+	for _, a := range cfg.Agents {
+		agents[a.Name] = true
+	}
+	for _, r := range rows {
+		if r.Agent != "" && !agents[r.Agent] {
+			t.Errorf("row %s names agent %q, which the environment server does not know", r.Episode.RolloutID, r.Agent)
+		}
+	}
 }
