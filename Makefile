@@ -7,11 +7,12 @@ BIN       := $(CURDIR)/bin
 VERSION   := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 100x
-# Packages with goroutines and shared state run under the race detector.
-RACE_PKGS := ./pkg/... ./cmd/...
+# Packages with goroutines and shared state run under the race detector
+# (deploycheck runs in test-deploy).
+RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build test test-unit test-fuzz test-e2e demo bench bench-scale lint fmt vet clean
+.PHONY: all build test test-unit test-fuzz test-e2e test-deploy demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -19,7 +20,7 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-test: vet test-unit test-fuzz test-e2e
+test: vet test-unit test-deploy test-fuzz test-e2e
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -28,6 +29,20 @@ vet:
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 8m $(RACE_PKGS) ./tests/inprocess/... ./tests/upstream/... ./tests/gymstandin/...
+
+# A tool a test needs, from Debian's packages when it is missing (as root).
+# $(call need,command,package)
+need = command -v $(1) >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $(2) >/dev/null; } || \
+	{ echo "$(1) is missing: install the $(2) package"; exit 1; }
+
+# deploy/: the Kubernetes manifests rendered and schema-checked, every
+# server configuration they carry loaded by its server's loader, the
+# monitoring rules and dashboard parsed and checked against the servers'
+# metrics (cmd/internal/deploycheck), and the Slurm script linted.
+test-deploy:
+	@$(call need,shellcheck,shellcheck)
+	shellcheck deploy/slurm/gymfleet.sbatch
+	$(GO) test -count=1 -timeout 5m ./cmd/internal/deploycheck/
 
 # Every fuzz target runs FUZZTIME (a count of executions) on top of its seed corpus.
 test-fuzz:
@@ -39,6 +54,7 @@ test-fuzz:
 # pass's output is printed once both are done.
 E2E_STACKS := lean nethttp
 test-e2e: build
+	@$(call need,curl,curl)
 	@logs=$$(mktemp -d); pids=; \
 	for s in $(E2E_STACKS); do \
 		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s $(GO) test -count=1 -timeout 10m ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \

@@ -57,7 +57,18 @@ func newMetrics(reg prometheus.Registerer, c *Controller) *metrics {
 		p, _ := c.Phase()
 		return float64(p)
 	})
-	reg.MustRegister(m.ops, m.duration, m.records, m.bytes, m.refusals, m.leaseExpiries, m.notReady, phase)
+	// Read live from the participant while a prepare waits (Report is cheap
+	// and callable at any time), so a stuck checkpoint shows what holds it.
+	blockers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gymfleet_ckpt_blockers",
+		Help: "Episodes keeping this participant's open checkpoint from being prepared (0 unless preparing).",
+	}, func() float64 {
+		if p, _ := c.Phase(); p != PhasePreparing {
+			return 0
+		}
+		return float64(c.p.Report(0).BlockerCount)
+	})
+	reg.MustRegister(m.ops, m.duration, m.records, m.bytes, m.refusals, m.leaseExpiries, m.notReady, phase, blockers)
 	return m
 }
 

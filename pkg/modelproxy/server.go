@@ -101,6 +101,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		chatURL:   base + "/chat/completions",
 		modelsURL: base + "/models",
 	}
+	deps.Registry.MustRegister(newLedgerCollector(ledger))
 	// Validate parsed both already.
 	s.extraBody, _ = parseObject(cfg.Upstream.ExtraBody)
 	s.chatTemplateKwargs, _ = parseObject(cfg.Upstream.ChatTemplateKwargs)
@@ -201,6 +202,36 @@ type metrics struct {
 	captureFailures prometheus.Counter
 	inFlight        prometheus.Gauge
 	upstreamSeconds prometheus.Histogram
+}
+
+// ledgerCollector reports the capture ledger's size at each scrape (one
+// pass over its index for the three gauges): what a long collection
+// accumulates until the trainer retires its rollouts.
+type ledgerCollector struct {
+	l                 *tokencapture.Ledger
+	keys, rows, bytes *prometheus.Desc
+}
+
+func newLedgerCollector(l *tokencapture.Ledger) *ledgerCollector {
+	return &ledgerCollector{
+		l:     l,
+		keys:  prometheus.NewDesc("gymfleet_capture_ledger_keys", "Capture keys (rollout attempts) holding a ledger.", nil, nil),
+		rows:  prometheus.NewDesc("gymfleet_capture_ledger_rows", "Ledger rows (captured model calls) of those keys.", nil, nil),
+		bytes: prometheus.NewDesc("gymfleet_capture_ledger_bytes", "Bytes of ledger records those keys need on disk.", nil, nil),
+	}
+}
+
+func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.keys
+	ch <- c.rows
+	ch <- c.bytes
+}
+
+func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.l.Stats()
+	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys))
+	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(st.Rows))
+	ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(st.Bytes))
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

@@ -747,6 +747,34 @@ func (l *Ledger) Keys() []string {
 	return out
 }
 
+// Stats is the size of a ledger's live content.
+type Stats struct {
+	// Keys hold a ledger (retired keys do not).
+	Keys int
+	// Rows are their rows.
+	Rows int
+	// Bytes are the record bytes their state needs on disk: what a
+	// compaction would keep.
+	Bytes int64
+}
+
+// Stats walks the index (no file is read). A scrape calls it every few
+// seconds; it holds the lock for one pass over the keys, which costs less
+// than keeping running totals right in every path that changes a key.
+func (l *Ledger) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var st Stats
+	for _, ks := range l.keys {
+		if ks.present && !ks.retired {
+			st.Keys++
+			st.Rows += ks.rows
+			st.Bytes += ks.liveBytes
+		}
+	}
+	return st
+}
+
 // RolloutKeys lists, sorted, the keys of one rollout's attempts that hold a
 // ledger or a fence (rollout.ParseCaptureKey decides which rollout a key
 // names). It reads an index, not every key.

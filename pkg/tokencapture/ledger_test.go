@@ -753,3 +753,37 @@ func TestLedger_RolloutKeys(t *testing.T) {
 		t.Fatalf("after reopen RolloutKeys(other) = %v", got)
 	}
 }
+
+// Ensure Stats counts the keys, rows and live bytes of the ledger, drops
+// retired keys, and reads the same after a reopen replays the log.
+func TestLedger_StatsFollowAppendsRetiresAndReplay(t *testing.T) {
+	dir := t.TempDir()
+	l, err := tokencapture.Open(dir, tokencapture.Options{CompactMinBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Stats(); st != (tokencapture.Stats{}) {
+		t.Fatalf("empty ledger: %+v", st)
+	}
+	for i := range 5 {
+		mustAppend(t, l, fmt.Sprintf("r%d", i%2), testRow(fmt.Sprintf("call-%d", i), 40))
+	}
+	st := l.Stats()
+	if st.Keys != 2 || st.Rows != 5 || st.Bytes <= 0 {
+		t.Fatalf("after 5 rows under 2 keys: %+v", st)
+	}
+	if _, _, err := l.Retire([]string{"r1"}); err != nil {
+		t.Fatal(err)
+	}
+	after := l.Stats()
+	if after.Keys != 1 || after.Rows != 3 || after.Bytes <= 0 || after.Bytes >= st.Bytes {
+		t.Fatalf("after retiring r1 (2 rows): %+v, before %+v", after, st)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openLedger(t, dir, tokencapture.Options{CompactMinBytes: -1})
+	if got := l.Stats(); got != after {
+		t.Fatalf("after reopening: %+v, want %+v", got, after)
+	}
+}

@@ -61,7 +61,7 @@ func Load(path string, getenv func(string) string, cfg any) error {
 	defaults := reflect.ValueOf(cfg).Elem()
 	for _, k := range keys {
 		v.SetDefault(k.name, fieldByPath(defaults, k.path).Interface())
-		env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(k.name, ".", "_"))
+		env := envName(k.name)
 		// Set outranks the file, so the environment wins over it.
 		if val := getenv(env); val != "" {
 			v.Set(k.name, val)
@@ -107,6 +107,23 @@ func describe(err error) error {
 	}
 	slices.Sort(keys)
 	return errors.New("unknown keys: " + strings.Join(keys, ", "))
+}
+
+// EnvNames lists the environment variables Load reads for cfg (a pointer to
+// a struct with mapstructure tags), sorted. A variable not among them is
+// ignored by Load, so manifests check theirs against this list: a misspelt
+// override would otherwise pass silently.
+func EnvNames(cfg any) []string {
+	var out []string
+	for _, k := range leafKeys(reflect.TypeOf(cfg).Elem(), "") {
+		out = append(out, envName(k.name))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func envName(key string) string {
+	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
 
 type leafKey struct {

@@ -268,3 +268,21 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("positional argument: %v", err)
 	}
 }
+
+func TestEnvNames_NamesEveryLeafKeyAndNothingElse(t *testing.T) {
+	got := configload.EnvNames(&testConfig{})
+	want := []string{
+		"GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN", "GYMFLEET_CHECKPOINT_ENABLED",
+		"GYMFLEET_CHECKPOINT_LIMITS_MAX_CALLS", "GYMFLEET_CHECKPOINT_LIMITS_RATIO", "GYMFLEET_CHECKPOINT_LIMITS_TIMEOUT",
+		"GYMFLEET_LISTEN", "GYMFLEET_RATE", "GYMFLEET_TAGS", "GYMFLEET_TIMEOUT", "GYMFLEET_VERBOSE", "GYMFLEET_WORKERS",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("EnvNames = %v\nwant %v", got, want)
+	}
+	// Each name is one Load reads.
+	var cfg testConfig
+	env := map[string]string{"GYMFLEET_CHECKPOINT_LIMITS_MAX_CALLS": "7"}
+	if err := configload.Load("", func(k string) string { return env[k] }, &cfg); err != nil || cfg.Checkpoint.Limits.MaxCalls != 7 {
+		t.Fatalf("Load with %v: %+v, %v", env, cfg.Checkpoint.Limits, err)
+	}
+}
