@@ -39,6 +39,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -449,6 +450,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		return Written{}, fmt.Errorf("commit records %s: %w", name, err)
 	}
 	committed = true
+	faultpoint.Hit(faultpoint.StoreRecordsCommitted)
 	m, data, err := s.sign(Manifest{
 		SchemaVersion: SchemaVersion, Kind: t.Kind, Instance: t.Instance, CheckpointID: t.CheckpointID,
 		RecordsFile: name, RecordsSHA256: digest, RecordCount: count, Extras: extras,
@@ -473,6 +475,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	if err != nil {
 		return Written{}, err
 	}
+	faultpoint.Hit(faultpoint.StoreManifestPublished)
 	return Written{Manifest: m, Bytes: size}, nil
 }
 
