@@ -52,6 +52,10 @@ const (
 	ClientClosed      Code = "client_closed_request"
 	CheckpointOpen    Code = "checkpoint_open"
 	NotFreshProcess   Code = "not_fresh_process"
+	// StorageFull is a checkpoint write that found its storage full
+	// (ENOSPC, EDQUOT): nothing was published, the previous checkpoint
+	// stands, and the same commit may be retried once space is freed.
+	StorageFull Code = "storage_full"
 	InvalidCheckpoint Code = InvalidCheckpointState
 )
 
@@ -89,6 +93,7 @@ var statusOf = map[Code]int{
 	ClientClosed:           499,
 	CheckpointOpen:         http.StatusConflict,
 	NotFreshProcess:        http.StatusConflict,
+	StorageFull:            http.StatusInsufficientStorage,
 }
 
 // Codes lists every known code, sorted, for tests and documentation.
