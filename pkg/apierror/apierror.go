@@ -32,6 +32,10 @@ const (
 	RetireIncomplete       Code = "retire_incomplete"
 	InvalidCheckpointState Code = "invalid_checkpoint_state"
 	Internal               Code = "internal"
+	// StorageFull (beyond SPEC §3) is a commit that found its storage
+	// full (ENOSPC, EDQUOT): nothing was published and the previous
+	// checkpoint stands.
+	StorageFull Code = "storage_full"
 
 	// Data plane.
 	NotFound          Code = "not_found"
@@ -52,10 +56,6 @@ const (
 	ClientClosed      Code = "client_closed_request"
 	CheckpointOpen    Code = "checkpoint_open"
 	NotFreshProcess   Code = "not_fresh_process"
-	// StorageFull is a checkpoint write that found its storage full
-	// (ENOSPC, EDQUOT): nothing was published, the previous checkpoint
-	// stands, and the same commit may be retried once space is freed.
-	StorageFull Code = "storage_full"
 	InvalidCheckpoint Code = InvalidCheckpointState
 )
 
