@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
 	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/fleet"
@@ -345,7 +349,22 @@ func runSweepCase(t *testing.T, bin string, c sweepCase, note func(string, ...an
 	note("died at the point")
 	disarm()
 	if c.flow == flowCommit {
-		note("c2 left %s", manifestsOf(t, f.Dir("c1"), f.Dir("c2")))
+		have, all := manifestsOf(t, f.Dir("c1"), f.Dir("c2"))
+		note("c2 left %d of %d participant manifests", have, all)
+		if have < all {
+			// A partial checkpoint never restores: the restore is refused
+			// as a whole (and undone), whoever could have installed.
+			f.Crash()
+			f.Restart()
+			_, err := f.Coord().Restore(ctx, "c2", f.Dir("c2"), scope, deadline(30*time.Second))
+			var ce *coordination.Error
+			if !errors.As(err, &ce) || !slices.ContainsFunc(slices.Collect(maps.Values(ce.Failures)), func(e error) bool {
+				return apierror.HasCode(e, apierror.InvalidCheckpointState)
+			}) {
+				t.Fatalf("restoring the partial c2: %v, want invalid_checkpoint_state", err)
+			}
+			note("its restore refused")
+		}
 	}
 
 	// The rest of the fleet dies too; fresh processes restore the last
@@ -387,8 +406,15 @@ func sweepCollect(t *testing.T, f *Fleet, c sweepCase, bin, armEnv string, armPo
 		f.WaitHeld(id, 2)
 	}
 	g.signal(syscall.SIGUSR1)
-	f.WaitFor("LATEST", 30*time.Second, func() bool { _, ok := ws.latest(); return ok })
-	first, _ := ws.latest()
+	// Armed only once the first checkpoint is through: LATEST appears
+	// before its own publish has passed the points after it.
+	f.WaitFor("the first checkpoint published and the fleet resumed", 30*time.Second, func() bool {
+		return strings.Contains(g.out.String(), " published: ")
+	})
+	first, ok := ws.latest()
+	if !ok {
+		t.Fatal("no LATEST after the first checkpoint")
+	}
 	armPoint()
 	g.signal(syscall.SIGUSR1)
 	if code := g.wait(time.Minute); code != -1 {
@@ -403,10 +429,16 @@ func sweepCollect(t *testing.T, f *Fleet, c sweepCase, bin, armEnv string, armPo
 	if !ok {
 		t.Fatal("no usable LATEST after the crash")
 	}
-	if latest.CheckpointID == first.CheckpointID {
-		note("LATEST still the first checkpoint")
-	} else {
+	// LATEST moves only once it is written: at every point before, it
+	// still names the first checkpoint.
+	second := latest.CheckpointID != first.CheckpointID
+	if want := c.point == faultpoint.CollectLatestWritten; second != want {
+		t.Fatalf("LATEST names %s (the first is %s) after a crash at %s", latest.CheckpointID, first.CheckpointID, c.point)
+	}
+	if second {
 		note("LATEST the second checkpoint")
+	} else {
+		note("LATEST still the first checkpoint")
 	}
 	f.Crash()
 	f.Restart()
@@ -466,17 +498,16 @@ func checkCalls(t *testing.T, f *Fleet, ids []string) {
 	}
 }
 
-// manifestsOf says how many of the participant manifests c1 has the
-// partial checkpoint at dir holds.
-func manifestsOf(t *testing.T, c1, dir string) string {
+// manifestsOf counts the participant manifests the checkpoint at dir
+// holds, and those c1 has.
+func manifestsOf(t *testing.T, c1, dir string) (have, all int) {
 	t.Helper()
-	all, err := filepath.Glob(filepath.Join(c1, "gym", "*", "*", "manifest.json"))
-	if err != nil {
-		t.Fatal(err)
+	count := func(d string) int {
+		m, err := filepath.Glob(filepath.Join(d, "gym", "*", "*", "manifest.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(m)
 	}
-	have, err := filepath.Glob(filepath.Join(dir, "gym", "*", "*", "manifest.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("%d of %d participant manifests", len(have), len(all))
+	return count(dir), count(c1)
 }
