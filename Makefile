@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build test test-unit test-fuzz test-e2e test-deploy demo bench bench-scale lint fmt vet clean
+.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep soak demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -20,7 +20,14 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-test: vet test-unit test-deploy test-fuzz test-e2e
+# The same binaries with the fault points compiled in (pkg/faultpoint), for
+# the crash sweep only: never deploy these.
+FAULT_BIN := $(BIN)/faults
+build-faults:
+	@mkdir -p $(FAULT_BIN)
+	$(GO) build -tags gymfleet_faults -trimpath -ldflags '$(LDFLAGS)' -o $(FAULT_BIN)/ $(addprefix ./cmd/,$(CMDS))
+
+test: vet test-unit test-deploy test-fuzz test-e2e test-crashsweep
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -57,11 +64,35 @@ test-e2e: build
 	@$(call need,curl,curl)
 	@logs=$$(mktemp -d); pids=; \
 	for s in $(E2E_STACKS); do \
-		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s $(GO) test -count=1 -timeout 10m ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \
+		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s $(GO) test -count=1 -timeout 10m -skip '^TestCrashSweep$$' ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \
 	done; \
 	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for s in $(E2E_STACKS); do echo "--- e2e on the $$s HTTP stack"; cat $$logs/$$s.log; done; \
 	rm -rf $$logs; exit $$rc
+
+# The crash sweep (tests/e2e/crashsweep_test.go): every fault point armed in
+# every process it can fire in, each on a fleet of its own; the process dies
+# there, the fleet restores the last published checkpoint and every rollout
+# must finish exactly once. It runs on the lean stack, on ports of its own,
+# in go test's local-directory mode so its table of points and outcomes is
+# printed. The points' own tests run with the tag first.
+SWEEP_PORTS ?= 16000-19999
+SWEEP       ?= full
+test-crashsweep: build build-faults
+	$(GO) test -count=1 -tags gymfleet_faults ./pkg/faultpoint
+	cd tests/e2e && GYMFLEET_BIN=$(BIN) GYMFLEET_FAULT_BIN=$(FAULT_BIN) GYMFLEET_E2E_PORTS=$(SWEEP_PORTS) \
+		GYMFLEET_CRASHSWEEP=$(SWEEP) $(GO) test -count=1 -timeout 10m -run '^TestCrashSweep$$'
+
+# The sweep again and again on both stacks, and the disk-full and crash
+# scenarios with it (SOAK_COUNT rounds each).
+SOAK_COUNT ?= 5
+soak: build build-faults
+	@for s in $(E2E_STACKS); do \
+		echo "--- soak on the $$s HTTP stack"; \
+		(cd tests/e2e && GYMFLEET_BIN=$(BIN) GYMFLEET_FAULT_BIN=$(FAULT_BIN) GYMFLEET_E2E_PORTS=$(SWEEP_PORTS) \
+			GYMFLEET_E2E_STACK=$$s GYMFLEET_CRASHSWEEP=full $(GO) test -count=$(SOAK_COUNT) -timeout 60m \
+			-run '^(TestCrashSweep|TestDiskFullDuringCommit|TestScenario.*)$$') || exit 1; \
+	done
 
 demo: build
 	$(BIN)/gymctl demo

@@ -14,6 +14,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/parallel"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -417,6 +418,7 @@ type decodedLoop struct {
 
 func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
 	s := p.s
+	emit = faultpoint.AfterFirst(faultpoint.AgentExportPartial, emit)
 	s.mu.Lock()
 	// Sized for every session: grown one append at a time, it allocated
 	// about five times its final size.
@@ -689,6 +691,7 @@ func (p participant) Install(ctx context.Context, records []ctlplane.Record, sco
 	if err != nil {
 		return nil, apierror.Wrap(apierror.InvalidCheckpointState, err)
 	}
+	faultpoint.Hit(faultpoint.AgentInstallPartial)
 	s.mu.Lock()
 	for _, sess := range sessions {
 		s.addSessionLocked(sess)

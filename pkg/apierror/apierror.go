@@ -32,6 +32,10 @@ const (
 	RetireIncomplete       Code = "retire_incomplete"
 	InvalidCheckpointState Code = "invalid_checkpoint_state"
 	Internal               Code = "internal"
+	// StorageFull (beyond SPEC §3) is a commit that found its storage
+	// full (ENOSPC, EDQUOT): nothing was published and the previous
+	// checkpoint stands.
+	StorageFull Code = "storage_full"
 
 	// Data plane.
 	NotFound          Code = "not_found"
@@ -89,6 +93,7 @@ var statusOf = map[Code]int{
 	ClientClosed:           499,
 	CheckpointOpen:         http.StatusConflict,
 	NotFreshProcess:        http.StatusConflict,
+	StorageFull:            http.StatusInsufficientStorage,
 }
 
 // Codes lists every known code, sorted, for tests and documentation.

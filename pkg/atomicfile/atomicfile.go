@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 )
 
 // File is a file being written.
@@ -177,6 +179,7 @@ func WriteTemp(fsys FS, dir, pattern string, fn func(io.Writer) error) (tmp stri
 	if err = f.Close(); err != nil {
 		return "", fmt.Errorf("close %s: %w", name, err)
 	}
+	faultpoint.Hit(faultpoint.AtomicTempSynced)
 	return name, nil
 }
 
@@ -198,6 +201,7 @@ func WriteFile(fsys FS, path string, data []byte) error {
 		_ = fsys.Remove(tmp)
 		return fmt.Errorf("rename %s to %s: %w", tmp, path, err)
 	}
+	faultpoint.Hit(faultpoint.AtomicRenamed)
 	if err := fsys.SyncDir(dir); err != nil {
 		return fmt.Errorf("fsync directory %s: %w", dir, err)
 	}
@@ -225,6 +229,9 @@ func Publish(fsys FS, path string, data []byte) error {
 		return err
 	}
 	linkErr := fsys.Link(tmp, path)
+	if linkErr == nil {
+		faultpoint.Hit(faultpoint.AtomicLinked)
+	}
 	_ = fsys.Remove(tmp)
 	if linkErr != nil {
 		if errors.Is(linkErr, fs.ErrExist) {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 )
 
 // Backend is the storage a Store writes through. It is narrow on purpose:
@@ -289,6 +290,7 @@ func (w *localRecords) Commit(name string) (int64, error) {
 		_ = w.fs.Remove(w.f.Name())
 		return 0, fmt.Errorf("close records: %w", err)
 	}
+	faultpoint.Hit(faultpoint.StoreRecordsSynced)
 	if err := w.fs.Rename(w.f.Name(), path.Join(w.dir, name)); err != nil {
 		_ = w.fs.Remove(w.f.Name())
 		return 0, err

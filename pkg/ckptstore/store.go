@@ -36,9 +36,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -342,8 +344,31 @@ type Written struct {
 }
 
 // Write writes one participant's commit: emit is called once with a function
-// that appends one record, and returns the extras for the manifest.
+// that appends one record, and returns the extras for the manifest. A write
+// that fails for want of space is storage_full (whatever emit made of the
+// error add returned it), its cause for the server's log.
 func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(add func(Record) error) (map[string]any, error)) (Written, error) {
+	var sinkErr error
+	w, err := s.write(ctx, t, stop, emit, &sinkErr)
+	if err != nil && (noSpace(err) || noSpace(sinkErr)) {
+		cause := err
+		if !noSpace(err) {
+			cause = fmt.Errorf("%w (after writing records failed: %w)", err, sinkErr)
+		}
+		return Written{}, hide(apierror.New(apierror.StorageFull,
+			"the checkpoint storage of %s/%s in %s is full; nothing was published and the previous checkpoint stands", t.Kind, t.Instance, t.Dir), cause)
+	}
+	return w, err
+}
+
+// noSpace reports an error of a filesystem out of space or quota.
+func noSpace(err error) bool {
+	return err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT))
+}
+
+// write is Write; *sinkErr is set to the error of a failed write of the
+// records.
+func (s *Store) write(ctx context.Context, t Target, stop *WriteStop, emit func(add func(Record) error) (map[string]any, error), sinkErr *error) (Written, error) {
 	if err := t.validate(true); err != nil {
 		return Written{}, err
 	}
@@ -427,6 +452,9 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		count++
 		written += int64(len(line))
 		_, err := bw.Write(line)
+		if err != nil {
+			*sinkErr = err
+		}
 		return err
 	}
 	extras, err := emit(add)
@@ -449,6 +477,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 		return Written{}, fmt.Errorf("commit records %s: %w", name, err)
 	}
 	committed = true
+	faultpoint.Hit(faultpoint.StoreRecordsCommitted)
 	m, data, err := s.sign(Manifest{
 		SchemaVersion: SchemaVersion, Kind: t.Kind, Instance: t.Instance, CheckpointID: t.CheckpointID,
 		RecordsFile: name, RecordsSHA256: digest, RecordCount: count, Extras: extras,
@@ -473,6 +502,7 @@ func (s *Store) Write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	if err != nil {
 		return Written{}, err
 	}
+	faultpoint.Hit(faultpoint.StoreManifestPublished)
 	return Written{Manifest: m, Bytes: size}, nil
 }
 

@@ -646,3 +646,58 @@ func TestStore_WritebackDuringTheWrite(t *testing.T) {
 		}
 	})
 }
+
+// fullFS is a filesystem out of space: writes to files created under
+// pattern prefix fail with ENOSPC.
+type fullFS struct {
+	atomicfile.FS
+	prefix string
+}
+
+type fullFile struct{ atomicfile.File }
+
+func (f fullFile) Write([]byte) (int, error) {
+	return 0, &os.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
+}
+
+func (c *fullFS) CreateTemp(dir, pattern string) (atomicfile.File, error) {
+	f, err := c.FS.CreateTemp(dir, pattern)
+	if err != nil || !strings.HasPrefix(pattern, c.prefix) {
+		return f, err
+	}
+	return fullFile{f}, nil
+}
+
+// TestStore_NoSpaceIsStorageFull fills the disk under the records and
+// under the manifest: either way the write fails with storage_full (even
+// when the exporter reports the failed add in words of its own), publishes
+// nothing, and the answer names no file.
+func TestStore_NoSpaceIsStorageFull(t *testing.T) {
+	for _, prefix := range []string{".records", ".manifest"} {
+		t.Run(prefix, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			s := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &fullFS{FS: base, prefix: prefix} }))
+			_, err := s.Write(ctx, target(dir), nil, func(add func(ckptstore.Record) error) (map[string]any, error) {
+				for i := range 3 {
+					if err := add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: fmt.Sprint("r", i)}, Data: []byte(`"x"`)}); err != nil {
+						return nil, fmt.Errorf("export stopped: %v", err) // not wrapped
+					}
+				}
+				return nil, nil
+			})
+			if !apierror.HasCode(err, apierror.StorageFull) {
+				t.Fatalf("a full disk must fail the commit with storage_full, got %v", err)
+			}
+			if !strings.Contains(ckptstore.Detail(err), "no space left on device") {
+				t.Fatalf("the log detail %q does not say why", ckptstore.Detail(err))
+			}
+			if strings.Contains(err.Error(), ".tmp") || strings.Contains(err.Error(), "records-") {
+				t.Fatalf("the answer quotes a file: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(target(dir).ParticipantDir(), "manifest.json")); !os.IsNotExist(err) {
+				t.Fatalf("no manifest may exist after a full disk: %v", err)
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -72,9 +73,11 @@ func PublishCheckpoint(fsys atomicfile.FS, dir string, m CollectionManifest) err
 	if err := atomicfile.WriteFile(fsys, filepath.Join(target, ManifestName), append(b, '\n')); err != nil {
 		return fmt.Errorf("writing the collection manifest: %w", err)
 	}
+	faultpoint.Hit(faultpoint.CollectManifestWritten)
 	if err := atomicfile.WriteFile(fsys, filepath.Join(dir, LatestName), []byte(m.CheckpointID+"\n")); err != nil {
 		return fmt.Errorf("pointing LATEST at %s: %w", m.CheckpointID, err)
 	}
+	faultpoint.Hit(faultpoint.CollectLatestWritten)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
@@ -527,9 +528,12 @@ func (c *Controller) runWrite(t *task, req CommitRequest, scope Scope) {
 		return extras.Manifest, err
 	})
 	if err == nil {
+		faultpoint.Hit(faultpoint.CommitWritten)
 		err = c.p.Committed(c.ctx, scope, req.Stop)
 		if err != nil {
 			err = fmt.Errorf("after the commit was written: %w", err)
+		} else {
+			faultpoint.Hit(faultpoint.CommitAcked)
 		}
 	}
 	took := time.Since(start)
@@ -687,6 +691,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 		if !widened {
 			widen(size)
 		}
+		faultpoint.Hit(faultpoint.RestoreRead)
 		// This process is fresh: every page the install writes would be a
 		// fault of its own. The heap is readied for the growth the hold
 		// allows once the records are read, not before: their buffer is
@@ -695,6 +700,9 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 		prepared := hugepage.PrepareHeap(installHeapGrowth(size))
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
 		prepared.Release()
+		if err == nil {
+			faultpoint.Hit(faultpoint.RestoreInstalled)
+		}
 		if err != nil && !apierror.HasCode(err, apierror.Internal) {
 			var ae *apierror.Error
 			if !errors.As(err, &ae) {

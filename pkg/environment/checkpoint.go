@@ -11,6 +11,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -39,7 +40,7 @@ func (p *participant) Report(limit int) ctlplane.Report {
 }
 
 func (p *participant) Export(_ context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
-	return ctlplane.Extras{}, p.tracker.Export(scope, emit)
+	return ctlplane.Extras{}, p.tracker.Export(scope, faultpoint.AfterFirst(faultpoint.EnvExportPartial, emit))
 }
 
 // Committed releases restored episodes the scope no longer continues.

@@ -26,6 +26,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -592,6 +593,7 @@ func (t *Tracker) Install(records []ctlwire.Record) ([]rollout.EpisodeID, error)
 		r.EpisodeID = r.EpisodeID.Next()
 		recs = append(recs, &r)
 	}
+	faultpoint.Hit(faultpoint.EpisodeInstallValidated)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.pending) == 0 {

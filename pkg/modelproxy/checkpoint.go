@@ -16,6 +16,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/parallel"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
@@ -451,6 +452,7 @@ func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
 // model server 2.7 s for 1.5 CPU-s, the longest stage of a commit.
 func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
 	ids := scope.IDs()
+	emit = faultpoint.AfterFirst(faultpoint.ModelExportPartial, emit)
 	captureKeys := make([]string, len(ids))
 	for i, id := range ids {
 		captureKeys[i] = id.CaptureKey()
@@ -715,6 +717,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	if err := p.s.ledger.ImportMany(imports); err != nil {
 		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("importing the ledgers of the next attempts: %w", err))
 	}
+	faultpoint.Hit(faultpoint.ModelInstallImported)
 	var later, sources []string
 	for _, id := range ids {
 		n := id.Next()
@@ -735,6 +738,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	if _, _, err := p.s.ledger.Delete(later); err != nil {
 		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("deleting ledgers of later attempts: %w", err))
 	}
+	faultpoint.Hit(faultpoint.ModelInstallDeleted)
 	if _, _, err := p.s.ledger.Retire(sources); err != nil {
 		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("retiring the source attempts' ledgers: %w", err))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -252,6 +253,7 @@ func (p *participant) Report(limit int) ctlplane.Report {
 // scope's rollouts up in the index rather than scanning every session.
 func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
 	s, ck := p.s, p.ck
+	emit = faultpoint.AfterFirst(faultpoint.ResourcesExportPartial, emit)
 	extras := ctlplane.Extras{Manifest: map[string]any{manifestType: s.cfg.Type, manifestMode: ck.mode}}
 	if ck.mode == ModeRestartOnly {
 		return extras, nil
@@ -389,6 +391,9 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, _ 
 		s.bindLocked(sess, in.next)
 		ck.restored[in.id] = sess
 		next = append(next, in.next)
+		if len(next) == 1 {
+			faultpoint.Hit(faultpoint.ResourcesInstallPartial)
+		}
 	}
 	ck.served = true
 	s.updateSessionsGaugeLocked()

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 )
 
 // ImportRow is a Row as a restore imports it: its token arrays stay the
@@ -136,6 +137,9 @@ func (l *Ledger) ImportMany(imports []Import) error {
 	exts, err := l.writeMany(len(imports), func(dst []byte, i int) ([]byte, error) {
 		return appendImportRecord(dst, imports[i])
 	})
+	if len(exts) > 0 {
+		faultpoint.Hit(faultpoint.LedgerImportWritten)
+	}
 	for i, ext := range exts {
 		l.installImported(imports[i], lastSeqs[i], ext)
 	}

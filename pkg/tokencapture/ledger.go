@@ -46,6 +46,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
 
@@ -305,6 +306,7 @@ func (l *Ledger) Append(key string, row Row) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
+	faultpoint.Hit(faultpoint.LedgerAppendWritten)
 	ks.extents = append(ks.extents, ext)
 	ks.rows++
 	ks.lastSeq = row.Seq
@@ -699,6 +701,7 @@ func (l *Ledger) remove(op string, keys []string) (removed, absent []string, err
 	if _, err := l.write(line); err != nil {
 		return nil, nil, err
 	}
+	faultpoint.Hit(faultpoint.LedgerRemoveWritten)
 	for _, k := range keys {
 		ks := l.keys[k]
 		had := ks != nil && ks.present

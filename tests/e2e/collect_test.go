@@ -195,15 +195,30 @@ func (f *Fleet) fleetFile() string {
 // and checkpoint directory.
 func (f *Fleet) collect(ws *workspace, args ...string) *collector {
 	f.t.Helper()
-	all := append([]string{"collect", "--config", f.fleetFile(), "--input", ws.input, "--output", ws.output,
+	return startGymctl(f.t, f.collectArgs(ws, args...)...)
+}
+
+// collectArgs are gymctl's arguments to collect ws over the fleet.
+func (f *Fleet) collectArgs(ws *workspace, args ...string) []string {
+	f.t.Helper()
+	return append([]string{"collect", "--config", f.fleetFile(), "--input", ws.input, "--output", ws.output,
 		"--checkpoint-dir", ws.ckpt, "--no-progress", "--checkpoint-timeout", "30s"}, args...)
-	return startGymctl(f.t, all...)
 }
 
 func startGymctl(t *testing.T, args ...string) *collector {
 	t.Helper()
+	return startGymctlIn(t, binDir, nil, args...)
+}
+
+// startGymctlIn starts bin's gymctl with env added to the test's
+// environment.
+func startGymctlIn(t *testing.T, bin string, env []string, args ...string) *collector {
+	t.Helper()
 	c := &collector{t: t, done: make(chan struct{})}
-	c.cmd = exec.Command(filepath.Join(binDir, "gymctl"), args...)
+	c.cmd = exec.Command(filepath.Join(bin, "gymctl"), args...)
+	if env != nil {
+		c.cmd.Env = append(os.Environ(), env...)
+	}
 	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)

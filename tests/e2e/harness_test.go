@@ -103,6 +103,7 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 	}
+	defer removeFaultBinaries()
 	return m.Run()
 }
 
@@ -126,8 +127,28 @@ type Fleet struct {
 // every process and registers the dump of every log if the test fails.
 func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	t.Helper()
+	return startFleetWith(t, fleetOptions{topo: mutate})
+}
+
+// fleetOptions are what startFleetWith changes of the standard fleet.
+type fleetOptions struct {
+	// bin holds the binaries (binDir when empty).
+	bin string
+	// topo changes the topology, cfg the configuration generated from it
+	// (each may be nil).
+	topo func(*fleet.Topology)
+	cfg  func(*fleet.Config)
+}
+
+// startFleetWith is startFleet with options.
+func startFleetWith(t *testing.T, o fleetOptions) *Fleet {
+	t.Helper()
 	dir := t.TempDir()
-	topo := fleet.Standard(dir, binDir, token)
+	bin := o.bin
+	if bin == "" {
+		bin = binDir
+	}
+	topo := fleet.Standard(dir, bin, token)
 	topo.LogLevel = "debug"
 	topo.HTTPStack = stack
 	topo.Ports = ports
@@ -135,12 +156,15 @@ func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	// their own subtests' (t.TempDir), which lie beneath it and not
 	// beneath dir.
 	topo.CheckpointRoot = os.TempDir()
-	if mutate != nil {
-		mutate(&topo)
+	if o.topo != nil {
+		o.topo(&topo)
 	}
 	cfg, err := fleet.Generate(topo)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.cfg != nil {
+		o.cfg(cfg)
 	}
 	// The test's clients speak the fleet's stack and verify its CA.
 	hc := cfg.HTTP.Conf(cfg.BaseDir)
