@@ -37,6 +37,8 @@ type agentHooks interface {
 // and a legacy /run runs from its first stage.
 type noHooks struct{ s *Server }
 
+var _ agentHooks = noHooks{}
+
 func (noHooks) served()                            {}
 func (noHooks) startActivation(*session) loopHooks { return directLoop{} }
 func (noHooks) endActivation(*session)             {}

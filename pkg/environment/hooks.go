@@ -34,6 +34,8 @@ type runHooks interface {
 // from its input and nothing is tracked.
 type noHooks struct{}
 
+var _ runHooks = noHooks{}
+
 func (noHooks) admitRun(rollout.EpisodeID) error { return nil }
 func (noHooks) taskDigest(Row) (string, error)   { return "", nil }
 func (noHooks) retired(rollout.EpisodeID) bool   { return false }

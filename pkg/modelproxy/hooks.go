@@ -49,6 +49,8 @@ type callHooks interface {
 // delivered at once and nothing is tracked.
 type noHooks struct{}
 
+var _ callHooks = noHooks{}
+
 func (noHooks) admit(r *http.Request, _ *ticket) (*http.Request, error) { return r, nil }
 func (noHooks) describeChat(*ticket, string, chatFields)                {}
 func (noHooks) describeResponses(*ticket, string, *openai.ResponsesRequest, *openai.ChatRequest) {

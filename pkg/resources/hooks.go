@@ -36,6 +36,8 @@ type requestHooks interface {
 // nothing is refused and nothing is tracked.
 type noHooks struct{}
 
+var _ requestHooks = noHooks{}
+
 func (noHooks) holds(operation) <-chan struct{}                { return nil }
 func (noHooks) enter(operation, rollout.EpisodeID, bool) error { return nil }
 func (noHooks) release(string)                                 {}
