@@ -10,12 +10,14 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/hugepage"
+	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/parallel"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
@@ -51,8 +53,9 @@ type ckptState struct {
 	// the legacy tracker's readiness may have changed.
 	blocking int
 	changed  chan struct{}
-	// served counts sessions opened and stateless activations run, for Fresh.
-	served int
+	// served counts sessions opened and stateless activations run, for
+	// Fresh; atomic, so counting needs no lock.
+	served atomic.Int64
 	// watch relays the legacy tracker's readiness changes while admission
 	// is closed (the only time a prepare waits on them); nil otherwise.
 	watch *watcher
@@ -154,13 +157,13 @@ func (s *Server) updateBlocking(sess *session) {
 	}
 }
 
-// sessionHooks take a native session's activation through checkpoints.
-type sessionHooks struct {
+// sessionLoop takes a native session's activation through checkpoints.
+type sessionLoop struct {
 	s    *Server
 	sess *session
 }
 
-func (h sessionHooks) atBoundary(ctx context.Context, b Boundary, st *LoopState) error {
+func (h sessionLoop) atBoundary(ctx context.Context, b Boundary, st *LoopState) error {
 	s, sess := h.s, h.sess
 	enc, encErr := s.ckpt.encodeBoundary(st)
 	s.mu.Lock()
@@ -187,12 +190,12 @@ func (h sessionHooks) atBoundary(ctx context.Context, b Boundary, st *LoopState)
 	return nil
 }
 
-func (h sessionHooks) awaitModel(ctx context.Context, call func(context.Context) error) error {
-	err := call(ctx)
+func (h sessionLoop) awaitModel(ctx context.Context, a *activation) (*openai.Response, error) {
+	resp, err := a.callModel(ctx)
 	h.s.mu.Lock()
 	h.s.setPhase(h.sess, phaseRunning)
 	h.s.mu.Unlock()
-	return err
+	return resp, err
 }
 
 // startWatchLocked starts relaying the legacy tracker's readiness changes
@@ -238,10 +241,74 @@ func (s *Server) stopWatch() {
 	}
 }
 
-// participant implements ctlplane.Participant for one agent.
+// participant implements ctlplane.Participant for one agent, and the
+// agent's hooks with checkpointing on.
 type participant struct{ s *Server }
 
-var _ ctlplane.Participant = participant{}
+var (
+	_ ctlplane.Participant = participant{}
+	_ agentHooks           = participant{}
+)
+
+// ---- the request path (agentHooks) ----------------------------------------
+
+func (p participant) served() { p.s.ckpt.served.Add(1) }
+
+func (p participant) startActivation(sess *session) loopHooks {
+	p.s.setPhase(sess, phaseRunning)
+	return sessionLoop{s: p.s, sess: sess}
+}
+
+func (p participant) endActivation(sess *session) {
+	sess.boundary, sess.boundaryErr = nil, nil
+	p.s.setPhase(sess, phaseIdle)
+}
+
+// admitRun checks the fence: the fence middleware reads only the prefix,
+// and a row names its attempt in the body.
+func (p participant) admitRun(ep rollout.EpisodeID) error { return p.s.ctl.CheckFence(ep) }
+
+// runLegacy runs a legacy /run as an episode of the tracker: a replacement
+// attempt restored from a checkpoint continues from its boundary, and a
+// retire cancels it.
+func (p participant) runLegacy(ctx context.Context, ep rollout.EpisodeID, row map[string]codec.RawMessage, body []byte, params *openai.ResponsesRequest) (any, error) {
+	digest, err := legacyTaskDigest(body)
+	if err != nil {
+		return nil, apierror.Wrap(apierror.InvalidRequest, err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	e, cont, err := p.s.runs.Begin(ep, digest, func() { cancel(errRetired) })
+	if err != nil {
+		return nil, err
+	}
+	defer e.End()
+	prog := newLegacyProgress()
+	if cont != nil {
+		restored, err := decodeLegacyBoundary(cont.Boundary)
+		if err != nil {
+			return nil, apierror.Wrap(apierror.InvalidCheckpointState, err)
+		}
+		if restored != nil {
+			prog = restored
+		}
+	}
+	out, err := p.s.runLegacy(ctx, e, legacyHooks{e: e, p: prog}, ep, row, body, params, prog)
+	if err != nil && ctx.Err() != nil {
+		// A run parked at a boundary ends with the bare context error;
+		// report why it was stopped (a retire says stale_attempt).
+		err = context.Cause(ctx)
+	}
+	return out, err
+}
+
+// close closes the control plane and stops the legacy tracker's watcher.
+func (p participant) close() {
+	p.s.ctl.Close()
+	p.s.stopWatch()
+}
+
+// ---- ctlplane.Participant ------------------------------------------------
 
 func (p participant) Kind() string     { return ctlplane.KindAgent }
 func (p participant) Instance() string { return p.s.cfg.Name }
@@ -646,7 +713,7 @@ func (s *Server) dropSessionLocked(sess *session) {
 func (p participant) Fresh() error {
 	s := p.s
 	s.mu.Lock()
-	served, live := s.ckpt.served, len(s.sessions)
+	served, live := s.ckpt.served.Load(), len(s.sessions)
 	s.mu.Unlock()
 	if served > 0 || live > 0 {
 		return fmt.Errorf("restore requires a process without live sessions: agent %s has served %d sessions or calls and holds %d", s.cfg.Name, served, live)

@@ -79,11 +79,11 @@ func StartHeldActivation(ctx context.Context, s *Server, ep rollout.EpisodeID, s
 		observations: Observations{ResourcesSessionID: resourcesSessionID},
 	}
 	s.addSessionLocked(sess)
-	s.ckpt.served++
+	s.ckpt.served.Add(1)
 	sess.running, sess.cancelRun, sess.runDone = true, func(error) {}, make(chan struct{})
 	sess.activations++
 	sess.loop = st
 	s.setPhase(sess, phaseRunning)
 	s.mu.Unlock()
-	return sessionHooks{s: s, sess: sess}.atBoundary(ctx, BoundaryBeforeModelCall, st)
+	return sessionLoop{s: s, sess: sess}.atBoundary(ctx, BoundaryBeforeModelCall, st)
 }

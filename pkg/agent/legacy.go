@@ -166,8 +166,14 @@ func (h legacyHooks) atBoundary(ctx context.Context, _ Boundary, st *LoopState) 
 	})
 }
 
-func (h legacyHooks) awaitModel(ctx context.Context, call func(context.Context) error) error {
-	return h.e.Step(ctx, episode.Replay, call)
+func (h legacyHooks) awaitModel(ctx context.Context, a *activation) (*openai.Response, error) {
+	var resp *openai.Response
+	err := h.e.Step(ctx, episode.Replay, func(ctx context.Context) error {
+		var err error
+		resp, err = a.callModel(ctx)
+		return err
+	})
+	return resp, err
 }
 
 // handleRun is NeMo Gym's legacy /run: seed a fresh resources session, run
@@ -194,57 +200,22 @@ func (s *Server) handleRun(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.ctl != nil {
-		// The fence middleware reads only the prefix; a row names its
-		// attempt in the body.
-		if err := s.ctl.CheckFence(ep); err != nil {
-			return nil, err
-		}
+	if err := s.hooks.admitRun(ep); err != nil {
+		return nil, err
 	}
 	ctx := rollout.WithEpisode(r.Context(), ep)
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
-	if s.runs == nil {
-		return s.runLegacy(ctx, nil, ep, row, body, params, newLegacyProgress())
-	}
-
-	digest, err := legacyTaskDigest(body)
-	if err != nil {
-		return nil, apierror.Wrap(apierror.InvalidRequest, err)
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	e, cont, err := s.runs.Begin(ep, digest, func() { cancel(errRetired) })
-	if err != nil {
-		return nil, err
-	}
-	defer e.End()
-	p := newLegacyProgress()
-	if cont != nil {
-		restored, err := decodeLegacyBoundary(cont.Boundary)
-		if err != nil {
-			return nil, apierror.Wrap(apierror.InvalidCheckpointState, err)
-		}
-		if restored != nil {
-			p = restored
-		}
-	}
-	out, err := s.runLegacy(ctx, e, ep, row, body, params, p)
-	if err != nil && ctx.Err() != nil {
-		// A run parked at a boundary ends with the bare context error;
-		// report why it was stopped (a retire says stale_attempt).
-		err = context.Cause(ctx)
-	}
-	return out, err
+	return s.hooks.runLegacy(ctx, ep, row, body, params)
 }
 
 func newLegacyProgress() *legacyProgress {
 	return &legacyProgress{next: stageSeed, rsid: NewResourcesSessionID(), verify: episode.Wait}
 }
 
-// runLegacy runs a legacy /run's stages from p. e is nil with
-// checkpointing off.
-func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.EpisodeID, row map[string]codec.RawMessage, body []byte, params *openai.ResponsesRequest, p *legacyProgress) (any, error) {
+// runLegacy runs a legacy /run's stages from p, its loop with loop hooks
+// lh. e is nil with checkpointing off (a nil Episode records nothing).
+func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, lh loopHooks, ep rollout.EpisodeID, row map[string]codec.RawMessage, body []byte, params *openai.ResponsesRequest, p *legacyProgress) (any, error) {
 	resources := baseURL(s.cfg.ResourcesServerURL)
 	defer func() {
 		// A retire no longer cancels the run from here on: its reply must
@@ -293,9 +264,7 @@ func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, ep rollout.E
 			}
 		case stageLoop:
 			act := s.newActivation(ep, p.resources(), params, p.loop)
-			if e != nil {
-				act.hooks = legacyHooks{e: e, p: p}
-			}
+			act.hooks = lh
 			resp, err := s.runActivation(ctx, act)
 			if err != nil {
 				return nil, err

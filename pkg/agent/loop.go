@@ -121,8 +121,8 @@ type activation struct {
 	// followed by the state's NewOutputs.
 	input []openai.Item
 	state *LoopState
-	// hooks take the activation through checkpoints; nil (checkpointing
-	// off, or a stateless call) costs one nil check per boundary.
+	// hooks take the activation through checkpoints: directLoop for a
+	// stateless call or with checkpointing off.
 	hooks loopHooks
 }
 
@@ -133,9 +133,9 @@ type loopHooks interface {
 	// built only if a checkpoint exports it) and, while a checkpoint is
 	// open, parks there until it reopens or ctx ends.
 	atBoundary(ctx context.Context, b Boundary, st *LoopState) error
-	// awaitModel runs one model call, right after a before-model-call
-	// boundary.
-	awaitModel(ctx context.Context, call func(context.Context) error) error
+	// awaitModel makes a's next model call (a.callModel), right after a
+	// before-model-call boundary.
+	awaitModel(ctx context.Context, a *activation) (*openai.Response, error)
 }
 
 // resourcesRef names a resources session as a call carries it: our
@@ -161,7 +161,7 @@ func (s *Server) newActivation(ep rollout.EpisodeID, resources resourcesRef, par
 	if state == nil {
 		state = &LoopState{}
 	}
-	return &activation{srv: s, episode: ep, resources: resources, params: params, input: params.Input.AsItems(), state: state}
+	return &activation{srv: s, episode: ep, resources: resources, params: params, input: params.Input.AsItems(), state: state, hooks: directLoop{}}
 }
 
 // RunLoop runs the turn loop of one activation outside any session: for
@@ -186,12 +186,9 @@ func (s *Server) runActivation(ctx context.Context, act *activation) (*openai.Re
 	return resp, nil
 }
 
-// boundary marks that the loop is at b: with checkpointing on it records
-// the state's snapshot and parks while a checkpoint is open.
+// boundary marks that the loop is at b: with checkpointing on the hooks
+// record the state's snapshot and park while a checkpoint is open.
 func (a *activation) boundary(ctx context.Context, b Boundary) error {
-	if a.hooks == nil {
-		return nil
-	}
 	return a.hooks.atBoundary(ctx, b, a.state)
 }
 
@@ -310,20 +307,10 @@ func (a *activation) result() (*openai.Response, error) {
 	return &out, nil
 }
 
-// awaitModel makes the next model call, through the hooks when there are
-// any: while it waits for the reply the loop is still at the boundary
-// before the call.
+// awaitModel makes the next model call through the hooks: while it waits
+// for the reply the loop is still at the boundary before the call.
 func (a *activation) awaitModel(ctx context.Context) (*openai.Response, error) {
-	if a.hooks == nil {
-		return a.callModel(ctx)
-	}
-	var resp *openai.Response
-	err := a.hooks.awaitModel(ctx, func(ctx context.Context) error {
-		var err error
-		resp, err = a.callModel(ctx)
-		return err
-	})
-	return resp, err
+	return a.hooks.awaitModel(ctx, a)
 }
 
 // callModel sends the original input plus every new output to the model

@@ -74,7 +74,11 @@ type Server struct {
 	// closed orders closed sessions by close time, for forgetClosedLocked.
 	closed closedSessions
 
-	// Checkpointing (nil when it is off): the participant's state (guarded
+	// hooks are where requests meet checkpointing: noHooks with it off,
+	// else the participant (hooks.go).
+	hooks agentHooks
+	// Checkpointing (nil when it is off; only construction, the
+	// participant and tests read them): the participant's state (guarded
 	// by mu), the control plane, and the tracker of legacy /run episodes.
 	ckpt *ckptState
 	ctl  *ctlplane.Controller
@@ -181,6 +185,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		sessions:  map[string]*session{},
 		byRollout: map[string]map[string]*session{},
 	}
+	s.hooks = noHooks{s}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newCkptState()
@@ -190,6 +195,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			return nil, err
 		}
 		s.ctl = ctl
+		s.hooks = participant{s}
 		opts.Middleware = append(opts.Middleware, ctl.Middleware(classify))
 	}
 	r := httpserver.NewRouter(opts)
@@ -217,10 +223,7 @@ func (s *Server) Handler() http.Handler { return s.router }
 // with their requests), then the connections of the client New made.
 func (s *Server) Close(ctx context.Context) error {
 	err := s.Server.Close(ctx)
-	if s.ctl != nil {
-		s.ctl.Close()
-		s.stopWatch()
-	}
+	s.hooks.close()
 	if s.ownClient {
 		s.client.CloseIdleConnections()
 	}
@@ -308,9 +311,7 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 		observations:       Observations{ResourcesSessionID: req.ResourcesSessionID},
 	}
 	s.addSessionLocked(sess)
-	if s.ckpt != nil {
-		s.ckpt.served++
-	}
+	s.hooks.served()
 	s.forgetClosedLocked(time.Now())
 	return OpenReply{SessionID: sess.id, EpisodeID: ep}, nil
 }
@@ -448,11 +449,7 @@ func (s *Server) runStateless(r *http.Request, params *openai.ResponsesRequest) 
 	if err := sessioncookie.Check(cookies); err != nil {
 		return nil, apierror.New(apierror.InvalidRequest, "Cookie: %v", err)
 	}
-	if s.ckpt != nil {
-		s.mu.Lock()
-		s.ckpt.served++
-		s.mu.Unlock()
-	}
+	s.hooks.served()
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
 	act := s.newActivation(ep, resourcesRef{id: rsid, cookies: cookies}, params, nil)
@@ -509,7 +506,7 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	// the lock (it is kilobytes of JSON); the session is checked again
 	// after, and decoded again should another state have replaced it.
 	var pre decodedLoop
-	for refuse == nil && !replay && s.ckpt != nil && sess.restoredLoop != nil && pre.from != sess.restoredLoop {
+	for refuse == nil && !replay && sess.restoredLoop != nil && pre.from != sess.restoredLoop {
 		pre = decodedLoop{from: sess.restoredLoop}
 		s.mu.Unlock()
 		pre.state, pre.err = pre.from.decode()
@@ -527,23 +524,23 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 		s.metrics.activations.WithLabelValues("replayed").Inc()
 		return reply, nil
 	}
+	// Only a restore sets restored and restoredLoop: with checkpointing
+	// off this is a no-op.
 	var from *LoopState
-	if s.ckpt != nil {
-		sess.restored = false
-		if sess.restoredLoop != nil {
-			if pre.err != nil {
-				// The state stays as restored: a later checkpoint carries
-				// it on unchanged, and a retry fails the same way.
-				s.mu.Unlock()
-				s.metrics.activations.WithLabelValues("failed").Inc()
-				return nil, apierror.New(apierror.InvalidCheckpointState, "agent session %s: the restored loop state cannot be continued: %v", sess.id, pre.err)
-			}
-			// The activation that was in progress when the checkpoint was
-			// taken continues from its boundary: no model call is repeated
-			// and no pending tool skipped. It is the same activation, not a
-			// new one.
-			from, sess.restoredLoop = pre.state, nil
+	sess.restored = false
+	if sess.restoredLoop != nil {
+		if pre.err != nil {
+			// The state stays as restored: a later checkpoint carries it
+			// on unchanged, and a retry fails the same way.
+			s.mu.Unlock()
+			s.metrics.activations.WithLabelValues("failed").Inc()
+			return nil, apierror.New(apierror.InvalidCheckpointState, "agent session %s: the restored loop state cannot be continued: %v", sess.id, pre.err)
 		}
+		// The activation that was in progress when the checkpoint was
+		// taken continues from its boundary: no model call is repeated and
+		// no pending tool skipped. It is the same activation, not a new
+		// one.
+		from, sess.restoredLoop = pre.state, nil
 	}
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -554,10 +551,7 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	}
 	sess.loop = act.state
 	done := sess.runDone
-	if s.ckpt != nil {
-		act.hooks = sessionHooks{s: s, sess: sess}
-		s.setPhase(sess, phaseRunning)
-	}
+	act.hooks = s.hooks.startActivation(sess)
 	s.mu.Unlock()
 
 	s.metrics.inFlight.Inc()
@@ -571,10 +565,7 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess.running, sess.cancelRun, sess.runDone = false, nil, nil
-	if s.ckpt != nil {
-		sess.boundary, sess.boundaryErr = nil, nil
-		s.setPhase(sess, phaseIdle)
-	}
+	s.hooks.endActivation(sess)
 	close(done)
 	if err == nil && sess.closed {
 		err = errSessionClosed

@@ -8,11 +8,14 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
 	"github.com/gymfleet/gymfleet/pkg/faultpoint"
+	"github.com/gymfleet/gymfleet/pkg/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // participant is the environment server's side of checkpoints: its episodes,
@@ -20,9 +23,50 @@ import (
 type participant struct {
 	name    string
 	tracker *tracking.Tracker
+	ctl     *ctlplane.Controller
 }
 
-var _ ctlplane.Participant = (*participant)(nil)
+var (
+	_ ctlplane.Participant = (*participant)(nil)
+	_ runHooks             = (*participant)(nil)
+)
+
+// ---- the /run path (runHooks) ---------------------------------------------
+
+func (p *participant) admitRun(id rollout.EpisodeID) error { return p.ctl.CheckFence(id) }
+
+func (p *participant) taskDigest(row Row) (string, error) { return taskDigest(row) }
+
+// begin registers the episode with the checkpoint tracker. A replacement
+// attempt with a restored record continues from its boundary; an episode
+// whose record had none starts from its input.
+func (p *participant) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episode, *Boundary, error) {
+	tracked, cont, err := p.tracker.Begin(ep.id, ep.digest, cancel)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cont == nil || cont.Boundary == nil {
+		return tracked, freshStart(), nil
+	}
+	var b Boundary
+	// encoding/json recurses per level; this goroutine then waits for its
+	// agent (freshstack).
+	freshstack.Run(func() { err = codec.UnmarshalStrict(cont.Boundary, &b) })
+	if err == nil && b.Next != "" {
+		err = sessioncookie.Check(b.Handles.ResourcesCookies)
+	}
+	if err != nil || b.Next == "" {
+		tracked.End()
+		return nil, nil, apierror.New(apierror.InvalidCheckpointState, "the restored boundary of %s does not decode: %v", ep.id, err)
+	}
+	return tracked, &b, nil
+}
+
+func (p *participant) retired(id rollout.EpisodeID) bool { return p.ctl.Fence().Refuses(id) }
+
+func (p *participant) close() { p.ctl.Close() }
+
+// ---- ctlplane.Participant ------------------------------------------------
 
 func (p *participant) Kind() string     { return ctlplane.KindEnvironment }
 func (p *participant) Instance() string { return p.name }

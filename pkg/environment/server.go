@@ -23,13 +23,11 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
-	"github.com/gymfleet/gymfleet/pkg/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
-	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 )
 
 // Deps are the server's collaborators; nil fields get working defaults.
@@ -46,7 +44,11 @@ type Server struct {
 	client  *http.Client
 	agents  map[string]AgentConfig
 	metrics *metrics
-	// tracker and ctl exist only with checkpointing on.
+	// hooks are where a /run meets checkpointing: noHooks with it off,
+	// else the participant (hooks.go).
+	hooks runHooks
+	// tracker and ctl exist only with checkpointing on; only construction
+	// and tests read them.
 	tracker *tracking.Tracker
 	ctl     *ctlplane.Controller
 	cpu     cpuGate
@@ -79,6 +81,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		metrics: newMetrics(deps.Registry),
 		live:    make(map[string]*episode),
 		cpu:     newCPUGate(),
+		hooks:   noHooks{},
 	}
 	for _, a := range cfg.Agents {
 		a.URL = strings.TrimRight(a.URL, "/")
@@ -88,11 +91,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.tracker = tracking.NewTracker()
-		ctl, err := ctlplane.New(cfg.Checkpoint, &participant{name: cfg.Name, tracker: s.tracker}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		part := &participant{name: cfg.Name, tracker: s.tracker}
+		ctl, err := ctlplane.New(cfg.Checkpoint, part, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
 		if err != nil {
 			return nil, err
 		}
-		s.ctl = ctl
+		s.ctl, part.ctl = ctl, ctl
+		s.hooks = part
 		// /run names its episode in the body; the handler checks the fence
 		// and the tracker decides admission (a replacement is admitted while
 		// the restore keeps admission closed, a new episode is refused).
@@ -126,9 +131,7 @@ func (s *Server) Close(ctx context.Context) error {
 	// by cleanup_timeout, so this wait is bounded too.
 	s.running.Wait()
 	s.late.close()
-	if s.ctl != nil {
-		s.ctl.Close()
-	}
+	s.hooks.close()
 	s.client.CloseIdleConnections()
 	return err
 }
@@ -237,10 +240,8 @@ func (s *Server) openRun(r *http.Request) (context.Context, *episode, error) {
 		return nil, nil, apierror.New(apierror.InvalidRequest, "agent_ref.name %q is not an agent of environment %s (known: %s)", name, s.cfg.Name, strings.Join(s.agentNames(), ", "))
 	}
 
-	if s.ctl != nil {
-		if err := s.ctl.CheckFence(req.Episode); err != nil {
-			return nil, nil, err
-		}
+	if err := s.hooks.admitRun(req.Episode); err != nil {
+		return nil, nil, err
 	}
 	ep := &episode{
 		id:       req.Episode,
@@ -270,14 +271,14 @@ func (s *Server) countEpisode(ctx context.Context, ep *episode, err error) {
 	s.metrics.episodes.WithLabelValues(ep.protocol, outcome).Inc()
 }
 
-// decodeRun decodes a /run body and, with checkpointing on, digests its
-// task: the CPU of a /run before its episode starts (s.cpu bounds it).
+// decodeRun decodes a /run body and digests its task for the hooks: the
+// CPU of a /run before its episode starts (s.cpu bounds it).
 func (s *Server) decodeRun(ctx context.Context, body []byte) (*RunRequest, string, error) {
 	req, err := DecodeRunRequest(ctx, body)
-	if err != nil || s.tracker == nil {
+	if err != nil {
 		return req, "", err
 	}
-	digest, err := taskDigest(req.Row)
+	digest, err := s.hooks.taskDigest(req.Row)
 	if err != nil {
 		return nil, "", apierror.New(apierror.InvalidRequest, "task digest: %v", err)
 	}
@@ -317,23 +318,16 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 	epCtx, cancel := context.WithTimeout(ctx, s.cfg.EpisodeTimeout)
 	defer cancel()
 
-	start := &Boundary{Next: StageSeed, Handles: newHandles()}
-	if s.tracker != nil {
-		tracked, restored, err := s.begin(ep, cancel)
-		if err != nil {
-			return nil, err
-		}
-		ep.tracked = tracked
-		// End runs after the final cleanup below: until then a retire
-		// waits for this episode.
-		defer tracked.End()
-		if restored != nil {
-			start = restored
-		}
+	tracked, start, err := s.hooks.begin(ep, cancel)
+	if err != nil {
+		return nil, err
 	}
+	ep.tracked = tracked
+	// End runs after the final cleanup below: until then a retire waits for
+	// this episode.
+	defer tracked.End()
 
 	var reply codec.RawMessage
-	var err error
 	switch ep.protocol {
 	case ProtocolLegacy:
 		reply, err = s.runLegacy(epCtx, ep)
@@ -354,36 +348,11 @@ func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage,
 	return reply, nil
 }
 
-// begin registers the episode with the checkpoint tracker. A replacement
-// attempt with a restored record gets the boundary it continues from (nil:
-// the record had none, so it starts from its input).
-func (s *Server) begin(ep *episode, cancel context.CancelFunc) (*tracking.Episode, *Boundary, error) {
-	tracked, cont, err := s.tracker.Begin(ep.id, ep.digest, cancel)
-	if err != nil {
-		return nil, nil, err
-	}
-	if cont == nil || cont.Boundary == nil {
-		return tracked, nil, nil
-	}
-	var b Boundary
-	// encoding/json recurses per level; this goroutine then waits for its
-	// agent (freshstack).
-	freshstack.Run(func() { err = codec.UnmarshalStrict(cont.Boundary, &b) })
-	if err == nil && b.Next != "" {
-		err = sessioncookie.Check(b.Handles.ResourcesCookies)
-	}
-	if err != nil || b.Next == "" {
-		tracked.End()
-		return nil, nil, apierror.New(apierror.InvalidCheckpointState, "the restored boundary of %s does not decode: %v", ep.id, err)
-	}
-	return tracked, &b, nil
-}
-
 // episodeError maps an episode's failure to the /run error: the client went
 // away, the episode ran out of time, or an upstream failed.
 func (s *Server) episodeError(reqCtx, epCtx context.Context, ep *episode, err error) error {
 	key := ep.id.CaptureKey()
-	if s.ctl != nil && s.ctl.Fence().Refuses(ep.id) {
+	if s.hooks.retired(ep.id) {
 		return apierror.New(apierror.StaleAttempt, "episode %s was retired", key)
 	}
 	// Refusals a caller must act on pass through: resend after the

@@ -81,49 +81,22 @@ func newCallID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// admit starts a call: it names it and notes which attempt it belongs to.
-// With checkpointing on it registers the call, whose work then derives
-// from the returned request's context (a retire cancels it); ok is false
-// when the call was refused and answered.
+// admit starts a call: it names it, notes which attempt it belongs to and
+// registers it with the hooks, whose context the call's work then derives
+// from; ok is false when the call was refused and answered.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, route string) (t *ticket, _ *http.Request, ok bool) {
 	t = &ticket{callID: newCallID(), route: route, admittedAt: time.Now()}
 	if id, ok := rollout.FromContext(r.Context()); ok {
 		t.captureKey, t.episode = id.CaptureKey(), id
 	}
-	if s.ckpt != nil {
-		ctx, err := s.ckpt.register(r.Context(), t)
-		if err != nil {
-			apierror.WriteOpenAI(w, r, s.log, err)
-			s.metrics.calls.WithLabelValues(route, outcomeOf(err)).Inc()
-			return nil, r, false
-		}
-		r = r.WithContext(ctx)
+	tracked, err := s.hooks.admit(r, t)
+	if err != nil {
+		apierror.WriteOpenAI(w, r, s.log, err)
+		s.metrics.calls.WithLabelValues(route, outcomeOf(err)).Inc()
+		return nil, r, false
 	}
 	s.metrics.inFlight.Inc()
-	return t, r, true
-}
-
-// release ends an admitted call's registration when its handler returns. A
-// call that never started its response was stopped by a retire (it is
-// answered stale_attempt, before the retire that waits for it returns) or
-// by a shutdown while held (its stream is reset, as a crash would leave it:
-// it was never delivered).
-func (s *Server) release(w http.ResponseWriter, r *http.Request, t *ticket) {
-	if s.ckpt == nil {
-		return
-	}
-	abort := false
-	if !t.started.Load() {
-		if cause := context.Cause(r.Context()); apierror.HasCode(cause, apierror.StaleAttempt) {
-			apierror.WriteOpenAI(w, r, s.log, cause)
-		} else {
-			abort = s.ckpt.shuttingDown()
-		}
-	}
-	s.ckpt.release(t)
-	if abort {
-		panic(http.ErrAbortHandler)
-	}
+	return t, tracked, true
 }
 
 // done ends a call in the metrics.
@@ -134,36 +107,15 @@ func (s *Server) done(t *ticket, outcome string) {
 
 // deliver is the single point every response passes right before its first
 // byte is written: JSON replies, error replies and the first event of a
-// stream. While a checkpoint holds admission closed, a response that has
-// not started waits here until it reopens; nothing past this point may be
+// stream. The hooks may hold a response that has not started here (while a
+// checkpoint holds admission closed); nothing past this point may be
 // undone. It fails only when the call is cancelled (client gone, retire,
 // shutdown).
 func (s *Server) deliver(ctx context.Context, t *ticket) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if s.ckpt != nil {
-		return s.ckpt.deliver(ctx, t)
-	}
-	t.started.Store(true)
-	return nil
-}
-
-// upstreamRunning notes whether the call's upstream request is in flight
-// (a checkpoint cuts only those).
-func (s *Server) upstreamRunning(t *ticket, running bool) {
-	if s.ckpt != nil {
-		s.ckpt.setRunning(t, running)
-	}
-}
-
-// awaitResume waits, after the worker cut the call, until admission is
-// open again; the caller then re-issues the call continuing the prefix.
-func (s *Server) awaitResume(ctx context.Context, t *ticket) error {
-	if s.ckpt != nil {
-		return s.ckpt.awaitOpen(ctx, t)
-	}
-	return ctx.Err()
+	return s.hooks.deliver(ctx, t)
 }
 
 // captured is what a call stages in the ledger once its reply is complete.
@@ -181,10 +133,8 @@ type captured struct {
 // the kernel before the agent can act on the reply. A capture failure never
 // fails the call.
 func (s *Server) stage(ctx context.Context, t *ticket, c *captured) {
-	if s.ckpt != nil {
-		// The response is delivered: a checkpoint may capture it now.
-		defer s.ckpt.settle(t, c != nil)
-	}
+	// The response is delivered: a checkpoint may capture it now.
+	defer s.hooks.settle(t, c != nil)
 	if t.captureKey == "" || c == nil {
 		return
 	}

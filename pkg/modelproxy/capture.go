@@ -79,27 +79,17 @@ func (s *Server) handleManifest(r *http.Request) (any, error) {
 }
 
 func (s *Server) handleRetire(r *http.Request) (any, error) {
-	if err := s.refuseRemoval(); err != nil {
+	if err := s.hooks.refuseRemoval(); err != nil {
 		return nil, err
 	}
 	return s.remove(r, s.ledger.Retire)
 }
 
 func (s *Server) handleDelete(r *http.Request) (any, error) {
-	if err := s.refuseRemoval(); err != nil {
+	if err := s.hooks.refuseRemoval(); err != nil {
 		return nil, err
 	}
 	return s.remove(r, s.ledger.Delete)
-}
-
-// refuseRemoval answers 409 checkpoint_open while a checkpoint is open: a
-// ledger removed then would be missing from (or resurrected by) its export
-// or install.
-func (s *Server) refuseRemoval() error {
-	if s.ckpt != nil && s.ckpt.checkpointOpen() {
-		return apierror.New(apierror.CheckpointOpen, "a checkpoint is open on this model server; retry ledger retire and delete after it resumes")
-	}
-	return nil
 }
 
 // remove runs retire or delete: 422 for an unknown field or an empty or

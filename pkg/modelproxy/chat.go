@@ -195,7 +195,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	defer s.release(w, r, t)
+	defer s.hooks.release(w, r, t)
 	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
@@ -215,10 +215,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	stream := f.streaming()
-	if s.ckpt != nil {
-		// Before prepareChat adds the token parameters: what the client asked.
-		s.ckpt.describe(t, digest, stream, constrainedChat(f))
-	}
+	// Before prepareChat adds the token parameters: what the client asked.
+	s.hooks.describeChat(t, digest, f)
 	clientLogprobs := f.wantsLogprobs()
 	up, err := s.prepareChat(f, clientLogprobs)
 	if err != nil {
@@ -437,7 +435,7 @@ func unfinished(sawDone bool) error {
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string) {
 	ctx := r.Context()
 	start := time.Now()
-	defer s.upstreamRunning(t, false)
+	defer s.hooks.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, up, true)
 	if err != nil {
 		if contextOverflow(err) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"runtime"
 	"slices"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/faultpoint"
+	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/parallel"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
@@ -127,8 +129,9 @@ func (p *participant) beginShutdown() {
 	p.shutdownOnce.Do(func() { close(p.shutdown) })
 }
 
-// close stops a cut round and waits for it.
+// close closes the control plane, then stops a cut round and waits for it.
 func (p *participant) close() {
+	p.ctl.Close()
 	p.beginShutdown()
 	p.cancel()
 	p.wg.Wait()
@@ -141,12 +144,12 @@ func (p *participant) notifyLocked() {
 
 // ---- the call path -------------------------------------------------------
 
-// register admits a call: it is refused if its attempt was retired (the
+// admit registers a call: it is refused if its attempt was retired (the
 // fence is re-checked under the lock a retire takes to list calls, so a
 // call is either listed and stopped or refused), and its work derives from
-// the returned context, which a retire cancels.
-func (p *participant) register(parent context.Context, t *ticket) (context.Context, error) {
-	ctx, cancel := context.WithCancelCause(parent)
+// the returned request's context, which a retire cancels.
+func (p *participant) admit(r *http.Request, t *ticket) (*http.Request, error) {
+	ctx, cancel := context.WithCancelCause(r.Context())
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t.captureKey != "" && p.ctl.Fence().Refuses(t.episode) {
@@ -162,7 +165,7 @@ func (p *participant) register(parent context.Context, t *ticket) (context.Conte
 			r.used = true
 		}
 	}
-	return ctx, nil
+	return r.WithContext(ctx), nil
 }
 
 // shuttingDown reports whether the server has started closing.
@@ -175,9 +178,29 @@ func (p *participant) shuttingDown() bool {
 	}
 }
 
-// release unregisters a call whose handler is returning; a retire waiting
+// release ends a call's registration when its handler returns. A call
+// that never started its response was stopped by a retire (it is answered
+// stale_attempt, before the retire that waits for it returns) or by a
+// shutdown while held (its stream is reset, as a crash would leave it: it
+// was never delivered).
+func (p *participant) release(w http.ResponseWriter, r *http.Request, t *ticket) {
+	abort := false
+	if !t.started.Load() {
+		if cause := context.Cause(r.Context()); apierror.HasCode(cause, apierror.StaleAttempt) {
+			apierror.WriteOpenAI(w, r, p.s.log, cause)
+		} else {
+			abort = p.shuttingDown()
+		}
+	}
+	p.unregister(t)
+	if abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// unregister forgets a call whose handler is returning; a retire waiting
 // for it may then go on.
-func (p *participant) release(t *ticket) {
+func (p *participant) unregister(t *ticket) {
 	p.mu.Lock()
 	delete(p.calls, t.callID)
 	if t.captureKey != "" {
@@ -195,6 +218,16 @@ func (p *participant) release(t *ticket) {
 	t.cancel(nil)
 }
 
+// describeChat describes a Chat Completions call.
+func (p *participant) describeChat(t *ticket, digest string, f chatFields) {
+	p.describe(t, digest, f.streaming(), constrainedChat(f))
+}
+
+// describeResponses describes a Responses call.
+func (p *participant) describeResponses(t *ticket, digest string, req *openai.ResponsesRequest, chat *openai.ChatRequest) {
+	p.describe(t, digest, req.Streaming(), constrainedResponses(req, chat))
+}
+
 // describe records the request's digest and kind; a call whose capture key
 // and digest match a restored generation cut continues its prefix.
 func (p *participant) describe(t *ticket, digest string, stream, constrained bool) {
@@ -209,7 +242,7 @@ func (p *participant) describe(t *ticket, digest string, stream, constrained boo
 	}
 }
 
-func (p *participant) setRunning(t *ticket, running bool) {
+func (p *participant) upstreamRunning(t *ticket, running bool) {
 	p.mu.Lock()
 	t.running = running
 	p.mu.Unlock()
@@ -227,8 +260,8 @@ func (p *participant) deliver(ctx context.Context, t *ticket) error {
 	})
 }
 
-// awaitOpen waits, holding a cut call, until admission is open.
-func (p *participant) awaitOpen(ctx context.Context, t *ticket) error {
+// awaitResume waits, holding a cut call, until admission is open.
+func (p *participant) awaitResume(ctx context.Context, t *ticket) error {
 	return p.waitOpen(ctx, t, func() {})
 }
 
@@ -845,6 +878,16 @@ func (p *participant) StatusExtra() map[string]any {
 	}
 }
 
+// refuseRemoval answers 409 checkpoint_open while a checkpoint is open: a
+// ledger removed then would be missing from (or resurrected by) its export
+// or install.
+func (p *participant) refuseRemoval() error {
+	if p.checkpointOpen() {
+		return apierror.New(apierror.CheckpointOpen, "a checkpoint is open on this model server; retry ledger retire and delete after it resumes")
+	}
+	return nil
+}
+
 // checkpointOpen reports whether a checkpoint is open: its phase is not
 // idle, or admission is closed.
 func (p *participant) checkpointOpen() bool {
@@ -855,4 +898,7 @@ func (p *participant) checkpointOpen() bool {
 	return closed
 }
 
-var _ ctlplane.Participant = (*participant)(nil)
+var (
+	_ ctlplane.Participant = (*participant)(nil)
+	_ callHooks            = (*participant)(nil)
+)

@@ -90,10 +90,8 @@ func RunCompletedCall(ctx context.Context, s *Server, id rollout.EpisodeID, c Co
 	if !ok {
 		return fmt.Errorf("call of %s refused: %d %s", id, w.Code, w.Body)
 	}
-	defer s.release(w, r, t)
-	if s.ckpt != nil {
-		s.ckpt.describe(t, c.RequestDigest, false, false)
-	}
+	defer s.hooks.release(w, r, t)
+	s.hooks.describeChat(t, c.RequestDigest, nil)
 	s.finish(w, r, t, reply{
 		body:    []byte(`{}`),
 		capture: &captured{model: c.Model, requestDigest: c.RequestDigest, tokens: c.Tokens, finishReason: c.FinishReason},

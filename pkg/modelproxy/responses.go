@@ -128,7 +128,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	defer s.release(w, r, t)
+	defer s.hooks.release(w, r, t)
 	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
@@ -157,9 +157,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if s.ckpt != nil {
-		s.ckpt.describe(t, digest, req.Streaming(), constrainedResponses(req, chat))
-	}
+	s.hooks.describeResponses(t, digest, req, chat)
 	if req.Streaming() {
 		s.streamResponses(w, r, t, req, chat, digest)
 		return
@@ -331,7 +329,7 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	}
 	rs := newResponseStream(s, t, r, w, req)
 	start := time.Now()
-	defer s.upstreamRunning(t, false)
+	defer s.hooks.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, up, true)
 	if err != nil {
 		if !contextOverflow(err) {

@@ -15,7 +15,8 @@
 // checkpoint holds undelivered responses) → stage the ledger row → write.
 //
 // With checkpoint.enabled the server is a checkpoint participant of kind
-// model (checkpoint.go): model calls arriving while a checkpoint is open
+// model (checkpoint.go), which the call path meets only through its hooks
+// (hooks.go; with checkpointing off they do nothing): model calls arriving while a checkpoint is open
 // wait unadmitted, responses not started are held at deliver, in-flight
 // generations are cut by the worker (cut.go) and continued after a resume
 // or a restore, and the ledger rows of delivered calls are exported and
@@ -63,8 +64,11 @@ type Server struct {
 	ledger   *tokencapture.Ledger
 	upstream *upstreamConn
 	metrics  *metrics
-	// ckpt and ctl are nil with checkpointing off: the data path then pays
-	// a nil check only.
+	// hooks are where calls meet checkpointing: noHooks with it off, else
+	// the participant (hooks.go).
+	hooks callHooks
+	// ckpt and ctl are nil with checkpointing off; only construction,
+	// Close and tests read them.
 	ckpt *participant
 	ctl  *ctlplane.Controller
 
@@ -98,6 +102,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		ledger:    ledger,
 		upstream:  newUpstreamConn(cfg, deps, deps.Logger),
 		metrics:   newMetrics(deps.Registry),
+		hooks:     noHooks{},
 		chatURL:   base + "/chat/completions",
 		modelsURL: base + "/models",
 	}
@@ -114,6 +119,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			return nil, fmt.Errorf("checkpoint control plane: %w", err)
 		}
 		s.ctl, s.ckpt.ctl = ctl, ctl
+		s.hooks = s.ckpt
 		mw = append(mw, ctl.Middleware(classify))
 	}
 	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})
@@ -178,16 +184,9 @@ func (s *Server) Controller() *ctlplane.Controller { return s.ctl }
 // holds are never delivered once closing starts: their streams are reset,
 // as a crash would leave them, and the restored agent re-issues them.
 func (s *Server) Close(ctx context.Context) error {
-	if s.ckpt != nil {
-		s.ckpt.beginShutdown()
-	}
+	s.hooks.beginShutdown()
 	err := s.Server.Close(ctx)
-	if s.ctl != nil {
-		s.ctl.Close()
-	}
-	if s.ckpt != nil {
-		s.ckpt.close()
-	}
+	s.hooks.close()
 	if lerr := s.ledger.Close(); lerr != nil && !errors.Is(lerr, tokencapture.ErrClosed) {
 		err = errors.Join(err, fmt.Errorf("close capture ledger: %w", lerr))
 	}

@@ -62,7 +62,7 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 	if err != nil {
 		return nil, transportError(ctx, err)
 	}
-	s.upstreamRunning(t, true)
+	s.hooks.upstreamRunning(t, true)
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, transportError(ctx, s.upstream.callError(ctx, err))
@@ -82,7 +82,7 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 // when a generation cut stopped it, the staging key of its prefix.
 func (s *Server) postChat(ctx context.Context, t *ticket, body []byte) ([]byte, string, error) {
 	start := time.Now()
-	defer s.upstreamRunning(t, false)
+	defer s.hooks.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, body, false)
 	if err != nil {
 		return nil, "", err
@@ -116,7 +116,7 @@ func (s *Server) completeUpstream(ctx context.Context, t *ticket, body []byte) (
 			return b, err
 		}
 		t.continueKey = cutKey
-		if err := s.awaitResume(ctx, t); err != nil {
+		if err := s.hooks.awaitResume(ctx, t); err != nil {
 			return nil, transportError(ctx, err)
 		}
 	}

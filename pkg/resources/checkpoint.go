@@ -166,7 +166,62 @@ type participant struct {
 	ck *checkpointing
 }
 
-var _ ctlplane.Participant = (*participant)(nil)
+var (
+	_ ctlplane.Participant = (*participant)(nil)
+	_ requestHooks         = (*participant)(nil)
+)
+
+// ---- the request path (requestHooks); s.mu is held ------------------------
+
+// holds: a request the checkpoint holds (see waits) waits while admission
+// is closed. A process that has served nothing holds every request while
+// closed: that is a restore installing, and even a request a checkpoint
+// admits (a replayable verify, a restart_only tool call) must not run
+// before the sessions exist.
+func (p *participant) holds(op operation) <-chan struct{} {
+	ck := p.ck
+	if !ck.closed || !(ck.waits(op) || !ck.served) {
+		return nil
+	}
+	return ck.reopened
+}
+
+// enter checks the fence again: the controller's middleware checked it
+// before the request waited or reached here; checking again under s.mu
+// closes the race with a retire that raised it since (Retire takes s.mu
+// after).
+func (p *participant) enter(op operation, ep rollout.EpisodeID, hasEp bool) error {
+	if hasEp && op != opClose && p.ck.fence.Refuses(ep) {
+		return apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired", ep.Attempt, ep.RolloutID)
+	}
+	p.ck.served = true
+	return nil
+}
+
+func (p *participant) track(op operation, sess *session, ep rollout.EpisodeID, hasEp bool) (string, bool) {
+	if !p.ck.counts(op) {
+		return "", false
+	}
+	label := blockerLabel(sess, ep, hasEp)
+	p.ck.block(label)
+	return label, true
+}
+
+func (p *participant) release(label string) { p.ck.unblock(label) }
+
+func (p *participant) used(sess *session) { delete(p.ck.restored, sess.id) }
+
+// seedHeaders tells the agent how to verify and whether it restarts.
+func (p *participant) seedHeaders(h http.Header) {
+	h.Set(VerifyModeHeader, p.ck.verify)
+	if p.ck.mode == ModeRestartOnly {
+		h.Set(RestartHeader, "1")
+	}
+}
+
+func (p *participant) close() { p.ck.ctl.Close() }
+
+// ---- ctlplane.Participant ------------------------------------------------
 
 // Kind implements ctlplane.Participant.
 func (p *participant) Kind() string { return ctlplane.KindResources }

@@ -65,8 +65,12 @@ type Server struct {
 	// instead of holding up the graceful shutdown.
 	closing   chan struct{}
 	closeOnce sync.Once
-	// ckpt is the checkpoint participant and its control plane; nil when
-	// checkpointing is off, and the data path then only pays nil checks.
+	// hooks are where data requests meet checkpointing: noHooks with it
+	// off, else the participant (hooks.go).
+	hooks requestHooks
+	// ckpt is the checkpoint side's state and its control plane; nil when
+	// checkpointing is off (only construction, the participant and tests
+	// read it).
 	ckpt *checkpointing
 
 	mu       sync.Mutex
@@ -135,6 +139,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		closing:   make(chan struct{}),
 		sessions:  map[string]*session{},
 		byRollout: map[string][]*session{},
+		hooks:     noHooks{},
 	}
 	if cfg.Type == TypeSlowVerify {
 		s.gate = &verifyGate{release: make(chan struct{})}
@@ -144,6 +149,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		if s.ckpt, err = newCheckpointing(s, deps); err != nil {
 			return nil, err
 		}
+		s.hooks = &participant{s: s, ck: s.ckpt}
 		opts.Middleware = append(opts.Middleware, s.ckpt.ctl.Middleware(s.classify))
 	}
 	r := httpserver.NewRouter(opts)
@@ -192,9 +198,7 @@ func (s *Server) Handler() http.Handler { return s.router }
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() { close(s.closing) })
 	err := s.Server.Close(ctx)
-	if s.ckpt != nil {
-		s.ckpt.ctl.Close()
-	}
+	s.hooks.close()
 	return err
 }
 
@@ -231,15 +235,8 @@ func (s *Server) enter(r *http.Request, op operation, id string, state any) (*se
 	}
 	// admit returns with s.mu held.
 	defer s.mu.Unlock()
-	ck := s.ckpt
-	if ck != nil {
-		// The controller's middleware checked the fence before the request
-		// waited or reached here; checking again under s.mu closes the race
-		// with a retire that raised it since (Retire takes s.mu after).
-		if hasEp && op != opClose && ck.fence.Refuses(ep) {
-			return nil, nil, apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired", ep.Attempt, ep.RolloutID)
-		}
-		ck.served = true
+	if err := s.hooks.enter(op, ep, hasEp); err != nil {
+		return nil, nil, err
 	}
 	sess := s.sessions[id]
 	if id == "" {
@@ -290,14 +287,10 @@ func (s *Server) enter(r *http.Request, op operation, id string, state any) (*se
 		sess.inflight++
 		if sess.restored {
 			sess.restored = false
-			delete(ck.restored, sess.id)
+			s.hooks.used(sess)
 		}
 	}
-	blocker, counted := "", ck != nil && ck.counts(op)
-	if counted {
-		blocker = blockerLabel(sess, ep, hasEp)
-		ck.block(blocker)
-	}
+	blocker, counted := s.hooks.track(op, sess, ep, hasEp)
 	var once sync.Once
 	return sess, func() {
 		once.Do(func() {
@@ -312,29 +305,24 @@ func (s *Server) enter(r *http.Request, op operation, id string, state any) (*se
 				}
 			}
 			if counted {
-				ck.unblock(blocker)
+				s.hooks.release(blocker)
 			}
 		})
 	}, nil
 }
 
-// admit returns with s.mu held once the request may go on: at once when
-// checkpointing is off or admission is open; otherwise a request the
-// checkpoint holds (see waits) waits until admission reopens, without
-// counting. The controller's middleware holds such requests already; this
-// catches one that passed it just before admission closed, which would
-// otherwise start after the checkpoint found the server ready. A process
-// that has served nothing holds every request while closed: that is a
-// restore installing, and even a request a checkpoint admits (a replayable
-// verify, a restart_only tool call) must not run before the sessions exist.
+// admit returns with s.mu held once the request may go on: at once unless
+// the hooks hold it, else once admission reopens, without counting. The
+// controller's middleware holds such requests already; this catches one
+// that passed it just before admission closed, which would otherwise start
+// after the checkpoint found the server ready.
 func (s *Server) admit(ctx context.Context, op operation) error {
 	for {
 		s.mu.Lock()
-		ck := s.ckpt
-		if ck == nil || !ck.closed || !(ck.waits(op) || !ck.served) {
+		reopened := s.hooks.holds(op)
+		if reopened == nil {
 			return nil
 		}
-		reopened := ck.reopened
 		s.mu.Unlock()
 		select {
 		case <-reopened:
@@ -436,7 +424,7 @@ func (s *Server) removeLocked(sess *session) {
 	}
 	if sess.restored {
 		sess.restored = false
-		delete(s.ckpt.restored, sess.id)
+		s.hooks.used(sess)
 	}
 }
 
@@ -512,12 +500,7 @@ func (s *Server) handleSeed(r *http.Request) (any, error) {
 	h := http.Header{}
 	h.Set(SessionHeader, id)
 	sessioncookie.Set(h, s.cookie, id)
-	if s.cfg.Checkpoint.Enabled {
-		h.Set(VerifyModeHeader, s.cfg.EffectiveVerifyMode())
-		if s.cfg.EffectiveCheckpointMode() == ModeRestartOnly {
-			h.Set(RestartHeader, "1")
-		}
-	}
+	s.hooks.seedHeaders(h)
 	return httpserver.Reply{Header: h, Body: codec.RawMessage("{}")}, nil
 }
 
