@@ -79,6 +79,13 @@ type S3 struct {
 	prefix   string // the root's key prefix, no slashes at either end
 	client   *s3.Client
 	partSize int
+	http     *http.Client
+}
+
+// Close ends the idle connections to the store.
+func (b *S3) Close() error {
+	b.http.CloseIdleConnections()
+	return nil
 }
 
 // OpenS3 returns an S3 backend confined to root.
@@ -96,9 +103,12 @@ func OpenS3(ctx context.Context, root string, o S3Options) (*S3, error) {
 		// one.
 		cfg.Region = "us-east-1"
 	}
-	if o.HTTPClient != nil {
-		cfg.HTTPClient = o.HTTPClient
+	hc := o.HTTPClient
+	if hc == nil {
+		// A client of its own, whose idle connections Close ends.
+		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
+	cfg.HTTPClient = hc
 	if o.Credentials != nil {
 		cfg.Credentials = o.Credentials
 	}
@@ -116,7 +126,7 @@ func OpenS3(ctx context.Context, root string, o S3Options) (*S3, error) {
 	if part <= 0 {
 		part = defaultPartSize
 	}
-	b := &S3{Root: Scheme + bucket, bucket: bucket, prefix: prefix, client: client, partSize: part}
+	b := &S3{Root: Scheme + bucket, bucket: bucket, prefix: prefix, client: client, partSize: part, http: hc}
 	if prefix != "" {
 		b.Root += "/" + prefix
 	}
@@ -156,6 +166,18 @@ func BeneathS3(root, dir string) (string, error) {
 		return "", fmt.Errorf("%w: %q is outside the checkpoint root %q", ErrNotConfined, dir, root)
 	}
 	return dp, nil
+}
+
+// InRoot checks dir lies beneath root, each a local path (Beneath) or an
+// s3:// URL (BeneathS3); a local directory is never beneath an S3 root nor
+// the other way round.
+func InRoot(root, dir string) error {
+	if IsS3(root) {
+		_, err := BeneathS3(root, dir)
+		return err
+	}
+	_, err := Beneath(root, dir)
+	return err
 }
 
 // key is the object key of name in dir, once dir is beneath the root.
