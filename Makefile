@@ -11,7 +11,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS := ./pkg/... ./cmd/...
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build test test-unit test-fuzz test-e2e demo bench bench-scale lint fmt vet clean
+.PHONY: all build test test-unit test-fuzz test-e2e test-s3 demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -46,6 +46,13 @@ test-e2e: build
 	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for s in $(E2E_STACKS); do echo "--- e2e on the $$s HTTP stack"; cat $$logs/$$s.log; done; \
 	rm -rf $$logs; exit $$rc
+
+# Checkpoints in an object store, against a real S3 server on this machine
+# (SeaweedFS; built once, tens of minutes, then cached in ~/.cache/gymfleet):
+# the store's conformance suite and the process-level S3 scenarios. Not part
+# of `make test` (the first build would dwarf it); .ci/run runs it after.
+test-s3: build
+	GYMFLEET_BIN=$(BIN) scripts/test-s3.sh
 
 demo: build
 	$(BIN)/gymctl demo
