@@ -60,6 +60,18 @@ freeport() {
 	exit 1
 }
 
+# answers tells whether an HTTP server on port answers GET / with 200 or
+# 403 (an anonymous request to a gateway that holds credentials).
+answers() {
+	local line
+	{ exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
+	printf 'GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+	read -r -t 5 line <&3 || line=
+	exec 3<&- 3>&-
+	case "$line" in *" 200 "* | *" 403 "*) return 0 ;; esac
+	return 1
+}
+
 start() {
 	local dir=$1 weed
 	weed=$(build)
@@ -75,7 +87,10 @@ JSON
 	filer=$(freeport); TAKEN="$TAKEN$filer "; fgrpc=$(freeport); TAKEN="$TAKEN$fgrpc "
 	s3=$(freeport); TAKEN="$TAKEN$s3 "; s3grpc=$(freeport); TAKEN="$TAKEN$s3grpc "
 	iam=$(freeport); TAKEN="$TAKEN$iam "
-	"$weed" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+	echo "$mgrpc $vgrpc $fgrpc $s3grpc" >"$dir/grpc-ports"
+	# glog writes beneath TMPDIR: the server's files all stay in dir.
+	mkdir -p "$dir/tmp"
+	TMPDIR="$dir/tmp" "$weed" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
 		-master.port="$master" -master.port.grpc="$mgrpc" -master.volumeSizeLimitMB=1024 -master.telemetry=false \
 		-volume.port="$volume" -volume.port.grpc="$vgrpc" -volume.max=0 \
 		-filer.port="$filer" -filer.port.grpc="$fgrpc" -filer.localSocket="$dir/filer.sock" \
@@ -93,7 +108,7 @@ ENV
 	# Ready once a signed request gets an S3 answer: any XML error for a
 	# bucket that does not exist means the gateway and its filer are up.
 	local deadline=$((SECONDS + 120))
-	until curl -s -o /dev/null -w '%{http_code}' "$endpoint/" 2>/dev/null | grep -qE '^(200|403)$'; do
+	until answers "$s3"; do
 		if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
 			echo "seaweedfs.sh: weed exited; its log:" >&2
 			tail -30 "$dir/weed.log" >&2
@@ -119,6 +134,11 @@ stop() {
 	while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
 	kill -9 "$pid" 2>/dev/null || true
 	rm -f "$dir/pid"
+	# weed makes its gRPC sockets in /tmp whatever TMPDIR says.
+	local p
+	for p in $(cat "$dir/grpc-ports" 2>/dev/null); do
+		rm -f /tmp/seaweedfs-*-grpc-"$p".sock
+	done
 }
 
 case "${1:-}" in

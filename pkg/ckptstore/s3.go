@@ -555,6 +555,31 @@ func (b *S3) List(ctx context.Context, dir string) ([]string, error) {
 	return names, nil
 }
 
+// Size is the size of the object name in dir.
+func (b *S3) Size(ctx context.Context, dir, name string) (int64, error) {
+	k, err := b.key(dir, name)
+	if err != nil {
+		return 0, err
+	}
+	out, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.bucket, Key: &k})
+	if err != nil {
+		return 0, notFound(k, err)
+	}
+	return aws.ToInt64(out.ContentLength), nil
+}
+
+// EnsureBucket creates the root's bucket unless it exists (for tests and
+// benches; an operator's bucket is made by the operator).
+func (b *S3) EnsureBucket(ctx context.Context) error {
+	if _, err := b.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &b.bucket}); err == nil {
+		return nil
+	}
+	if _, err := b.client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &b.bucket}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", b.bucket, err)
+	}
+	return nil
+}
+
 // ReadPointer reads a small pointer object (LATEST) in dir and returns it
 // with a version to pass to PublishPointer; fs.ErrNotExist when missing.
 func (b *S3) ReadPointer(ctx context.Context, dir, name string) ([]byte, string, error) {
