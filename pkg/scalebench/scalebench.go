@@ -185,10 +185,10 @@ type bench struct {
 	res    *Result
 	log    io.Writer
 
-	topo     fleet.Topology
-	cfg      *fleet.Config
+	topo fleet.Topology
+	cfg  *fleet.Config
 	// s3 is the object store checkpointed to; nil on the local disk.
-	s3 *ckptstore.S3
+	s3       *ckptstore.S3
 	launcher *fleet.Launcher
 	fake     *fiwire.Control
 	envURL   string
