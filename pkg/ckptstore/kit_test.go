@@ -34,7 +34,9 @@ type kit struct {
 	// store is a store over the backend; dir a fresh directory beneath
 	// its root.
 	store func(t *testing.T) *ckptstore.Store
-	dir   func(t *testing.T) string
+	// backend is a backend for a store with options.
+	backend func(t *testing.T) ckptstore.Backend
+	dir     func(t *testing.T) string
 	// crashing is a store whose manifest publication never happens, as if
 	// its process were killed between the records and the manifest.
 	crashing func(t *testing.T) *ckptstore.Store
@@ -71,8 +73,9 @@ func forEachKit(t *testing.T, test func(t *testing.T, k kit)) {
 func localKit() kit {
 	return kit{
 		name:  "local",
-		store: func(t *testing.T) *ckptstore.Store { return tempStore(t) },
-		dir:   func(t *testing.T) string { return t.TempDir() },
+		store:   func(t *testing.T) *ckptstore.Store { return tempStore(t) },
+		backend: func(t *testing.T) ckptstore.Backend { return tempLocal(t, nil) },
+		dir:     func(t *testing.T) string { return t.TempDir() },
 		crashing: func(t *testing.T) *ckptstore.Store {
 			return ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &crashFS{FS: base, failLink: true} }))
 		},
@@ -140,15 +143,17 @@ func s3Kit(t *testing.T, name, endpoint string, creds aws.CredentialsProvider) k
 	_, _ = rand.Read(rnd[:])
 	root := "s3://" + testBucket + "/run-" + hex.EncodeToString(rnd[:])
 	// A small part size makes a few records a multipart upload.
-	open := func(t *testing.T, hc *http.Client) *ckptstore.Store {
+	openBackend := func(t *testing.T, hc *http.Client) *ckptstore.S3 {
 		b, err := ckptstore.OpenS3(ctx, root, ckptstore.S3Options{
 			Endpoint: endpoint, PathStyle: true, Credentials: creds, HTTPClient: hc, PartSize: 5 << 20,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ckptstore.New(b)
+		t.Cleanup(func() { b.Close() })
+		return b
 	}
+	open := func(t *testing.T, hc *http.Client) *ckptstore.Store { return ckptstore.New(openBackend(t, hc)) }
 	key := func(t *testing.T, dir, name string) string {
 		p, err := ckptstore.BeneathS3(root, dir)
 		if err != nil {
@@ -198,7 +203,8 @@ func s3Kit(t *testing.T, name, endpoint string, creds aws.CredentialsProvider) k
 	n := 0
 	return kit{
 		name:  name,
-		store: func(t *testing.T) *ckptstore.Store { return open(t, nil) },
+		store:   func(t *testing.T) *ckptstore.Store { return open(t, nil) },
+		backend: func(t *testing.T) ckptstore.Backend { return openBackend(t, nil) },
 		dir: func(t *testing.T) string {
 			n++
 			return fmt.Sprintf("%s/%s-%d", root, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()), n)
