@@ -72,7 +72,7 @@ func forEachKit(t *testing.T, test func(t *testing.T, k kit)) {
 
 func localKit() kit {
 	return kit{
-		name:  "local",
+		name:    "local",
 		store:   func(t *testing.T) *ckptstore.Store { return tempStore(t) },
 		backend: func(t *testing.T) ckptstore.Backend { return tempLocal(t, nil) },
 		dir:     func(t *testing.T) string { return t.TempDir() },
@@ -202,7 +202,7 @@ func s3Kit(t *testing.T, name, endpoint string, creds aws.CredentialsProvider) k
 	}
 	n := 0
 	return kit{
-		name:  name,
+		name:    name,
 		store:   func(t *testing.T) *ckptstore.Store { return open(t, nil) },
 		backend: func(t *testing.T) ckptstore.Backend { return openBackend(t, nil) },
 		dir: func(t *testing.T) string {
