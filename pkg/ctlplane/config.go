@@ -78,6 +78,11 @@ func (c Config) validateSettings() error {
 		// not choose for a token holder to write in.
 		return errors.New("checkpoint.enabled is true but checkpoint.root is empty: name the directory every checkpoint_dir must lie beneath")
 	}
+	if ckptstore.IsS3(c.Root) {
+		if err := ckptstore.InRoot(c.Root, c.Root); err != nil {
+			return fmt.Errorf("checkpoint.root: %w", err)
+		}
+	}
 	return nil
 }
 

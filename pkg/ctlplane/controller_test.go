@@ -576,3 +576,23 @@ func TestController_S3Root(t *testing.T) {
 		t.Fatalf("restored %v, want the next attempts of r1 and r2", r.Restored)
 	}
 }
+
+func TestConfig_S3Root(t *testing.T) {
+	base := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60}
+	for root, ok := range map[string]bool{
+		"s3://bucket":            true,
+		"s3://bucket/a/b":        true,
+		"s3://":                  false,
+		"s3://bucket//a":         false,
+		"s3://bucket/a/../b":     false,
+		"s3://bucket/./a":        false,
+		"/srv/checkpoints":       true,
+		"relative/checkpoints/x": true,
+	} {
+		cfg := base
+		cfg.Root = root
+		if err := cfg.Validate(); (err == nil) != ok {
+			t.Errorf("root %q: %v, want ok %v", root, err, ok)
+		}
+	}
+}
