@@ -67,11 +67,14 @@ const defaultPartSize = 16 << 20
 // writes and reads objects under that prefix of that bucket and nowhere
 // else. A directory is a key prefix; MkdirAll has nothing to make.
 //
-// Records objects are uploaded under a dot-prefixed temporary key (in
-// parts when large, each with its SHA-256 for the store to verify) and
-// copied to their digest's name on Commit: an object's key is fixed when
-// its upload starts, before the digest is known. The manifest is put with
-// If-None-Match: *, so of two racing writers exactly one creates it.
+// Records objects of more than one part are uploaded in parts under a
+// dot-prefixed temporary key and copied to their digest's name on Commit:
+// an object's key is fixed when its upload starts, before the digest is
+// known. (One copy request takes at most 5 GiB, S3's limit.) Smaller ones
+// are put under their name at once. Every request carries its body's
+// SHA-256 for the server to check; a read checks the whole object against
+// the manifest. The manifest is put with If-None-Match: *, so of two
+// racing writers exactly one creates it.
 type S3 struct {
 	// Root is s3://<bucket>/<prefix>, cleaned.
 	Root     string
