@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep soak demo bench bench-scale lint fmt vet clean
+.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-s3 soak demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -93,6 +93,13 @@ soak: build build-faults
 			GYMFLEET_E2E_STACK=$$s GYMFLEET_CRASHSWEEP=full $(GO) test -count=$(SOAK_COUNT) -timeout 60m \
 			-run '^(TestCrashSweep|TestDiskFullDuringCommit|TestScenario.*)$$') || exit 1; \
 	done
+
+# Checkpoints in an object store, against a real S3 server on this machine
+# (SeaweedFS; built once, tens of minutes, then cached in ~/.cache/gymfleet):
+# the store's conformance suite and the process-level S3 scenarios. Not part
+# of `make test` (the first build would dwarf it); see the README.
+test-s3: build
+	GYMFLEET_BIN=$(BIN) scripts/test-s3.sh
 
 demo: build
 	$(BIN)/gymctl demo

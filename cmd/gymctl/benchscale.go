@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/scalebench"
 )
@@ -38,8 +39,14 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 		"abort when the fleet and the bench together hold more resident memory than this (GiB); 0: no limit; default: 90% of this machine's")
 	binDir := fs.String("bin-dir", "", "directory of the server binaries; empty: gymctl's own directory")
 	stacksFlag := fs.String("stacks", string(httpconf.StackLean), "comma-separated HTTP stacks (lean, nethttp) to run the bench on, one run after the other, every server and the bench on the run's stack")
+	s3Root := fs.String("s3-root", "", "checkpoint to this object store location (s3://bucket/prefix; the bucket is created if missing) instead of the work directory; credentials from the AWS environment")
+	s3Endpoint := fs.String("s3-endpoint", "", "with --s3-root: the S3 server's base URL (empty: AWS)")
+	s3PathStyle := fs.Bool("s3-path-style", true, "with --s3-root: address buckets as <endpoint>/<bucket>")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *s3Root != "" && !ckptstore.IsS3(*s3Root) {
+		return fmt.Errorf("bench-scale: --s3-root %q is not an s3:// URL", *s3Root)
 	}
 	stacks, err := parseStacks(*stacksFlag)
 	if err != nil {
@@ -76,6 +83,8 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 			MaxRSSBytes:    uint64(*maxRSS * (1 << 30)),
 			Log:            stderr,
 			Stack:          st,
+			S3Root:         *s3Root,
+			S3:             ckptstore.S3Options{Endpoint: *s3Endpoint, PathStyle: *s3PathStyle},
 		}
 		path := *jsonPath
 		if len(stacks) > 1 {

@@ -31,6 +31,8 @@ type ckptOptions struct {
 	json     bool
 	// keyFile is the signing key verify checks manifests' signatures with.
 	keyFile string
+	// s3 reaches the object store of an s3:// --dir (the fleet file's).
+	s3 ckptstore.S3Options
 }
 
 var ckptOps = []struct{ name, summary string }{
@@ -94,6 +96,7 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	if o.token == "" {
 		o.token = cfg.Checkpoint.ControlAuthToken
 	}
+	o.s3 = ckptstore.S3Options{Endpoint: cfg.Checkpoint.S3Endpoint, PathStyle: cfg.Checkpoint.S3PathStyle}
 	if o.token == "" {
 		o.token = getenv("GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
 	}
@@ -256,7 +259,7 @@ func ckptOp(ctx context.Context, c *coordination.Coordinator, op string, o ckptO
 				return fmt.Errorf("ckpt verify: %w", err)
 			}
 		}
-		ms, err := c.Verify(ctx, o.dir, o.id, key)
+		ms, err := c.VerifyWith(ctx, o.dir, o.id, ckptstore.Options{SigningKey: key, S3: o.s3})
 		signed := 0
 		for _, m := range ms {
 			fmt.Fprintf(stdout, "%-12s %-16s %6d records  %s\n", m.Kind, m.Instance, m.RecordCount, m.RecordsFile)
@@ -353,6 +356,15 @@ func printPrepare(w io.Writer, res *coordination.PrepareResult) {
 // refuses one outside it: every server would refuse it, after the rows or
 // the prepare it follows.
 func checkpointDir(cfg *fleet.Config, dir string) (string, error) {
+	if ckptstore.IsS3(dir) || ckptstore.IsS3(cfg.Checkpoint.Root) {
+		// An object store location is not relative to anything.
+		if cfg.Checkpoint.Root != "" {
+			if err := ckptstore.InRoot(cfg.Checkpoint.Root, dir); err != nil {
+				return "", fmt.Errorf("checkpoint directory %s is not beneath the fleet's checkpoint root %s (checkpoint.root), and every server would refuse it", dir, cfg.Checkpoint.Root)
+			}
+		}
+		return dir, nil
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return "", err

@@ -219,6 +219,37 @@ func TestCheckpointDirOutsideTheRoot(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "checkpoint.root") {
 		t.Errorf("ckpt verify of %s: %v, want a refusal naming checkpoint.root", outside, err)
 	}
+	// An object store location is outside a local root, and a local
+	// directory (or another bucket or prefix) outside an s3:// root.
+	_, _, err = runArgs(t, "ckpt", "verify", "--config", fleetFile, "--id", "c1", "--dir", "s3://bucket/ckroot/c1")
+	if err == nil || !strings.Contains(err.Error(), "checkpoint.root") {
+		t.Errorf("ckpt verify of an s3:// dir under a local root: %v, want a refusal naming checkpoint.root", err)
+	}
+	s3Fleet := filepath.Join(dir, "s3fleet.yaml")
+	if err := os.WriteFile(s3Fleet, []byte(strings.Replace(text, "root: ckroot", "root: \"s3://bucket/ckroot\"", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Join(dir, "ckroot", "c1"), "s3://other/ckroot/c1", "s3://bucket/ckroot-not/c1", "s3://bucket/ckroot/../x"} {
+		_, _, err = runArgs(t, "ckpt", "verify", "--config", s3Fleet, "--id", "c1", "--dir", d)
+		if err == nil || !strings.Contains(err.Error(), "checkpoint.root") {
+			t.Errorf("ckpt verify of %s under an s3:// root: %v, want a refusal naming checkpoint.root", d, err)
+		}
+	}
+}
+
+// collect keeps its checkpoints on a filesystem: an s3:// --checkpoint-dir
+// is refused with a reason, not half-used.
+func TestCollectRefusesAnS3CheckpointDir(t *testing.T) {
+	dir := t.TempDir()
+	fleetFile := filepath.Join(dir, "fleet.yaml")
+	text := "checkpoint: {enabled: true, control_auth_token: tok, root: \"s3://bucket/ck\"}\nprocesses:\n  - name: env\n    binary: envserver\n    endpoints: [{name: env, kind: environment, url: \"http://127.0.0.1:1\"}]\n"
+	if err := os.WriteFile(fleetFile, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runArgs(t, "collect", "--config", fleetFile, "--input", "a", "--output", "b", "--checkpoint-dir", "s3://bucket/ck/run1")
+	if err == nil || !strings.Contains(err.Error(), "does not take an s3:// directory") {
+		t.Errorf("collect into s3://: %v, want a refusal saying collect does not take an s3:// directory", err)
+	}
 }
 
 func TestIsTerminate(t *testing.T) {

@@ -40,6 +40,8 @@ type Options struct {
 	// read refuse a manifest whose signature is missing or wrong. At least
 	// MinSigningKeyBytes long.
 	SigningKey []byte
+	// S3 says how to reach the object store when the root is an s3:// URL.
+	S3 S3Options
 }
 
 // LoadSigningKey reads a signing key from a file: its bytes, less one

@@ -20,28 +20,25 @@ var (
 	keyB = []byte("fedcba9876543210fedcba9876543210")
 )
 
-func keyedStore(t *testing.T, key []byte) *ckptstore.Store {
+func keyedStore(t *testing.T, k kit, key []byte) *ckptstore.Store {
 	t.Helper()
-	s, err := ckptstore.NewWith(tempLocal(t, nil), ckptstore.Options{SigningKey: key})
+	s, err := ckptstore.NewWith(k.backend(t), ckptstore.Options{SigningKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-func manifestPath(dir string) string {
-	return filepath.Join(target(dir).ParticipantDir(), ckptstore.ManifestFile)
+// readManifest is the bytes of dir's published manifest.
+func readManifest(t *testing.T, k kit, dir string) []byte {
+	return k.read(t, target(dir).ParticipantDir(), ckptstore.ManifestFile)
 }
 
 // editManifest rewrites a published manifest's fields (as a token holder
 // who can write beneath the root but holds no key could).
-func editManifest(t *testing.T, dir string, edit func(map[string]any)) {
+func editManifest(t *testing.T, k kit, dir string, edit func(map[string]any)) {
 	t.Helper()
-	p := manifestPath(dir)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := readManifest(t, k, dir)
 	var m map[string]any
 	if err := codec.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
@@ -51,15 +48,13 @@ func editManifest(t *testing.T, dir string, edit func(map[string]any)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(p, out, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	k.write(t, target(dir).ParticipantDir(), ckptstore.ManifestFile, out)
 }
 
 // wantUnsigned asserts the refusal of a manifest a keyed store cannot
 // verify: 422, naming the signature, quoting neither signature nor digest
 // nor any other file content, with the cause for the log.
-func wantUnsigned(t *testing.T, err error, dir string, why string) {
+func wantUnsigned(t *testing.T, k kit, err error, dir string, why string) {
 	t.Helper()
 	wantCode(t, "read", err, apierror.InvalidCheckpointState)
 	if !strings.Contains(err.Error(), "signature") {
@@ -68,9 +63,8 @@ func wantUnsigned(t *testing.T, err error, dir string, why string) {
 	if d := ckptstore.Detail(err); !strings.Contains(d, why) {
 		t.Errorf("Detail %q, want it to say %q", d, why)
 	}
-	b, _ := os.ReadFile(manifestPath(dir))
 	var m map[string]any
-	_ = codec.Unmarshal(b, &m)
+	_ = codec.Unmarshal(readManifest(t, k, dir), &m)
 	for _, k := range []string{ckptstore.HMACField, "records_sha256"} {
 		if v, ok := m[k].(string); ok && v != "" {
 			noLeak(t, err, []string{v, v[:12]})
@@ -78,10 +72,12 @@ func wantUnsigned(t *testing.T, err error, dir string, why string) {
 	}
 }
 
-func TestSigned_RoundTrip(t *testing.T) {
+func TestSigned_RoundTrip(t *testing.T) { forEachKit(t, testSignedRoundTrip) }
+
+func testSignedRoundTrip(t *testing.T, k kit) {
 	ctx := context.Background()
-	s := keyedStore(t, keyA)
-	dir := t.TempDir()
+	s := keyedStore(t, k, keyA)
+	dir := k.dir(t)
 	w, err := s.Write(ctx, target(dir), nil, records(5, "x"))
 	if err != nil {
 		t.Fatal(err)
@@ -89,8 +85,7 @@ func TestSigned_RoundTrip(t *testing.T) {
 	if len(w.Manifest.HMAC) != 64 {
 		t.Fatalf("written manifest's HMAC %q, want 64 hex digits", w.Manifest.HMAC)
 	}
-	b, _ := os.ReadFile(manifestPath(dir))
-	if !bytes.Contains(b, []byte(`"`+ckptstore.HMACField+`": "`+w.Manifest.HMAC+`"`)) {
+	if b := readManifest(t, k, dir); !bytes.Contains(b, []byte(`"`+ckptstore.HMACField+`": "`+w.Manifest.HMAC+`"`)) {
 		t.Fatalf("manifest.json does not carry the HMAC:\n%s", b)
 	}
 	m, recs, _, err := s.Read(ctx, target(dir), nil)
@@ -104,15 +99,15 @@ func TestSigned_RoundTrip(t *testing.T) {
 		t.Errorf("the signature is read as an extra: %v", m.Extras)
 	}
 	// Another key's store does not take it.
-	_, _, _, err = keyedStore(t, keyB).Read(ctx, target(dir), nil)
-	wantUnsigned(t, err, dir, "not its HMAC")
+	_, _, _, err = keyedStore(t, k, keyB).Read(ctx, target(dir), nil)
+	wantUnsigned(t, k, err, dir, "not its HMAC")
 	// Re-committing the same checkpoint with the same key finds it.
 	again, err := s.Write(ctx, target(dir), nil, records(5, "x"))
 	if err != nil || !again.Existing || again.Manifest.HMAC != w.Manifest.HMAC {
 		t.Fatalf("re-commit: %+v, %v", again, err)
 	}
 	// Layout is not signed: the same fields re-indented still verify.
-	editManifest(t, dir, func(map[string]any) {})
+	editManifest(t, k, dir, func(map[string]any) {})
 	if _, _, _, err := s.Read(ctx, target(dir), nil); err != nil {
 		t.Fatalf("the re-indented manifest: %v", err)
 	}
@@ -121,8 +116,12 @@ func TestSigned_RoundTrip(t *testing.T) {
 // Every field is covered: a change to any of them, or to the records with
 // a digest that matches them, fails the signature.
 func TestSigned_TamperedFieldsAreRefused(t *testing.T) {
+	forEachKit(t, testSignedTamperedFieldsAreRefused)
+}
+
+func testSignedTamperedFieldsAreRefused(t *testing.T, k kit) {
 	ctx := context.Background()
-	s := keyedStore(t, keyA)
+	s := keyedStore(t, k, keyA)
 	for name, edit := range map[string]func(t *testing.T, dir string, m map[string]any){
 		"record_count":   func(_ *testing.T, _ string, m map[string]any) { m["record_count"] = 4.0 },
 		"schema_version": func(_ *testing.T, _ string, m map[string]any) { m["schema_version"] = 2.0 },
@@ -138,30 +137,32 @@ func TestSigned_TamperedFieldsAreRefused(t *testing.T) {
 			sum := sha256.Sum256([]byte(line))
 			digest := hex.EncodeToString(sum[:])
 			name := "records-" + digest + ".jsonl"
-			if err := os.WriteFile(filepath.Join(target(dir).ParticipantDir(), name), []byte(line), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			k.write(t, target(dir).ParticipantDir(), name, []byte(line))
 			m["records_file"], m["records_sha256"], m["record_count"] = name, digest, 1.0
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
+			dir := k.dir(t)
 			if _, err := s.Write(ctx, target(dir), nil, records(5, "x")); err != nil {
 				t.Fatal(err)
 			}
-			editManifest(t, dir, func(m map[string]any) { edit(t, dir, m) })
+			editManifest(t, k, dir, func(m map[string]any) { edit(t, dir, m) })
 			_, recs, _, err := s.Read(ctx, target(dir), nil)
 			if recs != nil {
 				t.Errorf("records returned from a tampered manifest: %d", len(recs))
 			}
-			wantUnsigned(t, err, dir, "not its HMAC")
+			wantUnsigned(t, k, err, dir, "not its HMAC")
 		})
 	}
 }
 
 func TestSigned_TamperedHMACIsRefused(t *testing.T) {
+	forEachKit(t, testSignedTamperedHMACIsRefused)
+}
+
+func testSignedTamperedHMACIsRefused(t *testing.T, k kit) {
 	ctx := context.Background()
-	s := keyedStore(t, keyA)
+	s := keyedStore(t, k, keyA)
 	for name, edit := range map[string]func(m map[string]any){
 		"one digit": func(m map[string]any) {
 			h := []byte(m[ckptstore.HMACField].(string))
@@ -178,18 +179,18 @@ func TestSigned_TamperedHMACIsRefused(t *testing.T) {
 		"empty":      func(m map[string]any) { m[ckptstore.HMACField] = "" },
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
+			dir := k.dir(t)
 			if _, err := s.Write(ctx, target(dir), nil, records(3, "x")); err != nil {
 				t.Fatal(err)
 			}
-			editManifest(t, dir, edit)
+			editManifest(t, k, dir, edit)
 			_, _, _, err := s.Read(ctx, target(dir), nil)
 			if name == "not string" {
 				// Not a manifest at all: the answer for unreadable ones.
 				wantCode(t, "read", err, apierror.InvalidCheckpointState)
 				return
 			}
-			wantUnsigned(t, err, dir, "not its HMAC")
+			wantUnsigned(t, k, err, dir, "not its HMAC")
 		})
 	}
 }
@@ -197,14 +198,18 @@ func TestSigned_TamperedHMACIsRefused(t *testing.T) {
 // A keyed store refuses what an unkeyed one wrote, both to restore it and
 // to take it as its own commit.
 func TestSigned_UnsignedManifestRefusedByAKeyedStore(t *testing.T) {
+	forEachKit(t, testSignedUnsignedManifestRefusedByAKeyedStore)
+}
+
+func testSignedUnsignedManifestRefusedByAKeyedStore(t *testing.T, k kit) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	if _, err := tempStore(t).Write(ctx, target(dir), nil, records(4, "x")); err != nil {
+	dir := k.dir(t)
+	if _, err := k.store(t).Write(ctx, target(dir), nil, records(4, "x")); err != nil {
 		t.Fatal(err)
 	}
-	s := keyedStore(t, keyA)
+	s := keyedStore(t, k, keyA)
 	_, _, _, err := s.Read(ctx, target(dir), nil)
-	wantUnsigned(t, err, dir, "carries no "+ckptstore.HMACField)
+	wantUnsigned(t, k, err, dir, "carries no "+ckptstore.HMACField)
 	if _, err := s.Verify(ctx, dir); apierror.CodeOf(err) != apierror.InvalidCheckpointState {
 		t.Errorf("Verify of an unsigned checkpoint with a key: %v", err)
 	}
@@ -217,19 +222,21 @@ func TestSigned_UnsignedManifestRefusedByAKeyedStore(t *testing.T) {
 
 // A store without a key reads signed manifests as it reads any other, and
 // the signature is not taken for a participant's extra.
-func TestSigned_ReadByAnUnkeyedStore(t *testing.T) {
+func TestSigned_ReadByAnUnkeyedStore(t *testing.T) { forEachKit(t, testSignedReadByAnUnkeyedStore) }
+
+func testSignedReadByAnUnkeyedStore(t *testing.T, k kit) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	w, err := keyedStore(t, keyA).Write(ctx, target(dir), nil, records(4, "x"))
+	dir := k.dir(t)
+	w, err := keyedStore(t, k, keyA).Write(ctx, target(dir), nil, records(4, "x"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, recs, _, err := tempStore(t).Read(ctx, target(dir), nil)
+	m, recs, _, err := k.store(t).Read(ctx, target(dir), nil)
 	if err != nil || len(recs) != 4 || m.HMAC != w.Manifest.HMAC || len(m.Extras) != 1 {
 		t.Fatalf("unkeyed read: %v, %d records, %+v", err, len(recs), m)
 	}
 	// And re-committing it unkeyed returns it.
-	again, err := tempStore(t).Write(ctx, target(dir), nil, records(4, "x"))
+	again, err := k.store(t).Write(ctx, target(dir), nil, records(4, "x"))
 	if err != nil || !again.Existing {
 		t.Fatalf("unkeyed re-commit: %+v, %v", again, err)
 	}

@@ -27,7 +27,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -273,14 +272,22 @@ func NewWith(b Backend, o Options) (*Store, error) {
 	return &Store{b: b, key: slices.Clone(o.SigningKey)}, nil
 }
 
-// Open returns a store on the local filesystem confined to the directory
-// root (OpenLocal). Close releases it.
+// Open returns a store confined to root: a directory on the local
+// filesystem (OpenLocal), or a bucket and prefix, s3://bucket/prefix
+// (OpenS3). Close releases it.
 func Open(root string) (*Store, error) {
 	return OpenWith(root, Options{})
 }
 
 // OpenWith is Open with options.
 func OpenWith(root string, o Options) (*Store, error) {
+	if IsS3(root) {
+		b, err := OpenS3(context.Background(), root, o.S3)
+		if err != nil {
+			return nil, err
+		}
+		return NewWith(b, o)
+	}
 	l, err := OpenLocal(root)
 	if err != nil {
 		return nil, err
@@ -292,6 +299,9 @@ func OpenWith(root string, o Options) (*Store, error) {
 	}
 	return s, nil
 }
+
+// Backend is the backend the store writes through.
+func (s *Store) Backend() Backend { return s.b }
 
 // Close closes the backend if it holds anything open.
 func (s *Store) Close() error {
@@ -332,7 +342,7 @@ func (t Target) validate(requireID bool) error {
 }
 
 // ParticipantDir is <dir>/gym/<kind>/<instance>.
-func (t Target) ParticipantDir() string { return path.Join(t.Dir, "gym", t.Kind, t.Instance) }
+func (t Target) ParticipantDir() string { return JoinDir(t.Dir, "gym", t.Kind, t.Instance) }
 
 // Written reports a finished write.
 type Written struct {
@@ -767,14 +777,14 @@ func (s *Store) readManifest(ctx context.Context, dir string) (Manifest, map[str
 // Verify reads every participant directory under dir and reports each
 // manifest, or the first error. Used by operators and tests.
 func (s *Store) Verify(ctx context.Context, dir string) ([]Manifest, error) {
-	kinds, err := s.b.List(ctx, path.Join(dir, "gym"))
+	kinds, err := s.b.List(ctx, JoinDir(dir, "gym"))
 	if err != nil {
 		return nil, hide(apierror.New(apierror.InvalidCheckpointState, "%s holds no readable participant directories", dir), err)
 	}
 	sort.Strings(kinds)
 	var out []Manifest
 	for _, kind := range kinds {
-		insts, err := s.b.List(ctx, path.Join(dir, "gym", kind))
+		insts, err := s.b.List(ctx, JoinDir(dir, "gym", kind))
 		if err != nil {
 			return nil, hide(apierror.New(apierror.InvalidCheckpointState, "%s/gym/%s cannot be listed", dir, kind), err)
 		}

@@ -56,10 +56,12 @@ func target(dir string) ckptstore.Target {
 	return ckptstore.Target{Dir: dir, Kind: "environment", Instance: "env", CheckpointID: "c1"}
 }
 
-func TestStore_RoundTrip(t *testing.T) {
+func TestStore_RoundTrip(t *testing.T) { forEachKit(t, testRoundTrip) }
+
+func testRoundTrip(t *testing.T, k kit) {
 	ctx := context.Background()
-	s := tempStore(t)
-	dir := t.TempDir()
+	s := k.store(t)
+	dir := k.dir(t)
 	w, err := s.Write(ctx, target(dir), nil, records(5, "x"))
 	if err != nil {
 		t.Fatal(err)
@@ -98,15 +100,7 @@ func TestStore_RoundTrip(t *testing.T) {
 	// directory is left as it was.
 	entries := func() []string {
 		t.Helper()
-		des, err := os.ReadDir(filepath.Join(dir, "gym", "environment", "env"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, de := range des {
-			names = append(names, de.Name())
-		}
-		return names
+		return k.list(t, target(dir).ParticipantDir())
 	}
 	before := entries()
 	again, err := s.Write(ctx, target(dir), nil, records(5, "x"))
@@ -132,11 +126,13 @@ func TestStore_RoundTrip(t *testing.T) {
 	}
 }
 
-func TestStore_ConcurrentCommits(t *testing.T) {
+func TestStore_ConcurrentCommits(t *testing.T) { forEachKit(t, testConcurrentCommits) }
+
+func testConcurrentCommits(t *testing.T, k kit) {
 	ctx := context.Background()
-	s := tempStore(t)
+	s := k.store(t)
 	t.Run("SameContent", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := k.dir(t)
 		var wg sync.WaitGroup
 		results := make([]ckptstore.Written, 8)
 		errs := make([]error, 8)
@@ -161,7 +157,7 @@ func TestStore_ConcurrentCommits(t *testing.T) {
 		}
 	})
 	t.Run("DifferentContent", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := k.dir(t)
 		var wg sync.WaitGroup
 		errs := make([]error, 8)
 		for i := range errs {
@@ -232,13 +228,21 @@ func (c *crashFS) Link(o, n string) error {
 }
 
 func TestStore_CrashBetweenRecordsAndManifest(t *testing.T) {
+	forEachKit(t, testCrashBetweenRecordsAndManifest)
+}
+
+func testCrashBetweenRecordsAndManifest(t *testing.T, k kit) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	crashing := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &crashFS{FS: base, failLink: true} }))
+	dir := k.dir(t)
+	crashing := k.crashing(t)
 	if _, err := crashing.Write(ctx, target(dir), nil, records(3, "x")); err == nil {
 		t.Fatal("the write should fail at publication")
 	}
-	s := tempStore(t)
+	// The records are there, the manifest is not.
+	if names := k.list(t, target(dir).ParticipantDir()); len(names) == 0 || slices.Contains(names, ckptstore.ManifestFile) {
+		t.Fatalf("after the crash the directory holds %v, want records and no manifest", names)
+	}
+	s := k.store(t)
 	if _, _, _, err := s.Read(ctx, target(dir), nil); !apierror.HasCode(err, apierror.InvalidCheckpointState) {
 		t.Fatalf("a directory with records and no manifest must be refused, got %v", err)
 	}
@@ -269,47 +273,47 @@ func TestStore_FsyncErrorFailsTheCommit(t *testing.T) {
 }
 
 func TestStore_TamperedDirectoriesAreRefused(t *testing.T) {
+	forEachKit(t, testTamperedDirectoriesAreRefused)
+}
+
+func testTamperedDirectoriesAreRefused(t *testing.T, k kit) {
 	ctx := context.Background()
-	s := tempStore(t)
+	s := k.store(t)
+	pd := func(dir string) string { return target(dir).ParticipantDir() }
+	edit := func(t *testing.T, dir, name string, fn func([]byte) []byte) {
+		k.write(t, pd(dir), name, fn(k.read(t, pd(dir), name)))
+	}
 	setup := func(t *testing.T) (string, ckptstore.Manifest) {
-		dir := t.TempDir()
+		dir := k.dir(t)
 		w, err := s.Write(ctx, target(dir), nil, records(4, "x"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return dir, w.Manifest
 	}
-	recordsPath := func(dir string, m ckptstore.Manifest) string {
-		return filepath.Join(target(dir).ParticipantDir(), m.RecordsFile)
-	}
 	cases := []struct {
 		name   string
 		tamper func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target
 	}{
 		{"Truncated", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			p := recordsPath(dir, m)
-			b, _ := os.ReadFile(p)
-			os.WriteFile(p, b[:len(b)-7], 0o644)
+			edit(t, dir, m.RecordsFile, func(b []byte) []byte { return b[:len(b)-7] })
 			return target(dir)
 		}},
 		{"LastLineTorn", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			p := recordsPath(dir, m)
-			b, _ := os.ReadFile(p)
-			os.WriteFile(p, b[:len(b)-1], 0o644)
+			edit(t, dir, m.RecordsFile, func(b []byte) []byte { return b[:len(b)-1] })
 			return target(dir)
 		}},
 		{"FlippedByte", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			p := recordsPath(dir, m)
-			b, _ := os.ReadFile(p)
-			i := bytes.IndexByte(b, 'x')
-			b[i] = 'y'
-			os.WriteFile(p, b, 0o644)
+			edit(t, dir, m.RecordsFile, func(b []byte) []byte {
+				b[bytes.IndexByte(b, 'x')] = 'y'
+				return b
+			})
 			return target(dir)
 		}},
 		{"RecordAppended", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			f, _ := os.OpenFile(recordsPath(dir, m), os.O_APPEND|os.O_WRONLY, 0)
-			f.WriteString(`{"episode_id":{"rollout_id":"evil","attempt":0},"record":{}}` + "\n")
-			f.Close()
+			edit(t, dir, m.RecordsFile, func(b []byte) []byte {
+				return append(b, `{"episode_id":{"rollout_id":"evil","attempt":0},"record":{}}`+"\n"...)
+			})
 			return target(dir)
 		}},
 		{"WrongCheckpointID", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
@@ -318,40 +322,33 @@ func TestStore_TamperedDirectoriesAreRefused(t *testing.T) {
 			return tg
 		}},
 		{"WrongKind", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			src := target(dir).ParticipantDir()
-			dst := filepath.Join(dir, "gym", "agent", "env")
-			os.MkdirAll(filepath.Dir(dst), 0o755)
-			if err := os.Rename(src, dst); err != nil {
-				t.Fatal(err)
-			}
 			tg := target(dir)
 			tg.Kind = "agent"
+			k.move(t, pd(dir), tg.ParticipantDir())
 			return tg
 		}},
 		{"ExtraFile", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			os.WriteFile(filepath.Join(target(dir).ParticipantDir(), "notes.txt"), []byte("hi"), 0o644)
+			k.write(t, pd(dir), "notes.txt", []byte("hi"))
 			return target(dir)
 		}},
 		{"ManifestCountEdited", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			p := filepath.Join(target(dir).ParticipantDir(), "manifest.json")
-			b, _ := os.ReadFile(p)
-			os.WriteFile(p, bytes.Replace(b, []byte(`"record_count": 4`), []byte(`"record_count": 3`), 1), 0o644)
+			edit(t, dir, ckptstore.ManifestFile, func(b []byte) []byte {
+				return bytes.Replace(b, []byte(`"record_count": 4`), []byte(`"record_count": 3`), 1)
+			})
 			return target(dir)
 		}},
 		{"ManifestTruncated", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			p := filepath.Join(target(dir).ParticipantDir(), "manifest.json")
-			b, _ := os.ReadFile(p)
-			os.WriteFile(p, b[:len(b)/2], 0o644)
+			edit(t, dir, ckptstore.ManifestFile, func(b []byte) []byte { return b[:len(b)/2] })
 			return target(dir)
 		}},
 		{"RecordsFileMissing", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			os.Remove(recordsPath(dir, m))
+			k.remove(t, pd(dir), m.RecordsFile)
 			return target(dir)
 		}},
 		{"RecordsFileNameEscapes", func(t *testing.T, dir string, m ckptstore.Manifest) ckptstore.Target {
-			p := filepath.Join(target(dir).ParticipantDir(), "manifest.json")
-			b, _ := os.ReadFile(p)
-			os.WriteFile(p, bytes.Replace(b, []byte(m.RecordsFile), []byte("../../../etc/passwd"), 1), 0o644)
+			edit(t, dir, ckptstore.ManifestFile, func(b []byte) []byte {
+				return bytes.Replace(b, []byte(m.RecordsFile), []byte("../../../etc/passwd"), 1)
+			})
 			return target(dir)
 		}},
 	}
@@ -370,24 +367,28 @@ func TestStore_TamperedDirectoriesAreRefused(t *testing.T) {
 	}
 }
 
-func TestStore_RejectsBadTargets(t *testing.T) {
-	s := tempStore(t)
-	_, err := s.Write(context.Background(), ckptstore.Target{Dir: t.TempDir(), Kind: "..", Instance: "x", CheckpointID: "c"}, nil, records(1, "x"))
+func TestStore_RejectsBadTargets(t *testing.T) { forEachKit(t, testRejectsBadTargets) }
+
+func testRejectsBadTargets(t *testing.T, k kit) {
+	s := k.store(t)
+	_, err := s.Write(context.Background(), ckptstore.Target{Dir: k.dir(t), Kind: "..", Instance: "x", CheckpointID: "c"}, nil, records(1, "x"))
 	if !apierror.HasCode(err, apierror.InvalidRequest) {
 		t.Fatalf("a kind that is not a path component: %v", err)
 	}
 }
 
-func TestStore_StopBeforePublish(t *testing.T) {
-	s := tempStore(t)
+func TestStore_StopBeforePublish(t *testing.T) { forEachKit(t, testStopBeforePublish) }
+
+func testStopBeforePublish(t *testing.T, k kit) {
+	s := k.store(t)
 	stop := &ckptstore.WriteStop{}
 	stop.Stop()
-	dir := t.TempDir()
+	dir := k.dir(t)
 	if _, err := s.Write(context.Background(), target(dir), stop, records(3, "x")); !errors.Is(err, ckptstore.ErrStopped) {
 		t.Fatalf("got %v, want ErrStopped", err)
 	}
-	if _, err := os.Stat(filepath.Join(target(dir).ParticipantDir(), "manifest.json")); !os.IsNotExist(err) {
-		t.Fatal("a stopped write published a manifest")
+	if _, _, _, err := s.Read(context.Background(), target(dir), nil); !apierror.HasCode(err, apierror.InvalidCheckpointState) {
+		t.Fatalf("a stopped write published a manifest: read gives %v", err)
 	}
 }
 
@@ -444,9 +445,13 @@ func FuzzRecordsReader(f *testing.F) {
 // line breaks between its tokens are JSON whitespace; they must not split
 // the line that holds it in the records file.
 func TestStore_RecordsWithLineBreaksReadBack(t *testing.T) {
+	forEachKit(t, testRecordsWithLineBreaksReadBack)
+}
+
+func testRecordsWithLineBreaksReadBack(t *testing.T, k kit) {
 	ctx := context.Background()
-	s := tempStore(t)
-	dir := t.TempDir()
+	s := k.store(t)
+	dir := k.dir(t)
 	data := "{\n \"a\": [1,\r\n 2],\n\t\"s\": \"x\\ny\"\n}\n"
 	if _, err := s.Write(ctx, target(dir), nil, func(add func(ckptstore.Record) error) (map[string]any, error) {
 		return nil, add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: "r1"}, Data: []byte(data)})

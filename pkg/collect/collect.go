@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
@@ -182,6 +183,12 @@ func New(opts Options) (*Collector, error) {
 		}
 		if ck.Dir == "" {
 			return nil, errors.New("checkpoints need a directory")
+		}
+		if ckptstore.IsS3(ck.Dir) {
+			// The collector appends to its dispatch log, prunes old
+			// checkpoints and keeps its rows beside them: a filesystem's
+			// operations, which an object store does not have.
+			return nil, fmt.Errorf("checkpoint directory %s: collect keeps its checkpoints (LATEST, collection.json, dispatched.jsonl) on a filesystem and does not take an s3:// directory; gymctl ckpt commit, restore and verify do", ck.Dir)
 		}
 		if ck.Timeout < 0 || ck.Every < 0 || ck.Keep < 0 {
 			return nil, fmt.Errorf("checkpoint timeout %v, period %v and keep %d must not be negative", ck.Timeout, ck.Every, ck.Keep)

@@ -594,9 +594,15 @@ func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline 
 // and an unsigned one fails; without one, signatures are not checked (a
 // manifest's HMAC field says whether it carries one).
 func (c *Coordinator) Verify(ctx context.Context, dir, id string, signingKey []byte) ([]ckptstore.Manifest, error) {
+	return c.VerifyWith(ctx, dir, id, ckptstore.Options{SigningKey: signingKey})
+}
+
+// VerifyWith is Verify with the store's options: its signing key, and how
+// to reach the object store of an s3:// dir.
+func (c *Coordinator) VerifyWith(ctx context.Context, dir, id string, o ckptstore.Options) ([]ckptstore.Manifest, error) {
 	// The directory is its own root: nothing beneath it is followed
 	// through a symbolic link.
-	store, err := ckptstore.OpenWith(dir, ckptstore.Options{SigningKey: signingKey})
+	store, err := ckptstore.OpenWith(dir, o)
 	if err != nil {
 		return nil, err
 	}

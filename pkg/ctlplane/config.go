@@ -24,7 +24,18 @@ type Config struct {
 	// reads checkpoint files there and nowhere else. Required when
 	// Enabled; a relative root is relative to the working directory, and
 	// is created at start if missing.
+	//
+	// Root may instead be an object store location, s3://bucket/prefix:
+	// every checkpoint_dir must then be an s3:// URL beneath it (the same
+	// bucket, within the prefix), and checkpoints are written through the
+	// S3 API with credentials from the standard AWS environment and files.
 	Root string `mapstructure:"root"`
+	// S3Endpoint is the base URL of an S3 server other than AWS (for an
+	// s3:// root); empty for AWS itself.
+	S3Endpoint string `mapstructure:"s3_endpoint"`
+	// S3PathStyle addresses buckets as <endpoint>/<bucket>, which most
+	// servers other than AWS need.
+	S3PathStyle bool `mapstructure:"s3_path_style"`
 	// SigningKeyFile, when set, names a file holding the key (at least 32
 	// bytes, less one trailing newline) that signs every manifest this
 	// server writes; a restore then refuses a manifest not signed with it.
@@ -67,6 +78,11 @@ func (c Config) validateSettings() error {
 		// not choose for a token holder to write in.
 		return errors.New("checkpoint.enabled is true but checkpoint.root is empty: name the directory every checkpoint_dir must lie beneath")
 	}
+	if ckptstore.IsS3(c.Root) {
+		if err := ckptstore.InRoot(c.Root, c.Root); err != nil {
+			return fmt.Errorf("checkpoint.root: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -80,6 +96,11 @@ func (c Config) SigningKey() ([]byte, error) {
 		return nil, fmt.Errorf("checkpoint.signing_key_file: %w", err)
 	}
 	return key, nil
+}
+
+// S3Options are the object store settings of an s3:// root.
+func (c Config) S3Options() ckptstore.S3Options {
+	return ckptstore.S3Options{Endpoint: c.S3Endpoint, PathStyle: c.S3PathStyle}
 }
 
 // LeaseGrace is the grace as a duration.

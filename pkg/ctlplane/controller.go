@@ -111,12 +111,15 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	if deps.Clock == nil {
 		deps.Clock = RealClock{}
 	}
-	root, err := filepath.Abs(cfg.Root)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint.root: %w", err)
-	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return nil, fmt.Errorf("checkpoint.root: %w", err)
+	root := cfg.Root
+	if !ckptstore.IsS3(root) {
+		var err error
+		if root, err = filepath.Abs(cfg.Root); err != nil {
+			return nil, fmt.Errorf("checkpoint.root: %w", err)
+		}
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			return nil, fmt.Errorf("checkpoint.root: %w", err)
+		}
 	}
 	// Read once: a key changed on disk takes effect at the next start.
 	key, err := cfg.SigningKey()
@@ -125,7 +128,7 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	}
 	ownStore := deps.Store == nil
 	if ownStore {
-		if deps.Store, err = ckptstore.OpenWith(root, ckptstore.Options{SigningKey: key}); err != nil {
+		if deps.Store, err = ckptstore.OpenWith(root, ckptstore.Options{SigningKey: key, S3: cfg.S3Options()}); err != nil {
 			return nil, err
 		}
 	} else if key != nil && !deps.Store.Signed() {
@@ -226,6 +229,12 @@ func validCheckpointID(id string) error {
 // an absolute path beneath the root; the store refuses the rest (symbolic
 // links) as it opens the directory.
 func (c *Controller) validDir(dir string) error {
+	if ckptstore.IsS3(c.root) {
+		if err := ckptstore.InRoot(c.root, dir); err != nil {
+			return apierror.New(apierror.InvalidRequest, "checkpoint_dir %q must lie beneath this server's checkpoint root %s, with no empty, \".\" or \"..\" component", dir, c.root)
+		}
+		return nil
+	}
 	if dir == "" || !filepath.IsAbs(dir) {
 		return apierror.New(apierror.InvalidRequest, "checkpoint_dir %q must be an absolute path every server can reach", dir)
 	}

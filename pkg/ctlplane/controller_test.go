@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
+
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
@@ -523,4 +526,73 @@ func TestNew_SigningKeyFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
+}
+
+// A root in an object store: commits go beneath its bucket and prefix and
+// nowhere else, and a fresh controller restores what another committed.
+func TestController_S3Root(t *testing.T) {
+	fake := httptest.NewServer(gofakes3.New(s3mem.New(), gofakes3.WithAutoBucket(true)).Server())
+	defer fake.Close()
+	t.Setenv("AWS_ACCESS_KEY_ID", "fake")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake")
+	t.Setenv("AWS_REGION", "us-east-1")
+	root := "s3://fleet-bucket/checkpoints"
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60, Root: root, S3Endpoint: fake.URL, S3PathStyle: true}
+	ctx := context.Background()
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+	scope := []rollout.EpisodeID{{RolloutID: "r1"}, {RolloutID: "r2"}}
+	newC := func(f *ctlplanetest.Fake) *ctlplane.Controller {
+		c, err := ctlplane.New(cfg, f, ctlplane.Deps{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	src := ctlplanetest.NewFake("agent", "a")
+	for _, id := range scope {
+		src.SetEpisode(id, true)
+	}
+	c := newC(src)
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{"s3://fleet-bucket/elsewhere/c1", "s3://other-bucket/checkpoints/c1", "s3://fleet-bucket/checkpoints/../c1", t.TempDir()} {
+		_, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: scope})
+		if !apierror.HasCode(err, apierror.InvalidRequest) {
+			t.Fatalf("a commit to %s: %v, want invalid_request", dir, err)
+		}
+	}
+	dir := root + "/c1"
+	if rep, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: scope}); err != nil || rep.Records != 2 {
+		t.Fatalf("a commit beneath the root: %+v, %v", rep, err)
+	}
+	fresh := ctlplanetest.NewFake("agent", "a")
+	r, err := newC(fresh).Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: scope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.Restored, []string{"r1-a1", "r2-a1"}) {
+		t.Fatalf("restored %v, want the next attempts of r1 and r2", r.Restored)
+	}
+}
+
+func TestConfig_S3Root(t *testing.T) {
+	base := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60}
+	for root, ok := range map[string]bool{
+		"s3://bucket":            true,
+		"s3://bucket/a/b":        true,
+		"s3://":                  false,
+		"s3://bucket//a":         false,
+		"s3://bucket/a/../b":     false,
+		"s3://bucket/./a":        false,
+		"/srv/checkpoints":       true,
+		"relative/checkpoints/x": true,
+	} {
+		cfg := base
+		cfg.Root = root
+		if err := cfg.Validate(); (err == nil) != ok {
+			t.Errorf("root %q: %v, want ok %v", root, err, ok)
+		}
+	}
 }

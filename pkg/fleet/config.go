@@ -16,6 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -67,8 +68,15 @@ type Checkpoint struct {
 	// Root is the directory every checkpoint directory lies beneath (each
 	// server's checkpoint.root; relative to the file's base directory).
 	// gymctl refuses a --dir or --checkpoint-dir outside it before any
-	// server is called.
+	// server is called. It may instead be s3://bucket/prefix: checkpoints
+	// then go to an object store (see S3Endpoint).
 	Root string `yaml:"root"`
+	// S3Endpoint and S3PathStyle say how every server (and gymctl ckpt
+	// verify) reaches the object store of an s3:// root: the base URL of a
+	// server other than AWS, and path-style bucket addressing. Credentials
+	// come from the standard AWS environment and files.
+	S3Endpoint  string `yaml:"s3_endpoint"`
+	S3PathStyle bool   `yaml:"s3_path_style"`
 	// SigningKeyFile names the file holding the key every server signs
 	// its manifests with and verifies them by (each server's
 	// checkpoint.signing_key_file; relative to the file's base directory).
@@ -314,7 +322,7 @@ func (p Process) Local() bool {
 
 // Path resolves a path of the file against BaseDir.
 func (c *Config) Path(p string) string {
-	if p == "" || filepath.IsAbs(p) || c.BaseDir == "" {
+	if p == "" || filepath.IsAbs(p) || c.BaseDir == "" || ckptstore.IsS3(p) {
 		return p
 	}
 	return filepath.Join(c.BaseDir, p)

@@ -29,6 +29,28 @@ func TestLauncher_EnvironCheckpointBlock(t *testing.T) {
 	}
 }
 
+// An s3:// root reaches every process as it is written (not resolved
+// against the fleet file's directory), with the endpoint and path style.
+func TestLauncher_EnvironS3Root(t *testing.T) {
+	cfg := &Config{BaseDir: "/fleet", Checkpoint: Checkpoint{Enabled: true, ControlAuthToken: "tok", Root: "s3://bucket/ck"}}
+	env := NewLauncher(cfg, Options{Environ: []string{}}).environ(Process{})
+	if !slices.Contains(env, "GYMFLEET_CHECKPOINT_ROOT=s3://bucket/ck") {
+		t.Errorf("environ %v lacks the s3:// root as written", env)
+	}
+	for _, e := range env {
+		if strings.HasPrefix(e, "GYMFLEET_CHECKPOINT_S3_") {
+			t.Errorf("environ without S3 settings sets %s", e)
+		}
+	}
+	cfg.Checkpoint.S3Endpoint, cfg.Checkpoint.S3PathStyle = "http://127.0.0.1:8333", true
+	env = NewLauncher(cfg, Options{Environ: []string{}}).environ(Process{})
+	for _, want := range []string{"GYMFLEET_CHECKPOINT_S3_ENDPOINT=http://127.0.0.1:8333", "GYMFLEET_CHECKPOINT_S3_PATH_STYLE=true"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("environ %v lacks %s", env, want)
+		}
+	}
+}
+
 // The fleet's http.stack reaches every process as GYMFLEET_HTTP_STACK, after
 // the launcher's own environment and before the process's entries.
 func TestLauncher_EnvironHTTPStack(t *testing.T) {

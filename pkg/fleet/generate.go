@@ -8,6 +8,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 )
 
@@ -27,8 +28,13 @@ type Topology struct {
 	BinDir string
 	// Token enables checkpointing on every server when set.
 	Token string
-	// CheckpointRoot is every server's checkpoint.root (default: Dir).
+	// CheckpointRoot is every server's checkpoint.root (default: Dir); an
+	// s3://bucket/prefix root puts checkpoints in an object store.
 	CheckpointRoot string
+	// S3Endpoint and S3PathStyle are every server's checkpoint.s3_endpoint
+	// and checkpoint.s3_path_style (for an s3:// root).
+	S3Endpoint  string
+	S3PathStyle bool
 	// LeaseGraceSeconds overrides the lease grace (0: the default).
 	LeaseGraceSeconds float64
 	// TokensPerSecond and MinCallSeconds pace fakeinference.
@@ -156,10 +162,16 @@ func Generate(t Topology) (*Config, error) {
 		t.CheckpointRoot = t.Dir
 	}
 	// Absolute: the servers run in the topology's directory.
-	if t.CheckpointRoot, err = filepath.Abs(t.CheckpointRoot); err != nil {
-		return nil, err
+	if !ckptstore.IsS3(t.CheckpointRoot) {
+		if t.CheckpointRoot, err = filepath.Abs(t.CheckpointRoot); err != nil {
+			return nil, err
+		}
 	}
 	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token, "root": t.CheckpointRoot}
+	if t.S3Endpoint != "" || t.S3PathStyle {
+		checkpoint["s3_endpoint"] = t.S3Endpoint
+		checkpoint["s3_path_style"] = t.S3PathStyle
+	}
 	if t.LeaseGraceSeconds > 0 {
 		checkpoint["lease_grace_seconds"] = t.LeaseGraceSeconds
 	}
@@ -232,7 +244,7 @@ func Generate(t Topology) (*Config, error) {
 
 	cfg := &Config{
 		RunDir: filepath.Join(t.Dir, "run"), BinDir: t.BinDir, BaseDir: t.Dir,
-		Checkpoint: Checkpoint{Enabled: t.Token != "", ControlAuthToken: t.Token, Root: t.CheckpointRoot},
+		Checkpoint: Checkpoint{Enabled: t.Token != "", ControlAuthToken: t.Token, Root: t.CheckpointRoot, S3Endpoint: t.S3Endpoint, S3PathStyle: t.S3PathStyle},
 		HTTP:       HTTP{Stack: t.HTTPStack, TLS: TLS{CertFile: t.TLS.CertFile, KeyFile: t.TLS.KeyFile, CAFile: t.TLS.CAFile}},
 	}
 	proc := func(name, binary, config string, eps ...Endpoint) {

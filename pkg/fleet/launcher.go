@@ -226,6 +226,12 @@ func (l *Launcher) environ(spec Process) []string {
 			"GYMFLEET_CHECKPOINT_ENABLED=true",
 			"GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN="+l.cfg.Checkpoint.ControlAuthToken,
 			"GYMFLEET_CHECKPOINT_ROOT="+l.cfg.Path(l.cfg.Checkpoint.Root))
+		if l.cfg.Checkpoint.S3Endpoint != "" {
+			env = append(env, "GYMFLEET_CHECKPOINT_S3_ENDPOINT="+l.cfg.Checkpoint.S3Endpoint)
+		}
+		if l.cfg.Checkpoint.S3PathStyle {
+			env = append(env, "GYMFLEET_CHECKPOINT_S3_PATH_STYLE=true")
+		}
 		if l.cfg.Checkpoint.SigningKeyFile != "" {
 			// The path, never the key: the environment is readable by more
 			// than the file need be.

@@ -26,6 +26,9 @@ type Result struct {
 	ProfilesDir string `json:"profiles_dir,omitempty"`
 	// Dir is the work directory when it was kept.
 	Dir string `json:"dir,omitempty"`
+	// Store is the object store root the fleet checkpointed to; empty for
+	// the local disk.
+	Store string `json:"store,omitempty"`
 
 	FleetStartSeconds float64 `json:"fleet_start_seconds"`
 	// DispatchSentSeconds is until every /run was written.
@@ -210,6 +213,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 		r.Rollouts, r.Stack, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage)
 	if r.Profiled {
 		fmt.Fprintln(w, "profiled run: CPU profiling slows prepare, commit and restore")
+	}
+	if r.Store != "" {
+		fmt.Fprintln(w, "checkpoint in an object store:", r.Store)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(name string, secs float64, detail string) {

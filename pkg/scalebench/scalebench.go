@@ -95,6 +95,13 @@ type Options struct {
 	// Stack is the HTTP stack of every server of the fleet and of the
 	// bench's own clients (empty: the default, lean).
 	Stack httpconf.Stack
+	// S3Root, when set (s3://bucket/prefix), is where the fleet
+	// checkpoints instead of Dir/ckpt: every server's checkpoint.root,
+	// the checkpoint beneath it under a run's own prefix. S3 says how to
+	// reach the store; credentials come from the AWS environment, which
+	// the servers inherit.
+	S3Root string
+	S3     ckptstore.S3Options
 }
 
 // DefaultProfileSeconds is a CPU profile window long enough for the
@@ -178,8 +185,10 @@ type bench struct {
 	res    *Result
 	log    io.Writer
 
-	topo     fleet.Topology
-	cfg      *fleet.Config
+	topo fleet.Topology
+	cfg  *fleet.Config
+	// s3 is the object store checkpointed to; nil on the local disk.
+	s3       *ckptstore.S3
 	launcher *fleet.Launcher
 	fake     *fiwire.Control
 	envURL   string
@@ -321,7 +330,7 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	if err := b.recordCommit(coord, cm); err != nil {
+	if err := b.recordCommit(ctx, coord, cm); err != nil {
 		return err
 	}
 	continued := b.checkExported(cm, rows)
@@ -424,6 +433,18 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	return context.Cause(ctx)
 }
 
+// recordsSize is the size of a committed records file.
+func (b *bench) recordsSize(ctx context.Context, dir, file string) (int64, error) {
+	if b.s3 != nil {
+		return b.s3.Size(ctx, dir, file)
+	}
+	st, err := os.Stat(filepath.Join(dir, file))
+	if err != nil {
+		return 0, err
+	}
+	return st.Size(), nil
+}
+
 // httpConf is the http: section of the bench's clients: the fleet's stack.
 func (b *bench) httpConf() httpconf.Config { return httpconf.Config{Stack: b.opts.Stack} }
 
@@ -431,9 +452,23 @@ func (b *bench) httpConf() httpconf.Config { return httpconf.Config{Stack: b.opt
 func (b *bench) startFleet(ctx context.Context) error {
 	fleetDir := filepath.Join(b.opts.Dir, "fleet")
 	b.ckptDir = filepath.Join(b.opts.Dir, "ckpt", checkpointID)
+	root := filepath.Dir(b.ckptDir)
+	if b.opts.S3Root != "" {
+		// A prefix of the run's own: the bucket may hold other runs.
+		root = ckptstore.JoinDir(b.opts.S3Root, "run-"+time.Now().UTC().Format("20060102T150405.000000000"))
+		b.ckptDir = ckptstore.JoinDir(root, checkpointID)
+		store, err := ckptstore.OpenS3(ctx, root, b.opts.S3)
+		if err != nil {
+			return err
+		}
+		b.s3 = store
+		if err := store.EnsureBucket(ctx); err != nil {
+			return err
+		}
+	}
 	b.topo = fleet.Topology{
 		Dir: fleetDir, BinDir: b.binDir, Token: controlToken,
-		CheckpointRoot: filepath.Dir(b.ckptDir),
+		CheckpointRoot: root, S3Endpoint: b.opts.S3.Endpoint, S3PathStyle: b.opts.S3.PathStyle,
 		// A whole run must never see its checkpoint reopen under it.
 		LeaseGraceSeconds: 3600,
 		GenerationCuts:    true,
@@ -683,7 +718,7 @@ func (b *bench) recordPrepare(prep *coordination.PrepareResult) {
 
 // recordCommit sums records and bytes per participant kind, from each
 // commit reply's manifest and its records file on disk.
-func (b *bench) recordCommit(coord *coordination.Coordinator, cm *coordination.CommitResult) error {
+func (b *bench) recordCommit(ctx context.Context, coord *coordination.Coordinator, cm *coordination.CommitResult) error {
 	byKind := map[string]*CommitKind{}
 	for _, m := range coord.Members() {
 		rep, ok := cm.Replies[m.Name]
@@ -700,7 +735,7 @@ func (b *bench) recordCommit(coord *coordination.Coordinator, cm *coordination.C
 			return fmt.Errorf("commit: the manifest of %s names records file %q", m.Name, file)
 		}
 		dir := ckptstore.Target{Dir: b.ckptDir, Kind: m.Kind, Instance: m.Instance}.ParticipantDir()
-		st, err := os.Stat(filepath.Join(dir, file))
+		size, err := b.recordsSize(ctx, dir, file)
 		if err != nil {
 			return fmt.Errorf("commit: records of %s: %w", m.Name, err)
 		}
@@ -714,7 +749,7 @@ func (b *bench) recordCommit(coord *coordination.Coordinator, cm *coordination.C
 			k.Seconds = secs
 		}
 		k.Records += int(count)
-		k.Bytes += st.Size()
+		k.Bytes += size
 		k.Exported += len(cm.ExportedBy(m.Name))
 	}
 	b.res.Commit.Kinds = inPrepareOrder(byKind)
@@ -897,8 +932,11 @@ func unused(dir string) error {
 }
 
 // cleanup removes what the run does not keep. A failed run keeps its
-// directory, for the logs.
+// directory, for the logs. A checkpoint in an object store stays there.
 func (b *bench) cleanup(runErr error, tempDir bool) {
+	if b.s3 != nil {
+		_ = b.s3.Close()
+	}
 	keepProfiles := b.opts.Profile && b.res.ProfilesDir != ""
 	switch {
 	case runErr != nil || b.opts.Keep:
@@ -939,5 +977,6 @@ func newResult(opts Options) *Result {
 		StartedAt: time.Now().UTC(),
 		Host:      Host{Name: host, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, LoadAverage: load},
 		Profiled:  opts.Profile,
+		Store:     opts.S3Root,
 	}
 }

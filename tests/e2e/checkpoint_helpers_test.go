@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -35,8 +34,8 @@ func (f *Fleet) Checkpoint(c *coordination.Coordinator, id string, scope ...roll
 	return res, cm
 }
 
-// Dir is the directory of checkpoint id.
-func (f *Fleet) Dir(id string) string { return filepath.Join(f.CkptDir, id) }
+// Dir is the directory of checkpoint id (an s3:// URL where CkptDir is).
+func (f *Fleet) Dir(id string) string { return ckptstore.JoinDir(f.CkptDir, id) }
 
 // Resume resumes checkpoint id everywhere.
 func (f *Fleet) Resume(c *coordination.Coordinator, id string) {
