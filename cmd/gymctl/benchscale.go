@@ -13,10 +13,11 @@ import (
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 	"github.com/gymfleet/gymfleet/pkg/scalebench"
 )
 
-// benchGCPercent is the servers' GC goal (lifecycle.ServerGCPercent, which
+// benchGCPercent is the servers' GC goal (runtimetune.ServerGCPercent, which
 // a test holds it to), named here so gymctl links no server-running code.
 const benchGCPercent = 15
 
@@ -38,12 +39,16 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 		"abort when the fleet and the bench together hold more resident memory than this (GiB); 0: no limit; default: 90% of this machine's")
 	binDir := fs.String("bin-dir", "", "directory of the server binaries; empty: gymctl's own directory")
 	stacksFlag := fs.String("stacks", string(httpconf.StackLean), "comma-separated HTTP stacks (lean, nethttp) to run the bench on, one run after the other, every server and the bench on the run's stack")
+	tuning := fs.String("tuning", "", "every server's runtime.tuning (on: steer the Go runtime, off: Go's own behaviour); empty: the servers' default")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	stacks, err := parseStacks(*stacksFlag)
 	if err != nil {
 		return fmt.Errorf("bench-scale: --stacks: %w", err)
+	}
+	if err := (runtimetune.Config{Tuning: runtimetune.Mode(*tuning)}).Validate(); err != nil {
+		return fmt.Errorf("bench-scale: --tuning: %w", err)
 	}
 	if *rollouts < 1 {
 		return fmt.Errorf("bench-scale: --rollouts must be at least 1, got %d", *rollouts)
@@ -59,7 +64,9 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 		*binDir = filepath.Dir(exe)
 	}
 	// The bench holds every rollout's /run call open, as the servers hold
-	// theirs; it collects garbage as they do (lifecycle.SetServerGC).
+	// theirs; it collects garbage as tuned servers do
+	// (runtimetune.ServerGCPercent), whether the fleet it measures is
+	// tuned or not, so that an A/B of --tuning moves only the fleet.
 	if getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(benchGCPercent))
 	}
@@ -76,6 +83,7 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 			MaxRSSBytes:    uint64(*maxRSS * (1 << 30)),
 			Log:            stderr,
 			Stack:          st,
+			Tuning:         runtimetune.Mode(*tuning),
 		}
 		path := *jsonPath
 		if len(stacks) > 1 {
