@@ -111,8 +111,10 @@ N ?= 1000
 # Both HTTP stacks, one run after the other, then side by side (STACKS=lean
 # for one run).
 STACKS ?= lean,nethttp
+# TUNING=on or off sets every server's runtime.tuning (empty: their default).
+TUNING ?=
 bench-scale: build
-	$(BIN)/gymctl bench-scale --rollouts $(N) --stacks $(STACKS) --json bench-scale-$(N).json
+	$(BIN)/gymctl bench-scale --rollouts $(N) --stacks $(STACKS) $(if $(TUNING),--tuning $(TUNING)) --json bench-scale-$(N).json
 
 lint: vet
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

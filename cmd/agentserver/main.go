@@ -7,16 +7,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/agent"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func main() {
-	lifecycle.SetServerGC(os.Getenv)
 	lifecycle.Main("agentserver", run)
 }
 
@@ -36,10 +35,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Name:     "agentserver",
 		Load:     loadConfig,
 		LogLevel: func(cfg agent.ProcessConfig) string { return cfg.LogLevel },
-		Servers: func(cfg agent.ProcessConfig, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+		Runtime:  func(cfg agent.ProcessConfig) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg agent.ProcessConfig, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
 			var servers []lifecycle.Named
 			for _, ac := range cfg.AgentConfigs() {
-				srv, err := agent.New(ac, agent.Deps{Logger: logging.New(stderr, level, "agent", ac.Name)})
+				srv, err := agent.New(ac, agent.Deps{Logger: logging.New(stderr, level, "agent", ac.Name), Tuning: tuner})
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", ac.Name, err)
 				}

@@ -20,6 +20,7 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/agent"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -267,5 +268,12 @@ func TestHTTPTLSFiles(t *testing.T) {
 	configtest.HTTPTLS(t, func(getenv func(string) string) (httpconf.TLS, error) {
 		cfg, err := loadConfig(configload.Flags{Config: "../../configs/agentserver.yaml"}, getenv)
 		return cfg.HTTP.TLS, err
+	})
+}
+
+func TestRuntimeTuning(t *testing.T) {
+	configtest.RuntimeTuning(t, func(getenv func(string) string) (runtimetune.Config, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/agentserver.yaml"}, getenv)
+		return cfg.Runtime, err
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -15,10 +14,10 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func main() {
-	lifecycle.SetServerGC(os.Getenv)
 	lifecycle.Main("envserver", run)
 }
 
@@ -35,9 +34,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Name:     "envserver",
 		Load:     loadConfig,
 		LogLevel: func(cfg environment.Config) string { return cfg.LogLevel },
-		Servers: func(cfg environment.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+		Runtime:  func(cfg environment.Config) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg environment.Config, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
 			log := logging.New(stderr, level, "environment", cfg.Name)
-			srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry()})
+			srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry(), Tuning: tuner})
 			if err != nil {
 				return nil, err
 			}

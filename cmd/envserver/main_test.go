@@ -16,6 +16,7 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func noEnv(string) string { return "" }
@@ -171,5 +172,12 @@ func TestHTTPTLSFiles(t *testing.T) {
 	configtest.HTTPTLS(t, func(getenv func(string) string) (httpconf.TLS, error) {
 		cfg, err := loadConfig(configload.Flags{Config: "../../configs/envserver.yaml"}, getenv)
 		return cfg.HTTP.TLS, err
+	})
+}
+
+func TestRuntimeTuning(t *testing.T) {
+	configtest.RuntimeTuning(t, func(getenv func(string) string) (runtimetune.Config, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/envserver.yaml"}, getenv)
+		return cfg.Runtime, err
 	})
 }

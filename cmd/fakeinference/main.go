@@ -12,20 +12,13 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // name is the process's kind and instance name in logs and the address file.
 const name = "fakeinference"
 
 func main() {
-	// The stand-in keeps Go's default GC goal (GOGC=100), not the servers'
-	// (lifecycle.SetServerGC): it is not part of the fleet whose memory the
-	// scale targets bound, and on the bench's machine it takes the cores
-	// the fleet's checkpoint runs on. At the servers' goal it collected
-	// inside the prepare of two 100,000 runs (2.15 and 2.61 CPU-s), where
-	// it unwinds the calls the model server cuts. At the default it
-	// collects about a quarter as often (92 against 165 CPU-s over a
-	// 100,000 run) but can still land in a prepare (one of three runs).
 	lifecycle.Main(name, run)
 }
 
@@ -42,7 +35,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Name:     name,
 		Load:     loadConfig,
 		LogLevel: func(cfg fakeinference.Config) string { return cfg.LogLevel },
-		Servers: func(cfg fakeinference.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+		Runtime:  func(cfg fakeinference.Config) runtimetune.Config { return cfg.Runtime },
+		// The stand-in keeps Go's own GC goal, not the servers'
+		// (runtimetune.ServerGCPercent): it is not part of the fleet whose
+		// memory the scale targets bound, and on the bench's machine its
+		// collections at the servers' goal land in the prepare, where it
+		// unwinds the calls the model server cuts, on the cores the
+		// fleet's checkpoint runs on.
+		GoGCGoal: true,
+		Servers: func(cfg fakeinference.Config, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
 			log := logging.New(stderr, level, name, name)
 			if cfg.ControlAuthToken == "" {
 				log.Warn("control_auth_token is empty: POST /_ckpt/generation-cut refuses every call")

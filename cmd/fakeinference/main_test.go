@@ -20,6 +20,7 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -197,5 +198,12 @@ func TestHTTPTLSFiles(t *testing.T) {
 	configtest.HTTPTLS(t, func(getenv func(string) string) (httpconf.TLS, error) {
 		cfg, err := loadConfig(configload.Flags{Config: "../../configs/fakeinference.yaml"}, getenv)
 		return cfg.HTTP.TLS, err
+	})
+}
+
+func TestRuntimeTuning(t *testing.T) {
+	configtest.RuntimeTuning(t, func(getenv func(string) string) (runtimetune.Config, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/fakeinference.yaml"}, getenv)
+		return cfg.Runtime, err
 	})
 }

@@ -14,10 +14,11 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 	"github.com/gymfleet/gymfleet/pkg/scalebench"
 )
 
-// benchGCPercent is the servers' GC goal (lifecycle.ServerGCPercent, which
+// benchGCPercent is the servers' GC goal (runtimetune.ServerGCPercent, which
 // a test holds it to), named here so gymctl links no server-running code.
 const benchGCPercent = 15
 
@@ -42,6 +43,7 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 	s3Root := fs.String("s3-root", "", "checkpoint to this object store location (s3://bucket/prefix; the bucket is created if missing) instead of the work directory; credentials from the AWS environment")
 	s3Endpoint := fs.String("s3-endpoint", "", "with --s3-root: the S3 server's base URL (empty: AWS)")
 	s3PathStyle := fs.Bool("s3-path-style", true, "with --s3-root: address buckets as <endpoint>/<bucket>")
+	tuning := fs.String("tuning", "", "every server's runtime.tuning (on: steer the Go runtime, off: Go's own behaviour); empty: the servers' default")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -51,6 +53,9 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 	stacks, err := parseStacks(*stacksFlag)
 	if err != nil {
 		return fmt.Errorf("bench-scale: --stacks: %w", err)
+	}
+	if err := (runtimetune.Config{Tuning: runtimetune.Mode(*tuning)}).Validate(); err != nil {
+		return fmt.Errorf("bench-scale: --tuning: %w", err)
 	}
 	if *rollouts < 1 {
 		return fmt.Errorf("bench-scale: --rollouts must be at least 1, got %d", *rollouts)
@@ -66,7 +71,9 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 		*binDir = filepath.Dir(exe)
 	}
 	// The bench holds every rollout's /run call open, as the servers hold
-	// theirs; it collects garbage as they do (lifecycle.SetServerGC).
+	// theirs; it collects garbage as tuned servers do
+	// (runtimetune.ServerGCPercent), whether the fleet it measures is
+	// tuned or not, so that an A/B of --tuning moves only the fleet.
 	if getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(benchGCPercent))
 	}
@@ -85,6 +92,7 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 			Stack:          st,
 			S3Root:         *s3Root,
 			S3:             ckptstore.S3Options{Endpoint: *s3Endpoint, PathStyle: *s3PathStyle},
+			Tuning:         runtimetune.Mode(*tuning),
 		}
 		path := *jsonPath
 		if len(stacks) > 1 {

@@ -10,12 +10,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func TestBenchGCPercentIsTheServers(t *testing.T) {
-	if benchGCPercent != lifecycle.ServerGCPercent {
-		t.Errorf("the bench collects at GOGC %d, the servers at %d", benchGCPercent, lifecycle.ServerGCPercent)
+	if benchGCPercent != runtimetune.ServerGCPercent {
+		t.Errorf("the bench collects at GOGC %d, the servers at %d", benchGCPercent, runtimetune.ServerGCPercent)
 	}
 }
 
@@ -37,6 +37,7 @@ func TestBenchScaleFlags(t *testing.T) {
 		{[]string{"--rollouts", "0"}, "--rollouts must be at least 1"},
 		{[]string{"--rollouts", "many"}, "invalid value"},
 		{[]string{"--max-rss-gib", "-1"}, "--max-rss-gib must be >= 0"},
+		{[]string{"--tuning", "sometimes"}, "--tuning: runtime.tuning"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"--stacks", "lean,quic"}, `"quic" is not lean or nethttp`},
 		{[]string{"--stacks", "lean,lean"}, "lean is named twice"},

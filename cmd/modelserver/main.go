@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -17,10 +16,10 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func main() {
-	lifecycle.SetServerGC(os.Getenv)
 	lifecycle.Main("modelserver", run)
 }
 
@@ -37,9 +36,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Name:     "modelserver",
 		Load:     loadConfig,
 		LogLevel: func(cfg modelproxy.Config) string { return cfg.LogLevel },
-		Servers: func(cfg modelproxy.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+		Runtime:  func(cfg modelproxy.Config) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg modelproxy.Config, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
 			log := logging.New(stderr, level, "model", cfg.Name)
-			srv, err := modelproxy.New(cfg, modelproxy.Deps{Logger: log, Registry: prometheus.NewRegistry()})
+			srv, err := modelproxy.New(cfg, modelproxy.Deps{Logger: log, Registry: prometheus.NewRegistry(), Tuning: tuner})
 			if err != nil {
 				return nil, err
 			}

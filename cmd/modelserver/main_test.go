@@ -19,6 +19,7 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -183,5 +184,12 @@ func TestHTTPTLSFiles(t *testing.T) {
 	configtest.HTTPTLS(t, func(getenv func(string) string) (httpconf.TLS, error) {
 		cfg, err := loadConfig(configload.Flags{Config: "../../configs/modelserver.yaml"}, getenv)
 		return cfg.HTTP.TLS, err
+	})
+}
+
+func TestRuntimeTuning(t *testing.T) {
+	configtest.RuntimeTuning(t, func(getenv func(string) string) (runtimetune.Config, error) {
+		cfg, err := loadConfig(configload.Flags{Config: "../../configs/modelserver.yaml"}, getenv)
+		return cfg.Runtime, err
 	})
 }

@@ -7,16 +7,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/resources"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func main() {
-	lifecycle.SetServerGC(os.Getenv)
 	lifecycle.Main("resourceserver", run)
 }
 
@@ -36,10 +35,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Name:     "resourceserver",
 		Load:     loadConfig,
 		LogLevel: func(cfg resources.ProcessConfig) string { return cfg.LogLevel },
-		Servers: func(cfg resources.ProcessConfig, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+		Runtime:  func(cfg resources.ProcessConfig) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg resources.ProcessConfig, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
 			var servers []lifecycle.Named
 			for _, sc := range cfg.ServerConfigs() {
-				srv, err := resources.New(sc, resources.Deps{Logger: logging.New(stderr, level, "resources", sc.Name)})
+				srv, err := resources.New(sc, resources.Deps{Logger: logging.New(stderr, level, "resources", sc.Name), Tuning: tuner})
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", sc.Name, err)
 				}

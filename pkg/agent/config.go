@@ -11,6 +11,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Config configures one named Simple Agent.
@@ -122,6 +123,9 @@ type ProcessConfig struct {
 	// HTTP is the http: section every agent of the process shares: the
 	// HTTP stack (lean or nethttp) and TLS of its listeners and clients.
 	HTTP httpconf.Config `mapstructure:"http"`
+	// Runtime is the runtime: section: whether every server of the process steers the Go
+	// runtime (pkg/runtimetune).
+	Runtime runtimetune.Config `mapstructure:"runtime"`
 	// Agents is a list, not a map: viper lower-cases map keys.
 	Agents []Config `mapstructure:"agents"`
 }
@@ -147,6 +151,9 @@ func (p ProcessConfig) AgentConfigs() []Config {
 // Validate checks every agent, and that names and listen addresses are unique.
 func (p ProcessConfig) Validate() error {
 	if err := p.Checkpoint.Validate(); err != nil {
+		return err
+	}
+	if err := p.Runtime.Validate(); err != nil {
 		return err
 	}
 	if err := p.HTTP.Validate(); err != nil {

@@ -53,6 +53,10 @@ type Deps struct {
 	// httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto}):
 	// h2c to ours, HTTP/1.1 to NeMo Gym's.
 	Client *http.Client
+	// Tuning is the process's runtime steering, told where checkpoints
+	// stand (ctlplane.Tuning; a *runtimetune.Tuner); nil leaves the
+	// runtime alone.
+	Tuning ctlplane.Tuning
 }
 
 // Server is one named Simple Agent.
@@ -190,7 +194,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newCkptState()
 		s.runs = episode.NewTracker()
-		ctl, err := ctlplane.New(cfg.Checkpoint, participant{s}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		ctl, err := ctlplane.New(cfg.Checkpoint, participant{s}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning})
 		if err != nil {
 			return nil, err
 		}

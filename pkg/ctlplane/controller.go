@@ -16,7 +16,6 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/faultpoint"
-	"github.com/gymfleet/gymfleet/pkg/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -34,6 +33,9 @@ type Deps struct {
 	Clock Clock
 	// Store defaults to the local filesystem beneath the configured root.
 	Store *ckptstore.Store
+	// Tuning is told where checkpoints stand (see Tuning); nil leaves the
+	// runtime alone.
+	Tuning Tuning
 }
 
 // Controller is one server's control plane: it owns the phase state, the
@@ -49,6 +51,7 @@ type Controller struct {
 	root     string
 	ownStore bool
 	log      *slog.Logger
+	tuning   Tuning
 	metrics  *metrics
 	fence    *Fence
 	gate     gate
@@ -67,10 +70,10 @@ type Controller struct {
 	install    *task
 	committed  *CommitReply
 	restored   *RestoreReply
-	// gcHeld is set while this controller holds the process's collections
-	// off (gcHolds): from prepare closing admission, or from a restore's
-	// records being read, until the reopen.
-	gcHeld bool
+	// tuned is set while this controller has told its Tuning a checkpoint
+	// started and not yet that it finished: from prepare closing admission,
+	// or from a restore's start, until the reopen.
+	tuned bool
 }
 
 type task struct {
@@ -111,6 +114,9 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	if deps.Clock == nil {
 		deps.Clock = RealClock{}
 	}
+	if deps.Tuning == nil {
+		deps.Tuning = noTuning{}
+	}
 	root := cfg.Root
 	if !ckptstore.IsS3(root) {
 		var err error
@@ -137,25 +143,25 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Controller{
 		p: p, cfg: cfg, clock: deps.Clock, store: deps.Store, root: root, ownStore: ownStore,
-		log:   deps.Logger.With("component", "ctlplane"),
+		log: deps.Logger.With("component", "ctlplane"), tuning: deps.Tuning,
 		fence: NewFence(), ctx: ctx, cancel: cancel,
 	}
 	c.metrics = newMetrics(deps.Registry, c)
 	return c, nil
 }
 
-// Close stops the lease timer, ends a hold on collections and waits for
-// background writes and installs.
+// Close stops the lease timer, tells the Tuning a checkpoint under way
+// finished, and waits for background writes and installs.
 func (c *Controller) Close() {
 	c.mu.Lock()
 	if c.leaseTimer != nil {
 		c.leaseTimer.Stop()
 		c.leaseTimer = nil
 	}
-	c.releaseGCLocked()
-	// Cancelled under c.mu: an install that has read its records takes
-	// its hold on collections under c.mu only while c.ctx is live, so none
-	// is taken after this release.
+	c.finishTuningLocked()
+	// Cancelled under c.mu: an install that has read its records tells
+	// the Tuning their size under c.mu only while its checkpoint is
+	// started, so nothing reaches the Tuning for it after this finish.
 	c.cancel()
 	c.mu.Unlock()
 	c.wg.Wait()
@@ -297,7 +303,7 @@ func (c *Controller) reopenLocked() {
 	c.install = nil
 	c.gate.open()
 	c.p.OpenAdmission()
-	c.releaseGCLocked()
+	c.finishTuningLocked()
 	if c.leaseTimer != nil {
 		c.leaseTimer.Stop()
 		c.leaseTimer = nil
@@ -306,30 +312,30 @@ func (c *Controller) reopenLocked() {
 	c.prepared, c.committed, c.restored = nil, nil, nil
 }
 
-// holdGCLocked defers the process's collections until the checkpoint
-// reopens, allowing at least minHeadroom of growth meanwhile (see
-// gcHolds). Called with c.mu held.
-func (c *Controller) holdGCLocked(minHeadroom int64) {
-	if !c.gcHeld {
-		c.gcHeld = true
-		processGC.hold(minHeadroom)
+// startTuningLocked tells the Tuning a checkpoint started, once until
+// the reopen. Called with c.mu held.
+func (c *Controller) startTuningLocked() {
+	if !c.tuned {
+		c.tuned = true
+		c.tuning.CheckpointStarted()
 	}
 }
 
-// widenGCLocked lets this controller's hold, if it has one, grow by at
-// least minHeadroom from now on. Called with c.mu held.
-func (c *Controller) widenGCLocked(minHeadroom int64) {
-	if c.gcHeld {
-		processGC.widen(minHeadroom)
-	}
-}
-
-// releaseGCLocked ends this controller's hold, if it has one. Called with
+// sizeTuningLocked tells the Tuning the size of the records a restore
+// installs, if this controller's checkpoint is still started. Called with
 // c.mu held.
-func (c *Controller) releaseGCLocked() {
-	if c.gcHeld {
-		c.gcHeld = false
-		processGC.release()
+func (c *Controller) sizeTuningLocked(recordBytes int64) {
+	if c.tuned {
+		c.tuning.RestoreSized(recordBytes)
+	}
+}
+
+// finishTuningLocked tells the Tuning the checkpoint finished, if it was
+// told it started. Called with c.mu held.
+func (c *Controller) finishTuningLocked() {
+	if c.tuned {
+		c.tuned = false
+		c.tuning.CheckpointFinished()
 	}
 }
 
@@ -360,7 +366,7 @@ func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*Prepa
 		return r, nil
 	case ActCloseAndWait:
 		c.gate.close()
-		c.holdGCLocked(gcHoldHeadroom)
+		c.startTuningLocked()
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		err := c.p.CloseAdmission(cctx)
 		cancel()
@@ -368,7 +374,7 @@ func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*Prepa
 			// Phase and admission never disagree: reopen and refuse.
 			c.gate.open()
 			c.p.OpenAdmission()
-			c.releaseGCLocked()
+			c.finishTuningLocked()
 			c.st = prev
 			c.mu.Unlock()
 			return nil, fmt.Errorf("close admission: %w", err)
@@ -667,7 +673,7 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 		c.mu.Unlock()
 		return nil, fmt.Errorf("close admission: %w", err)
 	}
-	c.holdGCLocked(gcHoldHeadroom) // widened once the records' size is known
+	c.startTuningLocked() // sized once the records' size is known
 	t := newTask(req.CheckpointID)
 	c.install = t
 	c.wg.Add(1)
@@ -680,17 +686,17 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 	defer c.wg.Done()
 	start := time.Now()
 	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
-	// The hold Restore took allows the least headroom; before the records
-	// are read into memory (the agent's 358 MB at 100,000 rollouts), or
-	// after for a backend that could not tell their size, it is widened
-	// once to suit them. OnSize runs in this goroutine, inside ReadWith.
+	// The Tuning learns the records' size once: before they are read into
+	// memory, or after for a backend that could not tell it (a runtime
+	// hold readied for a fresh process's few MB would not suit them).
+	// OnSize runs in this goroutine, inside ReadWith.
 	widened := false
 	widen := func(size int64) {
 		widened = true
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if c.install == t { // not reopened meanwhile
-			c.widenGCLocked(installHeadroom(size))
+			c.sizeTuningLocked(size)
 		}
 	}
 	m, recs, size, err := c.store.ReadWith(c.ctx, target, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})
@@ -702,13 +708,13 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 		}
 		faultpoint.Hit(faultpoint.RestoreRead)
 		// This process is fresh: every page the install writes would be a
-		// fault of its own. The heap is readied for the growth the hold
-		// allows once the records are read, not before: their buffer is
-		// then fresh memory the read fills, where a buffer placed in the
-		// readied span would be zeroed by the runtime first.
-		prepared := hugepage.PrepareHeap(installHeapGrowth(size))
+		// fault of its own. The Tuning hears of the install once the
+		// records are read, not before: their buffer is then fresh memory
+		// the read fills, where a buffer placed in a heap readied for the
+		// install would be zeroed by the runtime first.
+		done := c.tuning.InstallStarting(size)
 		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
-		prepared.Release()
+		done()
 		if err == nil {
 			faultpoint.Hit(faultpoint.RestoreInstalled)
 		}
@@ -730,7 +736,7 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 			// Nothing is recorded: admission reopens and the phase is idle.
 			c.gate.open()
 			c.p.OpenAdmission()
-			c.releaseGCLocked()
+			c.finishTuningLocked()
 			if c.leaseTimer != nil {
 				c.leaseTimer.Stop()
 				c.leaseTimer = nil

@@ -45,11 +45,9 @@ func (c *Controller) Routes() chi.Router {
 	}))
 	r.Post("/restore", c.handle("restore", func(r *http.Request) (any, error) {
 		// The body names every episode to continue, and the process is
-		// fresh: its heap of a few MB would be collected again and again
-		// while the body is decoded (gcHolds). Restore takes the
-		// controller's own hold, which outlasts this one.
-		processGC.hold(gcHoldHeadroom)
-		defer processGC.release()
+		// fresh (Tuning.RequestDecoding). Restore then starts the
+		// checkpoint, which outlasts this.
+		defer c.tuning.RequestDecoding()()
 		var req RestoreRequest
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err

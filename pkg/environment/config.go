@@ -11,6 +11,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Protocols an environment server runs.
@@ -65,6 +66,9 @@ type Config struct {
 	// HTTP is the http: section: the HTTP stack (lean or nethttp) and TLS
 	// of the server's listener and of its clients to fleet peers.
 	HTTP httpconf.Config `mapstructure:"http"`
+	// Runtime is the runtime: section: whether the process steers the Go
+	// runtime (pkg/runtimetune).
+	Runtime runtimetune.Config `mapstructure:"runtime"`
 }
 
 // AgentConfig names one agent server and the resources server its episodes use.
@@ -108,6 +112,9 @@ func (c Config) Validate() error {
 	}
 	if !rollout.ValidID(c.Name) {
 		errs = append(errs, fmt.Errorf("name %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", c.Name))
+	}
+	if err := c.Runtime.Validate(); err != nil {
+		return err
 	}
 	if err := c.HTTP.Validate(); err != nil {
 		errs = append(errs, err)

@@ -34,6 +34,10 @@ import (
 type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Tuning is the process's runtime steering, told where checkpoints
+	// stand (ctlplane.Tuning; a *runtimetune.Tuner); nil leaves the
+	// runtime alone.
+	Tuning ctlplane.Tuning
 }
 
 // Server is an environment server.
@@ -92,7 +96,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.Checkpoint.Enabled {
 		s.tracker = tracking.NewTracker()
 		part := &participant{name: cfg.Name, tracker: s.tracker}
-		ctl, err := ctlplane.New(cfg.Checkpoint, part, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		ctl, err := ctlplane.New(cfg.Checkpoint, part, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning})
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Defaults for Config.
@@ -48,6 +49,9 @@ type Config struct {
 	// HTTP is the http: section: the HTTP stack (lean or nethttp) and TLS
 	// of the server's listener.
 	HTTP httpconf.Config `mapstructure:"http"`
+	// Runtime is the runtime: section: whether the process steers the Go
+	// runtime (pkg/runtimetune).
+	Runtime runtimetune.Config `mapstructure:"runtime"`
 }
 
 // DefaultConfig returns the defaults of every field.
@@ -73,6 +77,9 @@ func (c Config) Validate() error {
 		if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 			errs = append(errs, fmt.Errorf("log_level: %w", err))
 		}
+	}
+	if err := c.Runtime.Validate(); err != nil {
+		return err
 	}
 	if err := c.HTTP.Validate(); err != nil {
 		errs = append(errs, err)

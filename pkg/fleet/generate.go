@@ -10,6 +10,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // ServedModel is the model name a generated fleet's fakeinference serves
@@ -58,6 +59,10 @@ type Topology struct {
 	// every listener serves TLS and every URL is https://; the CA is what
 	// every client, the launcher's probes included, verifies them by.
 	TLS httpconf.TLS
+	// RuntimeTuning is every server's runtime.tuning (empty: the servers'
+	// default, runtimetune.DefaultMode), so the scale bench can compare a
+	// fleet steering the Go runtime with one on Go's own behaviour.
+	RuntimeTuning runtimetune.Mode
 	// Ports chooses the servers' ports (nil: FreePorts, the kernel's).
 	Ports PortSource
 }
@@ -230,6 +235,11 @@ func Generate(t Topology) (*Config, error) {
 			v.(map[string]any)["http"] = map[string]any{"stack": string(t.HTTPStack), "tls": map[string]any{
 				"cert_file": t.TLS.CertFile, "key_file": t.TLS.KeyFile, "ca_file": t.TLS.CAFile,
 			}}
+		}
+	}
+	if t.RuntimeTuning != "" {
+		for _, v := range files {
+			v.(map[string]any)["runtime"] = map[string]any{"tuning": string(t.RuntimeTuning)}
 		}
 	}
 	for name, v := range files {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/fleet"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Every generated server configuration carries the topology's pprof key at
@@ -160,6 +161,39 @@ func TestGenerate_HTTPStackReachesEveryServer(t *testing.T) {
 		}
 		if m.HTTP.Stack != "nethttp" {
 			t.Errorf("%s has http.stack %q, want nethttp", filepath.Base(p.Config), m.HTTP.Stack)
+		}
+	}
+}
+
+// A topology's runtime tuning reaches every server's file; without one no
+// file has a runtime section, and the servers keep their default.
+func TestGenerate_RuntimeTuningReachesEveryServer(t *testing.T) {
+	for _, mode := range []runtimetune.Mode{runtimetune.Off, runtimetune.On, ""} {
+		topo := fleet.Standard(t.TempDir(), "/bin", "tok")
+		topo.RuntimeTuning = mode
+		cfg, err := fleet.Generate(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range cfg.Processes {
+			b, err := os.ReadFile(p.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m struct {
+				Runtime *struct {
+					Tuning string `yaml:"tuning"`
+				} `yaml:"runtime"`
+			}
+			if err := yaml.Unmarshal(b, &m); err != nil {
+				t.Fatalf("%s: %v", filepath.Base(p.Config), err)
+			}
+			switch {
+			case mode == "" && m.Runtime != nil:
+				t.Errorf("%s has a runtime section %+v for a topology without tuning", filepath.Base(p.Config), *m.Runtime)
+			case mode != "" && (m.Runtime == nil || m.Runtime.Tuning != string(mode)):
+				t.Errorf("%s has runtime %+v, want tuning %s", filepath.Base(p.Config), m.Runtime, mode)
+			}
 		}
 	}
 }

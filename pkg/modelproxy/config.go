@@ -10,6 +10,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Defaults for Config.
@@ -46,6 +47,9 @@ type Config struct {
 	// HTTP is the http: section: the HTTP stack (lean or nethttp) and TLS
 	// of the server's listener and of its clients to fleet peers.
 	HTTP httpconf.Config `mapstructure:"http"`
+	// Runtime is the runtime: section: whether the process steers the Go
+	// runtime (pkg/runtimetune).
+	Runtime runtimetune.Config `mapstructure:"runtime"`
 }
 
 // GenerationCutsConfig configures generation cuts: when a checkpoint closes
@@ -161,6 +165,9 @@ func (c Config) Validate() error {
 		if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 			errs = append(errs, fmt.Errorf("log_level: %w", err))
 		}
+	}
+	if err := c.Runtime.Validate(); err != nil {
+		return err
 	}
 	if err := c.HTTP.Validate(); err != nil {
 		errs = append(errs, err)

@@ -54,6 +54,10 @@ type Deps struct {
 	// apart from the data client so a cut never queues behind generations;
 	// nil builds one from Config.Upstream.
 	Control *http.Client
+	// Tuning is the process's runtime steering, told where checkpoints
+	// stand (ctlplane.Tuning; a *runtimetune.Tuner); nil leaves the
+	// runtime alone.
+	Tuning ctlplane.Tuning
 }
 
 // Server is the policy model server.
@@ -113,7 +117,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	var mw []func(http.Handler) http.Handler
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newParticipant(s, deps.Registry)
-		ctl, err := ctlplane.New(cfg.Checkpoint, s.ckpt, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		ctl, err := ctlplane.New(cfg.Checkpoint, s.ckpt, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning})
 		if err != nil {
 			_ = ledger.Close()
 			return nil, fmt.Errorf("checkpoint control plane: %w", err)

@@ -9,6 +9,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Types of resources server.
@@ -145,6 +146,9 @@ type ProcessConfig struct {
 	// HTTP is the http: section every server of the process shares: the
 	// HTTP stack (lean or nethttp) and TLS of its listeners.
 	HTTP httpconf.Config `mapstructure:"http"`
+	// Runtime is the runtime: section: whether every server of the process steers the Go
+	// runtime (pkg/runtimetune).
+	Runtime runtimetune.Config `mapstructure:"runtime"`
 	// Servers is a list, not a map: viper lower-cases map keys.
 	Servers []Config `mapstructure:"servers"`
 }
@@ -169,6 +173,9 @@ func (p ProcessConfig) ServerConfigs() []Config {
 // Validate checks every server, and that names and listen addresses are unique.
 func (p ProcessConfig) Validate() error {
 	if err := p.Checkpoint.Validate(); err != nil {
+		return err
+	}
+	if err := p.Runtime.Validate(); err != nil {
 		return err
 	}
 	if err := p.HTTP.Validate(); err != nil {

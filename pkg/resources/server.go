@@ -22,6 +22,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
@@ -47,6 +48,10 @@ const GeneratedSessionPrefix = "resources-session-"
 type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Tuning is the process's runtime steering, told where checkpoints
+	// stand (ctlplane.Tuning; a *runtimetune.Tuner); nil leaves the
+	// runtime alone.
+	Tuning ctlplane.Tuning
 }
 
 // Server is one named resources server.

@@ -28,6 +28,7 @@ func WriteComparison(w io.Writer, runs []*Result) error {
 		line(name, func(r *Result) string { return fmtSeconds(f(r)) })
 	}
 	line("HTTP stack", func(r *Result) string { return r.Stack })
+	line("runtime tuning", func(r *Result) string { return r.Tuning })
 	line("load average at start", func(r *Result) string { return strings.Fields(r.Host.LoadAverage + " -")[0] })
 	secs("fleet start (s)", func(r *Result) float64 { return r.FleetStartSeconds })
 	secs("dispatch: every /run sent (s)", func(r *Result) float64 { return r.DispatchSentSeconds })

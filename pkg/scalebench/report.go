@@ -17,7 +17,10 @@ type Result struct {
 	Rollouts int `json:"rollouts"`
 	// Stack is the HTTP stack the fleet and the bench spoke (lean or
 	// nethttp, see pkg/httpconf).
-	Stack     string    `json:"stack"`
+	Stack string `json:"stack"`
+	// Tuning is the fleet's runtime.tuning (on or off, see
+	// pkg/runtimetune).
+	Tuning    string    `json:"tuning"`
 	StartedAt time.Time `json:"started_at"`
 	Host      Host      `json:"host"`
 	// Profiled runs are slower: the servers record CPU profiles during
@@ -209,8 +212,8 @@ func (r *Result) WriteJSON(path string) error {
 // WriteTable prints the result as one table of phases, then one of
 // processes.
 func (r *Result) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "scale bench: %d weather rollouts on single_agent_turn, checkpointing and generation cuts on, %s HTTP stack (%s, %d CPUs, %s, load %s)\n",
-		r.Rollouts, r.Stack, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage)
+	fmt.Fprintf(w, "scale bench: %d weather rollouts on single_agent_turn, checkpointing and generation cuts on, %s HTTP stack (%s, %d CPUs, %s, load %s), runtime tuning %s\n",
+		r.Rollouts, r.Stack, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage, r.Tuning)
 	if r.Profiled {
 		fmt.Fprintln(w, "profiled run: CPU profiling slows prepare, commit and restore")
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Names of the bench's fleet: one weather resources server, one agent, one
@@ -102,6 +103,10 @@ type Options struct {
 	// the servers inherit.
 	S3Root string
 	S3     ckptstore.S3Options
+	// Tuning is every server's runtime.tuning (empty: the servers'
+	// default), to compare a fleet steering the Go runtime with one on
+	// Go's own behaviour.
+	Tuning runtimetune.Mode
 }
 
 // DefaultProfileSeconds is a CPU profile window long enough for the
@@ -478,9 +483,10 @@ func (b *bench) startFleet(ctx context.Context) error {
 		Agents:    []fleet.AgentSpec{{Name: agentName, Resources: resourceName, MaxSteps: 10}},
 		Routes:    []fleet.RouteSpec{{Name: agentName, Agent: agentName, Protocol: "single_agent_turn"}},
 		// A line per request at 100,000 rollouts costs more than the work.
-		LogLevel:  "warn",
-		Pprof:     b.opts.Profile,
-		HTTPStack: b.opts.Stack,
+		LogLevel:      "warn",
+		Pprof:         b.opts.Profile,
+		HTTPStack:     b.opts.Stack,
+		RuntimeTuning: b.opts.Tuning,
 	}
 	cfg, err := fleet.Generate(b.topo)
 	if err != nil {
@@ -974,6 +980,7 @@ func newResult(opts Options) *Result {
 	return &Result{
 		Rollouts:  opts.Rollouts,
 		Stack:     string(httpconf.Config{Stack: opts.Stack}.EffectiveStack()),
+		Tuning:    string(runtimetune.Config{Tuning: opts.Tuning}.EffectiveMode()),
 		StartedAt: time.Now().UTC(),
 		Host:      Host{Name: host, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, LoadAverage: load},
 		Profiled:  opts.Profile,

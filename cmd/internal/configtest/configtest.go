@@ -10,6 +10,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/httpconf/tlstest"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // LoadSigningKeyFile loads a server's configuration with getenv as its
@@ -69,5 +70,35 @@ func HTTPTLS(t *testing.T, load LoadHTTPTLS) {
 		if _, err := loadTLS(tc); err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("a missing %s: %v, want an error naming it", key, err)
 		}
+	}
+}
+
+// LoadRuntime loads a server's configuration with getenv as its
+// environment and returns its runtime section.
+type LoadRuntime func(getenv func(string) string) (runtimetune.Config, error)
+
+// RuntimeTuning checks runtime.tuning, set from the environment: on and
+// off load as themselves, unset loads as the default, and any other value
+// fails loading with an error naming the key.
+func RuntimeTuning(t *testing.T, load LoadRuntime) {
+	t.Helper()
+	loadMode := func(mode string) (runtimetune.Config, error) {
+		return load(func(k string) string {
+			if k == "GYMFLEET_RUNTIME_TUNING" {
+				return mode
+			}
+			return ""
+		})
+	}
+	for _, m := range []runtimetune.Mode{runtimetune.On, runtimetune.Off} {
+		if got, err := loadMode(string(m)); err != nil || got.EffectiveMode() != m {
+			t.Errorf("runtime.tuning %s: %+v, %v", m, got, err)
+		}
+	}
+	if got, err := loadMode(""); err != nil || got.EffectiveMode() != runtimetune.DefaultMode {
+		t.Errorf("runtime.tuning unset: %+v, %v; want the default %s", got, err, runtimetune.DefaultMode)
+	}
+	if _, err := loadMode("sometimes"); err == nil || !strings.Contains(err.Error(), "runtime.tuning") {
+		t.Errorf("runtime.tuning sometimes: %v, want an error naming runtime.tuning", err)
 	}
 }

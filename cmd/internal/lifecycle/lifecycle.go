@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // Server is what every fleet server type provides.
@@ -33,8 +33,10 @@ const ShutdownGrace = 10 * time.Second
 
 // Run listens on every server, writes "<name> <addr>" lines to addrFile (if
 // set) once all listen, serves until ctx is done or one server fails, and
-// closes them all.
-func Run(ctx context.Context, servers []Named, addrFile string, announce func(name, addr string)) error {
+// closes them all. While they serve, tuner holds collections off when the
+// process is parked (runtimetune.Tuner.RunIdle; nothing when it is off or
+// nil).
+func Run(ctx context.Context, servers []Named, addrFile string, announce func(name, addr string), tuner *runtimetune.Tuner) error {
 	for i, s := range servers {
 		if err := s.Server.Listen(); err != nil {
 			closeAll(servers[:i])
@@ -54,13 +56,14 @@ func Run(ctx context.Context, servers []Named, addrFile string, announce func(na
 	}
 	errc := make(chan error, len(servers))
 	var wg sync.WaitGroup
-	// Collections wait while the process is parked (ctlplane.IdleCollections):
-	// every fleet server parks a goroutine or two per rollout in flight.
+	// Collections wait while the process is parked (runtimetune's
+	// IdleCollections): every fleet server parks a goroutine or two per
+	// rollout in flight.
 	idleCtx, stopIdle := context.WithCancel(context.Background())
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ctlplane.DefaultIdleCollections().Run(idleCtx)
+		tuner.RunIdle(idleCtx)
 	}()
 	for _, s := range servers {
 		wg.Add(1)

@@ -55,7 +55,7 @@ func TestRun_ServesAnnouncesAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ran := make(chan error, 1)
-	go func() { ran <- lifecycle.Run(ctx, servers, addrFile, ann.announce) }()
+	go func() { ran <- lifecycle.Run(ctx, servers, addrFile, ann.announce, nil) }()
 	<-ann.all
 	// The file is written after the announcements: poll for it, as a
 	// launcher does.
@@ -144,7 +144,7 @@ func TestRun_ServeErrorStopsAll(t *testing.T) {
 	boom := errors.New("boom")
 	healthy := newServer("healthy")
 	failing := newFake(nil, boom)
-	err := lifecycle.Run(context.Background(), []lifecycle.Named{{Name: "healthy", Server: healthy}, {Name: "failing", Server: failing}}, "", nil)
+	err := lifecycle.Run(context.Background(), []lifecycle.Named{{Name: "healthy", Server: healthy}, {Name: "failing", Server: failing}}, "", nil, nil)
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "failing: serve: boom") {
 		t.Fatalf("Run = %v, want failing's serve error", err)
 	}
@@ -158,7 +158,7 @@ func TestRun_ListenErrorClosesTheOthers(t *testing.T) {
 	refused := errors.New("address in use")
 	err := lifecycle.Run(context.Background(), []lifecycle.Named{
 		{Name: "first", Server: first}, {Name: "second", Server: newFake(refused, nil)}, {Name: "third", Server: third},
-	}, "", func(string, string) { t.Error("announced although a server could not listen") })
+	}, "", func(string, string) { t.Error("announced although a server could not listen") }, nil)
 	if !errors.Is(err, refused) || !strings.HasPrefix(err.Error(), "second: ") {
 		t.Fatalf("Run = %v, want second's listen error", err)
 	}
@@ -172,7 +172,7 @@ func TestRun_ListenErrorClosesTheOthers(t *testing.T) {
 
 func TestRun_AddrFileError(t *testing.T) {
 	s := newFake(nil, nil)
-	err := lifecycle.Run(context.Background(), []lifecycle.Named{{Name: "s", Server: s}}, filepath.Join(t.TempDir(), "no", "such", "dir", "addrs"), nil)
+	err := lifecycle.Run(context.Background(), []lifecycle.Named{{Name: "s", Server: s}}, filepath.Join(t.TempDir(), "no", "such", "dir", "addrs"), nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "write address file") {
 		t.Fatalf("Run = %v, want an address file error", err)
 	}

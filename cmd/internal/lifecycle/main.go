@@ -13,6 +13,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // RunFunc is a server command's run: main is a shim over it, and the
@@ -71,9 +72,16 @@ type Command[C any] struct {
 	Load func(flags configload.Flags, getenv func(string) string) (C, error)
 	// LogLevel is the configuration's log level (debug, info, warn, error).
 	LogLevel func(cfg C) string
+	// Runtime is the configuration's runtime: section; nil means its
+	// defaults.
+	Runtime func(cfg C) runtimetune.Config
+	// GoGCGoal keeps Go's own GC goal even with tuning on: for a process
+	// that is not a fleet server (fakeinference).
+	GoGCGoal bool
 	// Servers builds the configuration's servers, logging at level to
-	// stderr.
-	Servers func(cfg C, level slog.Level, stderr io.Writer) ([]Named, error)
+	// stderr and handing tuner, the process's one runtime steering, to
+	// every server.
+	Servers func(cfg C, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]Named, error)
 	// Announce is the line printed once a server listens; nil prints
 	// "<name> listening on http://<addr>".
 	Announce func(cfg C, name, addr string) string
@@ -93,7 +101,17 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 	if err != nil {
 		return err
 	}
-	servers, err := c.Servers(cfg, level, stderr)
+	rt := runtimetune.DefaultConfig()
+	if c.Runtime != nil {
+		rt = c.Runtime(cfg)
+	}
+	tuner := runtimetune.New(rt)
+	if !c.GoGCGoal {
+		// Before the servers allocate much; given back when the run ends,
+		// for the commands' tests that run in one process.
+		defer tuner.SetServerGC(getenv)()
+	}
+	servers, err := c.Servers(cfg, level, stderr, tuner)
 	if err != nil {
 		return err
 	}
@@ -103,5 +121,5 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 			line = c.Announce(cfg, name, addr)
 		}
 		fmt.Fprintln(stdout, line)
-	})
+	}, tuner)
 }

@@ -10,12 +10,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 func TestExitCode(t *testing.T) {
@@ -40,16 +42,17 @@ func TestExitCode(t *testing.T) {
 // testConfig is a configuration as the servers' are: mapstructure tags,
 // defaults from a function, Validate on the value.
 type testConfig struct {
-	Listen   string `mapstructure:"listen"`
-	LogLevel string `mapstructure:"log_level"`
-	Port     int    `mapstructure:"port"`
+	Listen   string             `mapstructure:"listen"`
+	LogLevel string             `mapstructure:"log_level"`
+	Port     int                `mapstructure:"port"`
+	Runtime  runtimetune.Config `mapstructure:"runtime"`
 }
 
 func (c testConfig) Validate() error {
 	if c.Port < 0 {
 		return fmt.Errorf("port must be >= 0, got %d", c.Port)
 	}
-	return nil
+	return c.Runtime.Validate()
 }
 
 func writeFile(t *testing.T, text string) string {
@@ -101,7 +104,8 @@ func testCommand(servers []lifecycle.Named, built *slog.Level) lifecycle.Command
 			return lifecycle.LoadConfig(flags, getenv, testConfig{LogLevel: "info"}, setListen)
 		},
 		LogLevel: func(cfg testConfig) string { return cfg.LogLevel },
-		Servers: func(cfg testConfig, level slog.Level, _ io.Writer) ([]lifecycle.Named, error) {
+		Runtime:  func(cfg testConfig) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg testConfig, level slog.Level, _ io.Writer, _ *runtimetune.Tuner) ([]lifecycle.Named, error) {
 			*built = level
 			return servers, nil
 		},
@@ -158,5 +162,64 @@ func TestCommand_RunRefusesBeforeBuilding(t *testing.T) {
 	}
 	if level != -100 {
 		t.Error("servers were built for a refused start")
+	}
+}
+
+// Ensure the command hands its servers a Tuner as the runtime.tuning key
+// says, applies the servers' GC goal only when tuning is on (and GOGC is
+// not set), gives the goal back when the run ends, and refuses a mode
+// other than on and off. (Not parallel: GC settings belong to the process.)
+func TestCommand_RunHandsDownTheRuntimeTuning(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	stop := errors.New("stop after building")
+	for _, c := range []struct {
+		file   string
+		env    map[string]string
+		wantOn bool
+		gogc   int
+	}{
+		{"runtime:\n  tuning: on\n", nil, true, runtimetune.ServerGCPercent},
+		{"runtime:\n  tuning: off\n", nil, false, 100},
+		{"runtime:\n  tuning: on\n", map[string]string{"GOGC": "100"}, true, 100},
+		{"log_level: info\n", map[string]string{"GYMFLEET_RUNTIME_TUNING": "off"}, false, 100},
+	} {
+		var on bool
+		gogc := -1
+		cmd := lifecycle.Command[testConfig]{
+			Name: "testserver",
+			Load: func(flags configload.Flags, getenv func(string) string) (testConfig, error) {
+				return lifecycle.LoadConfig(flags, getenv, testConfig{LogLevel: "info"}, setListen)
+			},
+			LogLevel: func(cfg testConfig) string { return cfg.LogLevel },
+			Runtime:  func(cfg testConfig) runtimetune.Config { return cfg.Runtime },
+			Servers: func(_ testConfig, _ slog.Level, _ io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
+				on = tuner.On()
+				gogc = debug.SetGCPercent(-1)
+				debug.SetGCPercent(gogc)
+				return nil, stop
+			},
+		}
+		getenv := func(k string) string { return c.env[k] }
+		if err := cmd.Run(context.Background(), []string{"--config", writeFile(t, c.file)}, getenv, io.Discard, io.Discard); !errors.Is(err, stop) {
+			t.Fatalf("%q %v: Run = %v, want the servers' error", c.file, c.env, err)
+		}
+		if on != c.wantOn || gogc != c.gogc {
+			t.Errorf("%q %v: servers built with tuning on %v at GOGC %d, want %v and %d", c.file, c.env, on, gogc, c.wantOn, c.gogc)
+		}
+		if p := debug.SetGCPercent(100); p != 100 {
+			t.Errorf("%q %v: GOGC %d after the run, want 100 again", c.file, c.env, p)
+		}
+	}
+	var level slog.Level = -100
+	err := testCommand(nil, &level).Run(context.Background(), []string{"--config", writeFile(t, "runtime:\n  tuning: sometimes\n")}, noEnv, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "runtime.tuning") {
+		t.Errorf("tuning: sometimes: Run = %v, want an error naming runtime.tuning", err)
+	}
+	err = testCommand(nil, &level).Run(context.Background(), []string{"--config", writeFile(t, "runtime:\n  tunning: on\n")}, noEnv, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "unknown keys: runtime.tunning") {
+		t.Errorf("runtime.tunning: Run = %v, want it refused as an unknown key", err)
+	}
+	if level != -100 {
+		t.Error("servers were built for a refused runtime section")
 	}
 }

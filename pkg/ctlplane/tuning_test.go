@@ -7,10 +7,12 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +20,23 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
+
+// newTunedController is newController with a Tuner that is on, as a
+// server's command hands one down.
+func newTunedController(t *testing.T, f *ctlplanetest.Fake, clock ctlplane.Clock, store *ckptstore.Store, tn *runtimetune.Tuner) *ctlplane.Controller {
+	t.Helper()
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60, Root: os.TempDir()}
+	c, err := ctlplane.New(cfg, f, ctlplane.Deps{Clock: clock, Store: store, Tuning: tn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func tunerOn() *runtimetune.Tuner { return runtimetune.New(runtimetune.Config{Tuning: runtimetune.On}) }
 
 // gcSettings reads GOGC and the memory limit without changing them.
 func gcSettings() (gogc int64, limit int64) {
@@ -29,13 +47,13 @@ func gcSettings() (gogc int64, limit int64) {
 
 // deferred reports whether GOGC is the one a checkpoint's hold sets:
 // collections deferred until the hold's memory limit.
-func deferred(gogc int64) bool { return gogc == ctlplane.HeldGCPercent }
+func deferred(gogc int64) bool { return gogc == runtimetune.HeldGCPercent }
 
 // wantHeld fails t unless a checkpoint's hold defers collections.
 func wantHeld(t *testing.T, when string) {
 	t.Helper()
 	if gogc, _ := gcSettings(); !deferred(gogc) {
-		t.Fatalf("GOGC = %d %s, want %d (deferred)", gogc, when, ctlplane.HeldGCPercent)
+		t.Fatalf("GOGC = %d %s, want %d (deferred)", gogc, when, runtimetune.HeldGCPercent)
 	}
 }
 
@@ -55,8 +73,9 @@ func TestController_HoldsCollectionsWhilePrepared(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 	clock := ctlplane.NewManualClock(epoch)
-	a := newController(t, ctlplanetest.NewFake("agent", "a"), clock, nil)
-	b := newController(t, ctlplanetest.NewFake("resources", "r"), clock, nil)
+	tn := tunerOn() // one per process, shared by its servers
+	a := newTunedController(t, ctlplanetest.NewFake("agent", "a"), clock, nil, tn)
+	b := newTunedController(t, ctlplanetest.NewFake("resources", "r"), clock, nil, tn)
 	ctx := context.Background()
 	req := ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 10*time.Second)}
 
@@ -65,7 +84,7 @@ func TestController_HoldsCollectionsWhilePrepared(t *testing.T) {
 	}
 	gogc, limit := gcSettings()
 	if !deferred(gogc) {
-		t.Fatalf("GOGC = %d while prepared, want %d (deferred)", gogc, ctlplane.HeldGCPercent)
+		t.Fatalf("GOGC = %d while prepared, want %d (deferred)", gogc, runtimetune.HeldGCPercent)
 	}
 	if limit == math.MaxInt64 || limit <= 0 {
 		t.Fatalf("memory limit = %d while collections are held, want a bound", limit)
@@ -90,7 +109,7 @@ func TestController_HoldKeepsALowerLimitAndEndsOnExpiryAndClose(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(operatorLimit))
 	clock := ctlplane.NewManualClock(epoch)
-	c := newController(t, ctlplanetest.NewFake("agent", "a"), clock, nil)
+	c := newTunedController(t, ctlplanetest.NewFake("agent", "a"), clock, nil, tunerOn())
 	ctx := context.Background()
 	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 10*time.Second)}); err != nil {
 		t.Fatal(err)
@@ -166,7 +185,7 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	failing.InstallErr = errors.New("invalid session state")
 	var gogcDuring int64
 	failing.OnInstall = func() { gogcDuring, _ = gcSettings() }
-	if _, err := newController(t, failing, ctlplane.RealClock{}, nil).Restore(ctx, restore); err == nil {
+	if _, err := newTunedController(t, failing, ctlplane.RealClock{}, nil, tunerOn()).Restore(ctx, restore); err == nil {
 		t.Fatal("restore with a failing install succeeded")
 	}
 	if !deferred(gogcDuring) {
@@ -178,7 +197,7 @@ func TestController_HoldsCollectionsWhileRestoring(t *testing.T) {
 	var limitDuring, gogcReading int64
 	ok.OnInstall = func() { gogcDuring, limitDuring = gcSettings() }
 	store := ckptstore.New(readObserver{tempLocal(t), func() { gogcReading, _ = gcSettings() }})
-	fresh := newController(t, ok, ctlplane.RealClock{}, store)
+	fresh := newTunedController(t, ok, ctlplane.RealClock{}, store, tunerOn())
 	if _, err := fresh.Restore(ctx, restore); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +237,7 @@ func (b *bodyObserver) Read(p []byte) (int, error) {
 func TestRoutes_RestoreHoldsCollectionsWhileItReadsTheBody(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
-	c := newController(t, ctlplanetest.NewFake("agent", "a"), ctlplane.RealClock{}, nil)
+	c := newTunedController(t, ctlplanetest.NewFake("agent", "a"), ctlplane.RealClock{}, nil, tunerOn())
 	gogcReading := int64(100)
 	// A deadline long past: the restore is refused once decoded.
 	body := &bodyObserver{
@@ -250,7 +269,7 @@ func TestController_CloseEndsARestoresHold(t *testing.T) {
 		close(installing)
 		<-finish
 	}
-	c := newController(t, f, ctlplane.RealClock{}, nil)
+	c := newTunedController(t, f, ctlplane.RealClock{}, nil, tunerOn())
 	restored := make(chan error, 1)
 	go func() {
 		_, err := c.Restore(context.Background(), restore)
@@ -275,4 +294,93 @@ func TestController_CloseEndsARestoresHold(t *testing.T) {
 	<-closed
 	<-restored
 	wantReleased(t, "Close and the install's end")
+}
+
+// Ensure a controller without a Tuning leaves the runtime's settings as
+// they are through a checkpoint and a restore's route. (Not parallel: GC
+// settings belong to the process.)
+func TestController_WithoutTuningLeavesTheRuntimeAlone(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	clock := ctlplane.NewManualClock(epoch)
+	c := newController(t, ctlplanetest.NewFake("agent", "a"), clock, nil)
+	req := ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: deadlineIn(clock, 10*time.Second)}
+	if _, err := c.Prepare(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	wantReleased(t, "a prepare without a Tuning")
+	if _, err := c.Resume(req); err != nil {
+		t.Fatal(err)
+	}
+	wantReleased(t, "the resume")
+}
+
+// countingTuning counts what the controller tells it.
+type countingTuning struct {
+	mu                sync.Mutex
+	started, finished int
+	sizes             []int64
+	installs          int
+}
+
+func (c *countingTuning) CheckpointStarted()  { c.mu.Lock(); c.started++; c.mu.Unlock() }
+func (c *countingTuning) CheckpointFinished() { c.mu.Lock(); c.finished++; c.mu.Unlock() }
+func (c *countingTuning) RestoreSized(n int64) {
+	c.mu.Lock()
+	c.sizes = append(c.sizes, n)
+	c.mu.Unlock()
+}
+func (c *countingTuning) InstallStarting(int64) func() {
+	c.mu.Lock()
+	c.installs++
+	c.mu.Unlock()
+	return func() {}
+}
+func (c *countingTuning) RequestDecoding() func() { return func() {} }
+
+func (c *countingTuning) counts() (started, finished, sized, installs int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.started, c.finished, len(c.sizes), c.installs
+}
+
+// Ensure a prepare retried and a restore each start the checkpoint once,
+// the restore sizes it once and installs once, and each reopen finishes it
+// once.
+func TestController_TellsItsTuningOncePerCheckpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	req, restore := committedCheckpoint(t)
+	tuning := &countingTuning{}
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60, Root: os.TempDir()}
+	c, err := ctlplane.New(cfg, ctlplanetest.NewFake("agent", "a"), ctlplane.Deps{Tuning: tuning, Store: ckptstore.New(tempLocal(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Restore(ctx, restore); err != nil {
+		t.Fatal(err)
+	}
+	if s, f, sized, in := tuning.counts(); s != 1 || f != 0 || sized != 1 || in != 1 {
+		t.Fatalf("after a restore: started %d, finished %d, sized %d, installs %d; want 1, 0, 1, 1", s, f, sized, in)
+	}
+	if _, err := c.Resume(req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(req); err != nil { // sent again
+		t.Fatal(err)
+	}
+	if s, f, _, _ := tuning.counts(); s != 1 || f != 1 {
+		t.Fatalf("after the resume: started %d, finished %d; want 1 and 1", s, f)
+	}
+	p := ctlplane.CheckpointRequest{CheckpointID: "c2", DeadlineTS: deadlineIn(ctlplane.RealClock{}, 30*time.Second)}
+	for range 2 { // a prepare sent again replays
+		if _, err := c.Prepare(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	if s, f, _, _ := tuning.counts(); s != 2 || f != 2 {
+		t.Fatalf("after a prepare and Close: started %d, finished %d; want 2 and 2", s, f)
+	}
 }

@@ -1,4 +1,4 @@
-package ctlplane
+package runtimetune
 
 import (
 	"math"

@@ -1,4 +1,4 @@
-package ctlplane
+package runtimetune
 
 import (
 	"context"
@@ -12,14 +12,11 @@ import (
 //
 // Such a process has nothing to collect, but the runtime still forces a
 // collection once two minutes pass without one, and marking every parked
-// goroutine's stack is what a collection costs there: an environment
-// server holding 100,000 rollouts (200,000 goroutines, 1 GB of stacks)
-// spent 4.9 CPU-seconds on one. The runtime notices the two minutes late,
-// when the idle process next wakes, so the forced collection started with
-// the first request after the quiet spell, and when that request was a
-// prepare, the prepare waited for the whole mark (debug.SetGCPercent(-1)
-// waits for one under way): 2.7-3.6 s of a 100,000-rollout prepare that
-// takes 1.3 s without it (gctrace, bench-scale).
+// goroutine's stack is what a collection costs there. The runtime notices
+// the two minutes late, when the idle process next wakes, so the forced
+// collection starts with the first request after the quiet spell, and when
+// that request is a prepare, the prepare waits for the whole mark
+// (debug.SetGCPercent(-1) waits for one under way).
 //
 // The hold is the checkpoints' (gcHolds), taken turning collections off
 // rather than deferring them (holdOff), so a prepare arriving during it only
@@ -43,20 +40,19 @@ type IdleCollections struct {
 }
 
 // DefaultIdleCollections samples every 5 s and defers collections with at
-// least 1,000 goroutines and under 4 MiB allocated in a period. A server
-// with nothing in flight runs 20-40 goroutines; one starting 100 rollouts
-// a second allocates ~1 MB a second (the environment's heap profile at
-// 16,000 held: ~12 KB a rollout).
+// least 1,000 goroutines and under 4 MiB allocated in a period: a server
+// with nothing in flight runs a few dozen goroutines, and one starting
+// rollouts steadily allocates well over that.
 func DefaultIdleCollections() IdleCollections {
 	return IdleCollections{Every: 5 * time.Second, QuietBytes: 4 << 20, ParkedGoroutines: 1000}
 }
 
-// Run samples the process until ctx ends, holding collections off while it
-// is parked, and releases its hold before returning.
-func (ic IdleCollections) Run(ctx context.Context) {
+// runEvery samples the process until ctx ends, holding collections off through
+// g while it is parked, and releases its hold before returning.
+func (ic IdleCollections) runEvery(ctx context.Context, g collectionHolder) {
 	t := time.NewTicker(ic.Every)
 	defer t.Stop()
-	ic.run(ctx, t.C, readIdleSample, &processGC)
+	ic.run(ctx, t.C, readIdleSample, g)
 }
 
 // idleSample is what a period is judged by: the bytes allocated and the

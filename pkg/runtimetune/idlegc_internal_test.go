@@ -1,4 +1,4 @@
-package ctlplane
+package runtimetune
 
 import (
 	"context"
@@ -81,7 +81,7 @@ func TestIdleCollections_RunReleasesItsHoldWhenItEnds(t *testing.T) {
 	}
 }
 
-// Ensure Run turns the process's collections off while it is parked, under
+// Ensure RunIdle turns the process's collections off while it is parked, under
 // a memory limit, and gives back GOGC and the limit when it ends. (Not
 // parallel: GC settings belong to the process.)
 func TestIdleCollections_RunHoldsTheProcessCollections(t *testing.T) {
@@ -92,7 +92,7 @@ func TestIdleCollections_RunHoldsTheProcessCollections(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ic.Run(ctx)
+		(&Tuner{on: true, idle: ic}).RunIdle(ctx)
 	}()
 	defer func() {
 		cancel()
@@ -108,14 +108,14 @@ func TestIdleCollections_RunHoldsTheProcessCollections(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("GOGC = %d 10 s after Run started in a parked process, want off", gogc)
+			t.Fatalf("GOGC = %d 10 s after RunIdle started in a parked process, want off", gogc)
 		}
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	<-done
 	if gogc, limit := gcSettingsNow(); gogc != 100 || limit != math.MaxInt64 {
-		t.Fatalf("after Run ended GOGC = %d and limit = %d, want 100 and none", gogc, limit)
+		t.Fatalf("after RunIdle ended GOGC = %d and limit = %d, want 100 and none", gogc, limit)
 	}
 }
 

@@ -1,4 +1,0 @@
-package ctlplane
-
-// HeldGCPercent is the GOGC a checkpoint's hold defers collections with.
-const HeldGCPercent = heldGCPercent
