@@ -3,6 +3,7 @@ package ctlplane
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
@@ -31,6 +32,10 @@ type Config struct {
 	// A path, so the key is in neither the YAML nor the environment; read
 	// at start.
 	SigningKeyFile string `mapstructure:"signing_key_file"`
+	// EpochFile holds the fleet's epoch (see Controller.Epoch): one file
+	// every server of one fleet reads, and no other fleet's. Default:
+	// EPOCH beneath Root, which suits a root one fleet owns.
+	EpochFile string `mapstructure:"epoch_file"`
 }
 
 // DefaultConfig is checkpointing off, with the SPEC's lease grace.
@@ -80,6 +85,14 @@ func (c Config) SigningKey() ([]byte, error) {
 		return nil, fmt.Errorf("checkpoint.signing_key_file: %w", err)
 	}
 	return key, nil
+}
+
+// EffectiveEpochFile is EpochFile, or EPOCH beneath root.
+func (c Config) EffectiveEpochFile(root string) string {
+	if c.EpochFile != "" {
+		return c.EpochFile
+	}
+	return filepath.Join(root, DefaultEpochFileName)
 }
 
 // LeaseGrace is the grace as a duration.

@@ -29,6 +29,9 @@ type Topology struct {
 	Token string
 	// CheckpointRoot is every server's checkpoint.root (default: Dir).
 	CheckpointRoot string
+	// EpochFile is every server's checkpoint.epoch_file (default: EPOCH
+	// in Dir): the fleet's own, even where fleets share a checkpoint root.
+	EpochFile string
 	// LeaseGraceSeconds overrides the lease grace (0: the default).
 	LeaseGraceSeconds float64
 	// TokensPerSecond and MinCallSeconds pace fakeinference.
@@ -159,7 +162,13 @@ func Generate(t Topology) (*Config, error) {
 	if t.CheckpointRoot, err = filepath.Abs(t.CheckpointRoot); err != nil {
 		return nil, err
 	}
-	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token, "root": t.CheckpointRoot}
+	if t.EpochFile == "" {
+		t.EpochFile = filepath.Join(t.Dir, "EPOCH")
+	}
+	if t.EpochFile, err = filepath.Abs(t.EpochFile); err != nil {
+		return nil, err
+	}
+	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token, "root": t.CheckpointRoot, "epoch_file": t.EpochFile}
 	if t.LeaseGraceSeconds > 0 {
 		checkpoint["lease_grace_seconds"] = t.LeaseGraceSeconds
 	}

@@ -113,6 +113,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			return nil, fmt.Errorf("checkpoint control plane: %w", err)
 		}
 		s.ctl, s.ckpt.ctl = ctl, ctl
+		// A ledger row a superseded process appends would be a call no
+		// live agent made: every append checks the epoch first.
+		ledger.SetFence(ctl.CheckEpoch)
 		mw = append(mw, ctl.Middleware(classify))
 	}
 	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})
