@@ -11,7 +11,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS := ./pkg/... ./cmd/...
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build test test-unit test-fuzz test-e2e demo bench bench-scale lint fmt vet clean
+.PHONY: all build test test-unit test-fuzz test-e2e soak demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -46,6 +46,16 @@ test-e2e: build
 	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for s in $(E2E_STACKS); do echo "--- e2e on the $$s HTTP stack"; cat $$logs/$$s.log; done; \
 	rm -rf $$logs; exit $$rc
+
+# The random-sequence suite (tests/e2e/sequence_test.go) on fresh seeds for
+# SOAK (a duration), each seed SOAK_STEPS operations on a real fleet. A
+# failing seed prints the line that reproduces it; SOAK_SHRINK=1 also
+# looks for a shorter failing operation list.
+SOAK       ?= 10m
+SOAK_STEPS ?= 60
+soak: build
+	GYMFLEET_BIN=$(BIN) GYMFLEET_SEQ_DURATION=$(SOAK) GYMFLEET_SEQ_STEPS=$(SOAK_STEPS) GYMFLEET_SEQ_SHRINK=$(SOAK_SHRINK) \
+		$(GO) test -count=1 -timeout 0 -run '^TestSequences$$' -v ./tests/e2e/
 
 demo: build
 	$(BIN)/gymctl demo
