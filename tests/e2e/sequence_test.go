@@ -31,7 +31,7 @@ import (
 //
 // Environment variables:
 //
-//	GYMFLEET_SEQ_SEEDS     seeds to run: "1,2,3" or a count "n" (seeds 1..n); default 12
+//	GYMFLEET_SEQ_SEEDS     seeds to run, "3" or "1,5,9"; default 1 to 12
 //	GYMFLEET_SEQ_STEPS     operations per seed; default 40
 //	GYMFLEET_SEQ_OPS       run this operation list instead of a seed's (a shrunk failure's)
 //	GYMFLEET_SEQ_DURATION  keep running fresh seeds until this much time has passed (make soak)
@@ -52,7 +52,7 @@ var seqWeights = []struct {
 	weight int
 }{
 	{"start", 5}, {"release", 7}, {"prepare", 3}, {"renew", 1}, {"commit", 3},
-	{"resume", 3}, {"crash", 2}, {"crash_one", 1}, {"retire", 1}, {"forget", 1}, {"lease", 1},
+	{"resume", 3}, {"checkpoint", 2}, {"crash", 3}, {"crash_one", 1}, {"retire", 1}, {"forget", 1}, {"lease", 1},
 }
 
 func genOps(seed uint64, steps int) []seqOp {
@@ -120,8 +120,7 @@ func TestSequences(t *testing.T) {
 		return
 	}
 	var seeds []uint64
-	switch v := os.Getenv("GYMFLEET_SEQ_SEEDS"); {
-	case strings.Contains(v, ","):
+	if v := os.Getenv("GYMFLEET_SEQ_SEEDS"); v != "" {
 		for _, s := range strings.Split(v, ",") {
 			n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
 			if err != nil {
@@ -129,10 +128,9 @@ func TestSequences(t *testing.T) {
 			}
 			seeds = append(seeds, n)
 		}
-	default:
-		n := envInt(t, "GYMFLEET_SEQ_SEEDS", 12)
-		for i := 1; i <= n; i++ {
-			seeds = append(seeds, uint64(i))
+	} else {
+		for i := uint64(1); i <= 12; i++ {
+			seeds = append(seeds, i)
 		}
 	}
 	if d := os.Getenv("GYMFLEET_SEQ_DURATION"); d != "" {
@@ -145,7 +143,6 @@ func TestSequences(t *testing.T) {
 		base := uint64(time.Now().UnixNano()) & (1<<40 - 1)
 		t.Logf("soak for %v from seed %d", dur, base)
 		end := time.Now().Add(dur)
-		seeds = nil
 		for i := uint64(0); time.Now().Before(end); i++ {
 			if !runSeed(t, base+i, steps) {
 				return
@@ -244,6 +241,9 @@ type seqRun struct {
 	// restores counts restores; epoch is the last one's.
 	restores int
 	epoch    uint64
+	// continued counts episodes restores continued; recrashes, crashes
+	// while a restore was under way or not yet resumed.
+	continued, recrashes int
 }
 
 // maxRollouts bounds one sequence's rollouts (each is a few model calls).
@@ -293,7 +293,7 @@ func runSequence(t *testing.T, ops []seqOp) (err error) {
 	for _, r := range s.rs {
 		counts[r.state]++
 	}
-	t.Logf("%d operations: %s; rollouts %v, restores %d, epoch %d", len(ops), formatOps(ops), counts, s.restores, s.epoch)
+	t.Logf("%d operations: %s; rollouts %v, restores %d continuing %d episodes, crashes during a restore %d, epoch %d", len(ops), formatOps(ops), counts, s.restores, s.continued, s.recrashes, s.epoch)
 	return nil
 }
 
@@ -318,8 +318,18 @@ func (s *seqRun) apply(op seqOp) {
 		s.commit(op.N%2 == 0)
 	case "resume":
 		s.resume()
+	case "checkpoint":
+		// prepare, commit and (every other time) resume in one step, as
+		// a periodic controller does.
+		if s.phase == ctlwire.PhaseIdle {
+			s.prepare(op.N)
+			s.commit(op.N%2 == 0)
+			if op.N%4 < 2 && s.phase == ctlwire.PhaseCommitted {
+				s.resume()
+			}
+		}
 	case "crash":
-		s.crash()
+		s.crash(op.N)
 	case "crash_one":
 		s.crashOne(op.N)
 	case "retire":
@@ -408,7 +418,7 @@ func (s *seqRun) take(r *seqRollout, rep Reply) {
 		if rep.Reward() != 1.0 {
 			s.failf("%s (attempt %d) finished with reward %v, an uninterrupted run's is 1.0: %v", r.id, r.attempt, rep.Reward(), rep.Body)
 		}
-		s.checkLedger(r)
+		s.checkLedger(r, r.doomed)
 		r.state, r.doomed = stFinished, false
 	case rep.Code() == string(apierror.AdmissionClosed):
 		if r.state == stRunning {
@@ -425,9 +435,15 @@ func (s *seqRun) take(r *seqRollout, rep Reply) {
 // model call of an uninterrupted run, each with a longer prompt than the
 // one before: no delivered call was made twice, and no row of a dead run
 // survived a restore.
-func (s *seqRun) checkLedger(r *seqRollout) {
+//
+// A finish that raced a retire of its attempt may find the ledger retired
+// (410): the controller asked for that.
+func (s *seqRun) checkLedger(r *seqRollout, retired bool) {
 	key := ep(r.id, r.attempt).CaptureKey()
 	st, m := s.f.Manifest(key)
+	if retired && st == http.StatusGone {
+		return
+	}
 	if st != http.StatusOK {
 		s.failf("ledger of %s: %d %v", key, st, m)
 	}
@@ -604,7 +620,10 @@ func (s *seqRun) resume() {
 // episodes that has not finished since as its next attempt. Every other
 // unfinished rollout starts over as its next attempt. A crash while a
 // restore is open is the second crash during restore.
-func (s *seqRun) crash() {
+func (s *seqRun) crash(n int) {
+	if s.phase == ctlwire.PhaseRestored {
+		s.recrashes++
+	}
 	for _, r := range s.rs {
 		if r.run != nil {
 			r.doomed = true
@@ -637,6 +656,23 @@ func (s *seqRun) crash() {
 			scope = append(scope, e)
 		}
 	}
+	if n%3 == 0 {
+		// A crash in the middle of the restore: every server is killed
+		// while the restore's calls are under way (or just sent, or just
+		// answered), the fleet starts fresh again and the same restore
+		// runs again.
+		done := make(chan struct{})
+		c := s.c
+		go func() {
+			defer close(done)
+			_, _ = c.Restore(s.ctx(), s.latest.id, s.f.Dir(s.latest.id), scope, dl())
+		}()
+		s.f.Crash()
+		<-done
+		s.f.Restart()
+		s.c = s.f.Coord()
+		s.recrashes++
+	}
 	res, err := s.c.Restore(s.ctx(), s.latest.id, s.f.Dir(s.latest.id), scope, dl())
 	if err != nil {
 		s.failf("restore %s (scope %v) into fresh processes: %v", s.latest.id, scope, err)
@@ -649,6 +685,7 @@ func (s *seqRun) crash() {
 		r := byID[e.RolloutID]
 		r.attempt, r.state = e.Attempt+1, stAwaiting
 	}
+	s.continued += len(scope)
 	s.phase, s.open = ctlwire.PhaseRestored, s.latest.id
 }
 
