@@ -215,7 +215,7 @@ type seqRollout struct {
 	state   string
 	// doomed: the controller killed or retired the attempt in flight, so
 	// its failure is expected.
-	doomed    bool
+	doomed   bool
 	finishes int
 	// fenced: a retire raised its mark; forgotten: forget dropped it.
 	fenced, forgotten bool
