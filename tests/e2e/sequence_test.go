@@ -160,15 +160,23 @@ func TestSequences(t *testing.T) {
 // runSeed runs one seed as a subtest and reports whether it passed.
 func runSeed(t *testing.T, seed uint64, steps int) bool {
 	return t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+		// Printed on any failure, the harness's too (a timeout).
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("reproduce: GYMFLEET_SEQ_SEEDS=%d GYMFLEET_SEQ_STEPS=%d GYMFLEET_E2E_STACK=%s GYMFLEET_BIN=$PWD/bin go test ./tests/e2e -run 'TestSequences' -count=1 -v",
+					seed, steps, httpConf().EffectiveStack())
+			}
+		})
 		ops := genOps(seed, steps)
 		err := runSequence(t, ops)
 		if err == nil {
 			return
 		}
-		msg := fmt.Sprintf("seed %d failed: %v\nreproduce: GYMFLEET_SEQ_SEEDS=%d GYMFLEET_SEQ_STEPS=%d GYMFLEET_BIN=$PWD/bin go test ./tests/e2e -run 'TestSequences' -count=1 -v", seed, err, seed, steps)
+		msg := fmt.Sprintf("seed %d failed: %v", seed, err)
 		if os.Getenv("GYMFLEET_SEQ_SHRINK") != "" {
 			short := shrinkOps(t, ops)
-			msg += fmt.Sprintf("\nshrunk to %d operations: GYMFLEET_SEQ_OPS='%s' GYMFLEET_BIN=$PWD/bin go test ./tests/e2e -run 'TestSequences' -count=1 -v", len(short), formatOps(short))
+			msg += fmt.Sprintf("\nshrunk to %d operations: GYMFLEET_SEQ_OPS='%s' GYMFLEET_E2E_STACK=%s GYMFLEET_BIN=$PWD/bin go test ./tests/e2e -run 'TestSequences' -count=1 -v",
+				len(short), formatOps(short), httpConf().EffectiveStack())
 		}
 		t.Fatal(msg)
 	})
@@ -270,13 +278,17 @@ func runSequence(t *testing.T, ops []seqOp) (err error) {
 		t.Fatal(err)
 	}
 	s.c = f.Coord()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("operations run:\n  %s", strings.Join(s.log, "\n  "))
+		}
+	})
 	defer func() {
 		if r := recover(); r != nil {
 			sf, ok := r.(seqFailure)
 			if !ok {
 				panic(r)
 			}
-			t.Logf("operations run:\n  %s", strings.Join(s.log, "\n  "))
 			err = fmt.Errorf("%s", sf.msg)
 		}
 	}()
