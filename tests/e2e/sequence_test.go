@@ -234,6 +234,21 @@ type seqCkpt struct {
 	scope []rollout.EpisodeID
 }
 
+// ledgerCheck is a finished attempt whose ledger is to be checked.
+type ledgerCheck struct {
+	r       *seqRollout
+	attempt int
+	retired bool
+}
+
+// checkLedgers checks the ledgers of the finishes taken so far.
+func (s *seqRun) checkLedgers() {
+	for _, c := range s.ledgerDue {
+		s.checkLedger(c.r, c.attempt, c.retired)
+	}
+	s.ledgerDue = nil
+}
+
 // seqRun is the modelled controller of one sequence.
 type seqRun struct {
 	t        *testing.T
@@ -249,6 +264,8 @@ type seqRun struct {
 	// restores counts restores; epoch is the last one's.
 	restores int
 	epoch    uint64
+	// ledgerDue are the finishes whose ledgers are still to check.
+	ledgerDue []ledgerCheck
 	// continued counts episodes restores continued; recrashes, crashes
 	// while a restore was under way or not yet resumed.
 	continued, recrashes int
@@ -298,6 +315,7 @@ func runSequence(t *testing.T, ops []seqOp) (err error) {
 		s.apply(op)
 		s.poll()
 		s.sendPending()
+		s.checkLedgers()
 		s.check()
 	}
 	s.drain()
@@ -430,7 +448,9 @@ func (s *seqRun) take(r *seqRollout, rep Reply) {
 		if rep.Reward() != 1.0 {
 			s.failf("%s (attempt %d) finished with reward %v, an uninterrupted run's is 1.0: %v", r.id, r.attempt, rep.Reward(), rep.Body)
 		}
-		s.checkLedger(r, r.doomed)
+		// Checked once the step is over: the reply may have come in just
+		// before the model server was killed.
+		s.ledgerDue = append(s.ledgerDue, ledgerCheck{r: r, attempt: r.attempt, retired: r.doomed})
 		r.state, r.doomed = stFinished, false
 	case rep.Code() == string(apierror.AdmissionClosed):
 		if r.state == stRunning {
@@ -450,8 +470,8 @@ func (s *seqRun) take(r *seqRollout, rep Reply) {
 //
 // A finish that raced a retire of its attempt may find the ledger retired
 // (410): the controller asked for that.
-func (s *seqRun) checkLedger(r *seqRollout, retired bool) {
-	key := ep(r.id, r.attempt).CaptureKey()
+func (s *seqRun) checkLedger(r *seqRollout, attempt int, retired bool) {
+	key := ep(r.id, attempt).CaptureKey()
 	st, m := s.f.Manifest(key)
 	if retired && st == http.StatusGone {
 		return
@@ -861,6 +881,7 @@ func (s *seqRun) drain() {
 			forget = append(forget, r.id)
 		}
 	}
+	s.checkLedgers()
 	if len(forget) > 0 {
 		if err := s.c.Forget(s.ctx(), forget, dl()); err != nil {
 			s.failf("forget %v: %v", forget, err)
