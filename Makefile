@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-s3 soak demo bench bench-scale lint fmt vet clean
+.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -86,7 +86,8 @@ test-crashsweep: build build-faults
 # The sweep again and again on both stacks, and the disk-full and crash
 # scenarios with it (SOAK_COUNT rounds each).
 SOAK_COUNT ?= 5
-soak: build build-faults
+soak: soak-sweep soak-sequences
+soak-sweep: build build-faults
 	@for s in $(E2E_STACKS); do \
 		echo "--- soak on the $$s HTTP stack"; \
 		(cd tests/e2e && GYMFLEET_BIN=$(BIN) GYMFLEET_FAULT_BIN=$(FAULT_BIN) GYMFLEET_E2E_PORTS=$(SWEEP_PORTS) \
@@ -100,6 +101,16 @@ soak: build build-faults
 # of `make test` (the first build would dwarf it); see the README.
 test-s3: build
 	GYMFLEET_BIN=$(BIN) scripts/test-s3.sh
+
+# The random-sequence suite (tests/e2e/sequence_test.go) on fresh seeds for
+# SOAK (a duration), each seed SOAK_STEPS operations on a real fleet. A
+# failing seed prints the line that reproduces it; SOAK_SHRINK=1 also
+# looks for a shorter failing operation list.
+SOAK       ?= 10m
+SOAK_STEPS ?= 60
+soak-sequences: build
+	GYMFLEET_BIN=$(BIN) GYMFLEET_SEQ_DURATION=$(SOAK) GYMFLEET_SEQ_STEPS=$(SOAK_STEPS) GYMFLEET_SEQ_SHRINK=$(SOAK_SHRINK) \
+		$(GO) test -count=1 -timeout 0 -run '^TestSequences$$' -v ./tests/e2e/
 
 demo: build
 	$(BIN)/gymctl demo

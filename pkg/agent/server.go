@@ -200,6 +200,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 		s.ctl = ctl
 		s.hooks = participant{s}
+		// Calls to the model and resources servers carry this process's
+		// epoch, and their replies are checked against it.
+		s.client = ctl.Client(s.client)
 		opts.Middleware = append(opts.Middleware, ctl.Middleware(classify))
 	}
 	r := httpserver.NewRouter(opts)

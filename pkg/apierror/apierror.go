@@ -19,14 +19,18 @@ type Code string
 
 // The codes of SPEC §3, and the data plane's own.
 const (
-	Unauthorized           Code = "unauthorized"
-	InvalidRequest         Code = "invalid_request"
-	RolloutIDRequired      Code = "rollout_id_required"
-	StaleCheckpoint        Code = "stale_checkpoint"
-	CheckpointConflict     Code = "checkpoint_conflict"
-	InvalidPhase           Code = "invalid_phase"
-	DeadlineExceeded       Code = "deadline_exceeded"
-	StaleAttempt           Code = "stale_attempt"
+	Unauthorized       Code = "unauthorized"
+	InvalidRequest     Code = "invalid_request"
+	RolloutIDRequired  Code = "rollout_id_required"
+	StaleCheckpoint    Code = "stale_checkpoint"
+	CheckpointConflict Code = "checkpoint_conflict"
+	InvalidPhase       Code = "invalid_phase"
+	DeadlineExceeded   Code = "deadline_exceeded"
+	StaleAttempt       Code = "stale_attempt"
+	// StaleEpoch refuses a request, reply or write of a process from an
+	// epoch a later restore has superseded (a paused "zombie"), or a
+	// request to such a process.
+	StaleEpoch             Code = "stale_epoch"
 	AdmissionClosed        Code = "admission_closed"
 	RestartInScope         Code = "restart_in_scope"
 	RetireIncomplete       Code = "retire_incomplete"
@@ -70,6 +74,7 @@ var statusOf = map[Code]int{
 	InvalidPhase:           http.StatusConflict,
 	DeadlineExceeded:       http.StatusConflict,
 	StaleAttempt:           http.StatusConflict,
+	StaleEpoch:             http.StatusConflict,
 	AdmissionClosed:        http.StatusConflict,
 	RestartInScope:         http.StatusConflict,
 	RetireIncomplete:       http.StatusConflict,

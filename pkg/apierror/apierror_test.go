@@ -126,6 +126,7 @@ func TestStatus_SpecTable(t *testing.T) {
 		apierror.InvalidPhase:           409,
 		apierror.DeadlineExceeded:       409,
 		apierror.StaleAttempt:           409,
+		apierror.StaleEpoch:             409,
 		apierror.AdmissionClosed:        409,
 		apierror.RestartInScope:         409,
 		apierror.RetireIncomplete:       409,

@@ -223,7 +223,11 @@ func notConfined(t Target, cause error) error {
 // record, and publication happens under its lock, so once Stop returns no
 // manifest will ever appear.
 type WriteStop struct {
-	mu sync.Mutex
+	// Fence, when set, is checked under the lock right before the
+	// manifest is published; its error fails the write (the writer's
+	// epoch was superseded).
+	Fence func() error
+	mu    sync.Mutex
 	// stopped is set under mu (so a publication in progress finishes
 	// first) and read without it before every record.
 	stopped atomic.Bool
@@ -250,6 +254,11 @@ func (s *WriteStop) publish(fn func() error) error {
 	defer s.mu.Unlock()
 	if s.stopped.Load() {
 		return ErrStopped
+	}
+	if s.Fence != nil {
+		if err := s.Fence(); err != nil {
+			return err
+		}
 	}
 	return fn()
 }

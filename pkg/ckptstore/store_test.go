@@ -392,6 +392,21 @@ func testStopBeforePublish(t *testing.T, k kit) {
 	}
 }
 
+// Ensure a writer whose fence fails at publication publishes nothing: a
+// process a restore superseded while it wrote.
+func TestStore_FenceAtPublish(t *testing.T) {
+	s := tempStore(t)
+	superseded := errors.New("epoch superseded")
+	stop := &ckptstore.WriteStop{Fence: func() error { return superseded }}
+	dir := t.TempDir()
+	if _, err := s.Write(context.Background(), target(dir), stop, records(3, "x")); !errors.Is(err, superseded) {
+		t.Fatalf("got %v, want the fence's error", err)
+	}
+	if _, err := os.Stat(filepath.Join(target(dir).ParticipantDir(), "manifest.json")); !os.IsNotExist(err) {
+		t.Fatal("a fenced write published a manifest")
+	}
+}
+
 func FuzzManifest(f *testing.F) {
 	m := ckptstore.Manifest{SchemaVersion: 1, Kind: "model", Instance: "m", CheckpointID: "c", RecordsFile: "records.jsonl", RecordsSHA256: "00", RecordCount: 2, Extras: map[string]any{"staging_keys": []any{"a"}}}
 	b, _ := m.MarshalJSON()

@@ -300,6 +300,29 @@ func (c *Coordinator) Status(ctx context.Context) (map[string]map[string]any, er
 	return out, nil
 }
 
+// nextEpoch mints the epoch of a restore: one past the highest any
+// participant reports (each reads the fleet's epoch file as it starts).
+func (c *Coordinator) nextEpoch(ctx context.Context) (uint64, error) {
+	var mu sync.Mutex
+	var top uint64
+	failures := fanOut(c.members, func(m Member) error {
+		var st struct {
+			Epoch uint64 `json:"epoch"`
+		}
+		if err := c.call(ctx, m, "status", time.Now().Add(30*time.Second), nil, &st); err != nil {
+			return err
+		}
+		mu.Lock()
+		top = max(top, st.Epoch)
+		mu.Unlock()
+		return nil
+	})
+	if len(failures) > 0 {
+		return 0, &Error{Op: "restore", Failures: failures}
+	}
+	return top + 1, nil
+}
+
 // StageResult is one prepare stage: every server's reply and how long the
 // stage took.
 type StageResult struct {
@@ -490,6 +513,9 @@ func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time)
 // RestoreResult keeps every participant's restore reply.
 type RestoreResult struct {
 	Replies map[string]ctlwire.RestoreReply `json:"replies"`
+	// Epoch is the epoch the restored fleet runs in: one past every
+	// participant's, so every earlier incarnation is fenced.
+	Epoch uint64 `json:"epoch"`
 	// Seconds is each participant's call, from sending the request to its
 	// reply decoded: beyond the reply's read and install, it holds the
 	// request's transfer and decoding and the reply's.
@@ -505,9 +531,13 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	if scope == nil {
 		scope = []rollout.EpisodeID{}
 	}
-	res := &RestoreResult{Replies: map[string]ctlwire.RestoreReply{}, Seconds: map[string]float64{}}
+	epoch, err := c.nextEpoch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res := &RestoreResult{Replies: map[string]ctlwire.RestoreReply{}, Seconds: map[string]float64{}, Epoch: epoch}
 	var mu sync.Mutex
-	body, err := encodeOnce(ctlwire.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope})
+	body, err := encodeOnce(ctlwire.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Epoch: epoch})
 	if err != nil {
 		return nil, err
 	}

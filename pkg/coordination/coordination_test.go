@@ -51,7 +51,7 @@ func (f *fleet) callsOf(op string) []string {
 // server that does not take part (fakeinference-like).
 func newFleet(t *testing.T, kinds map[string]string) *fleet {
 	t.Helper()
-	return newFleetWith(t, kinds, ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir()})
+	return newFleetWith(t, kinds, ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir(), EpochFile: filepath.Join(t.TempDir(), "EPOCH")})
 }
 
 func newFleetWith(t *testing.T, kinds map[string]string, cfg ctlplane.Config) *fleet {
@@ -346,7 +346,7 @@ func TestVerify_SignedCheckpoint(t *testing.T) {
 	if err := os.WriteFile(keyFile, append(key, '\n'), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir(), SigningKeyFile: keyFile}
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: token, LeaseGraceSeconds: 600, Root: os.TempDir(), SigningKeyFile: keyFile, EpochFile: filepath.Join(t.TempDir(), "EPOCH")}
 	f := newFleetWith(t, standard, cfg)
 	c := f.discover(t)
 	ctx := context.Background()

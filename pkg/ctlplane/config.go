@@ -3,6 +3,7 @@ package ctlplane
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
@@ -42,6 +43,10 @@ type Config struct {
 	// A path, so the key is in neither the YAML nor the environment; read
 	// at start.
 	SigningKeyFile string `mapstructure:"signing_key_file"`
+	// EpochFile holds the fleet's epoch (see Controller.Epoch): one file
+	// every server of one fleet reads, and no other fleet's. Default:
+	// EPOCH beneath Root, which suits a root one fleet owns.
+	EpochFile string `mapstructure:"epoch_file"`
 }
 
 // DefaultConfig is checkpointing off, with the SPEC's lease grace.
@@ -101,6 +106,18 @@ func (c Config) SigningKey() ([]byte, error) {
 // S3Options are the object store settings of an s3:// root.
 func (c Config) S3Options() ckptstore.S3Options {
 	return ckptstore.S3Options{Endpoint: c.S3Endpoint, PathStyle: c.S3PathStyle}
+}
+
+// EffectiveEpochFile is EpochFile, or EPOCH beneath a local root (none
+// beneath an s3:// root: the epoch file is a local, shared file).
+func (c Config) EffectiveEpochFile(root string) string {
+	if c.EpochFile != "" {
+		return c.EpochFile
+	}
+	if ckptstore.IsS3(root) {
+		return ""
+	}
+	return filepath.Join(root, DefaultEpochFileName)
 }
 
 // LeaseGrace is the grace as a duration.

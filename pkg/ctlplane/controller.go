@@ -55,6 +55,7 @@ type Controller struct {
 	metrics  *metrics
 	fence    *Fence
 	gate     gate
+	epoch    *epochState
 
 	// ctx is cancelled by Close; background writes and installs derive from it.
 	ctx    context.Context
@@ -132,6 +133,10 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	if err != nil {
 		return nil, err
 	}
+	epoch, err := newEpochState(cfg.EffectiveEpochFile(root))
+	if err != nil {
+		return nil, err
+	}
 	ownStore := deps.Store == nil
 	if ownStore {
 		if deps.Store, err = ckptstore.OpenWith(root, ckptstore.Options{SigningKey: key, S3: cfg.S3Options()}); err != nil {
@@ -144,7 +149,7 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	c := &Controller{
 		p: p, cfg: cfg, clock: deps.Clock, store: deps.Store, root: root, ownStore: ownStore,
 		log: deps.Logger.With("component", "ctlplane"), tuning: deps.Tuning,
-		fence: NewFence(), ctx: ctx, cancel: cancel,
+		fence: NewFence(), epoch: epoch, ctx: ctx, cancel: cancel,
 	}
 	c.metrics = newMetrics(deps.Registry, c)
 	return c, nil
@@ -350,6 +355,10 @@ func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*Prepa
 		return nil, err
 	}
 	id := req.CheckpointID
+	// A process a restore superseded takes part in no checkpoint.
+	if err := c.CheckEpoch(); err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	prev := c.st
 	d := Step(c.st, Input{Op: OpPrepare, CheckpointID: id})
@@ -487,6 +496,10 @@ func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) 
 		digest += "+stop"
 	}
 	id := req.CheckpointID
+	// A process a restore superseded commits nothing, not even a replay.
+	if err := c.CheckEpoch(); err != nil {
+		return nil, err
+	}
 
 	c.mu.Lock()
 	d := Step(c.st, Input{Op: OpCommit, CheckpointID: id, Dir: req.CheckpointDir, Scope: digest, Ready: c.p.Ready()})
@@ -519,6 +532,9 @@ func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) 
 	c.st = d.Next
 	c.extendLease(deadline)
 	t := newTask(id)
+	// The store checks the epoch again as it publishes the manifest: a
+	// process paused mid-write and superseded meanwhile publishes nothing.
+	t.stop.Fence = c.CheckEpoch
 	c.write = t
 	c.wg.Add(1)
 	go c.runWrite(t, req, scope)
@@ -655,6 +671,12 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 		t := c.install
 		c.mu.Unlock()
 		return awaitTask[*RestoreReply](ctx, c, t, deadline)
+	}
+	// The fleet moves to the restore's epoch whatever becomes of this
+	// install, so every process the controller restores stays one fleet.
+	if err := c.epoch.adopt(req.Epoch); err != nil {
+		c.mu.Unlock()
+		return nil, err
 	}
 	if err := c.p.Fresh(); err != nil {
 		c.mu.Unlock()
@@ -903,6 +925,8 @@ func (c *Controller) Status() map[string]any {
 		m["lease_expires_at"] = unixSeconds(lease)
 	}
 	m["retired_rollouts"] = c.fence.Len()
+	m["epoch"] = c.epoch.cur.Load()
+	m["fenced"] = c.epoch.fenced.Load()
 	m["report"] = c.p.Report(MaxBlockers)
 	return m
 }

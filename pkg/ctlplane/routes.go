@@ -170,6 +170,14 @@ func (c *Controller) Middleware(classify Classifier) func(http.Handler) http.Han
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !exemptFromEpoch(r) {
+				if err := c.peerEpoch(r.Header); err != nil {
+					c.metrics.refusal(apierror.StaleEpoch)
+					apierror.Write(w, r, nil, err)
+					return
+				}
+				w = &epochWriter{ResponseWriter: w, c: c, r: r}
+			}
 			id, named, adm := classify(r)
 			if named {
 				if err := c.CheckFence(id); err != nil {

@@ -102,6 +102,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 		s.ctl, part.ctl = ctl, ctl
 		s.hooks = part
+		s.ctl = ctl
+		// Calls to the agents and resources servers carry this process's
+		// epoch, and their replies are checked against it.
+		s.client = ctl.Client(s.client)
 		// /run names its episode in the body; the handler checks the fence
 		// and the tracker decides admission (a replacement is admitted while
 		// the restore keeps admission closed, a new episode is refused).

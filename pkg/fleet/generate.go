@@ -36,6 +36,9 @@ type Topology struct {
 	// and checkpoint.s3_path_style (for an s3:// root).
 	S3Endpoint  string
 	S3PathStyle bool
+	// EpochFile is every server's checkpoint.epoch_file (default: EPOCH
+	// in Dir): the fleet's own, even where fleets share a checkpoint root.
+	EpochFile string
 	// LeaseGraceSeconds overrides the lease grace (0: the default).
 	LeaseGraceSeconds float64
 	// TokensPerSecond and MinCallSeconds pace fakeinference.
@@ -172,7 +175,13 @@ func Generate(t Topology) (*Config, error) {
 			return nil, err
 		}
 	}
-	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token, "root": t.CheckpointRoot}
+	if t.EpochFile == "" {
+		t.EpochFile = filepath.Join(t.Dir, "EPOCH")
+	}
+	if t.EpochFile, err = filepath.Abs(t.EpochFile); err != nil {
+		return nil, err
+	}
+	checkpoint := map[string]any{"enabled": t.Token != "", "control_auth_token": t.Token, "root": t.CheckpointRoot, "epoch_file": t.EpochFile}
 	if t.S3Endpoint != "" || t.S3PathStyle {
 		checkpoint["s3_endpoint"] = t.S3Endpoint
 		checkpoint["s3_path_style"] = t.S3PathStyle

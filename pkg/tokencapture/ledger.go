@@ -154,8 +154,10 @@ type Ledger struct {
 	opts Options
 	lock *dirLock
 
-	mu   sync.Mutex
-	keys map[string]*keyState
+	mu sync.Mutex
+	// fence, when set, runs before every append (SetFence).
+	fence func() error
+	keys  map[string]*keyState
 	// byRollout indexes keys (with a ledger or a fence) by rollout id, so
 	// the attempts of one rollout are found without a scan of every key.
 	// A rollout has a key or two (an attempt, the fence of the one
@@ -280,6 +282,11 @@ func (l *Ledger) Append(key string, row Row) (Row, error) {
 	if err := l.usable(); err != nil {
 		return Row{}, err
 	}
+	if l.fence != nil {
+		if err := l.fence(); err != nil {
+			return Row{}, err
+		}
+	}
 	ks := l.keys[key]
 	if ks != nil && ks.retired {
 		return Row{}, fmt.Errorf("%w: %s", ErrRetired, key)
@@ -351,6 +358,15 @@ func unixSeconds(t time.Time) float64 {
 }
 
 // Fail records that a call of key was answered without a usable row.
+// SetFence makes every Append and Fail call fence first, under the
+// ledger's lock, and fail with its error: the model server's epoch check,
+// so a process a restore superseded appends nothing.
+func (l *Ledger) SetFence(fence func() error) {
+	l.mu.Lock()
+	l.fence = fence
+	l.mu.Unlock()
+}
+
 func (l *Ledger) Fail(key string, f Failure) error {
 	if err := checkKey(key); err != nil {
 		return err
@@ -369,6 +385,11 @@ func (l *Ledger) Fail(key string, f Failure) error {
 	defer l.mu.Unlock()
 	if err := l.usable(); err != nil {
 		return err
+	}
+	if l.fence != nil {
+		if err := l.fence(); err != nil {
+			return err
+		}
 	}
 	ks := l.keys[key]
 	if ks != nil && ks.retired {

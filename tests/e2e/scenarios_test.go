@@ -61,17 +61,29 @@ func TestScenario03_ResourcesStateIsRequired(t *testing.T) {
 		f.Crash()
 		f.Restart()
 		c := f.Coord()
+		var res []coordination.Member
 		if !restoreResources {
 			var ms []coordination.Member
 			for _, m := range c.Members() {
 				if m.Kind != "resources" {
 					ms = append(ms, m)
+				} else {
+					res = append(res, m)
 				}
 			}
 			c = coordination.New(ms, coordination.Options{Token: token, HTTP: httpConf()})
 		}
 		if _, err := c.Restore(context.Background(), "c1", f.Dir("c1"), []rollout.EpisodeID{ep("counter-1", 0)}, deadline(30*time.Second)); err != nil {
 			t.Fatal(err)
+		}
+		if len(res) > 0 {
+			// The resources servers restore nothing, and join the
+			// restored fleet's epoch (a process the restore left out
+			// would be an earlier incarnation its peers refuse).
+			rc := coordination.New(res, coordination.Options{Token: token, HTTP: httpConf()})
+			if _, err := rc.Restore(context.Background(), "c1", f.Dir("c1"), []rollout.EpisodeID{}, deadline(30*time.Second)); err != nil {
+				t.Fatal(err)
+			}
 		}
 		f.Resume(f.Coord(), "c1")
 		f.Release()

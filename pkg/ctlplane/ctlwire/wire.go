@@ -128,6 +128,10 @@ type RestoreRequest struct {
 	DeadlineTS    float64    `json:"deadline_ts"`
 	CheckpointDir string     `json:"checkpoint_dir"`
 	EpisodeIDs    EpisodeIDs `json:"episode_ids"`
+	// Epoch is the fleet's next epoch, higher than any participant's; the
+	// restored processes adopt it and fence every earlier incarnation.
+	// Absent (0): join the fleet's current epoch, fencing nothing.
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // RestoreReply is restore's reply: the next attempts installed.
