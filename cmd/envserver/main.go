@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,8 +13,10 @@ import (
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 )
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	lifecycle.SetServerGC(os.Getenv)
@@ -33,11 +34,12 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (environment
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[environment.Config]{
 		Name:     "envserver",
+		Version:  version,
 		Load:     loadConfig,
 		LogLevel: func(cfg environment.Config) string { return cfg.LogLevel },
-		Servers: func(cfg environment.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
-			log := logging.New(stderr, level, "environment", cfg.Name)
-			srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry()})
+		Servers: func(cfg environment.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
+			log := rt.Logger("environment", cfg.Name)
+			srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry(), Tracer: rt.Tracer})
 			if err != nil {
 				return nil, err
 			}

@@ -6,16 +6,17 @@ package main
 import (
 	"context"
 	"io"
-	"log/slog"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 )
 
 // name is the process's kind and instance name in logs and the address file.
 const name = "fakeinference"
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	// The stand-in keeps Go's default GC goal (GOGC=100), not the servers'
@@ -40,14 +41,15 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (fakeinferen
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[fakeinference.Config]{
 		Name:     name,
+		Version:  version,
 		Load:     loadConfig,
 		LogLevel: func(cfg fakeinference.Config) string { return cfg.LogLevel },
-		Servers: func(cfg fakeinference.Config, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
-			log := logging.New(stderr, level, name, name)
+		Servers: func(cfg fakeinference.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
+			log := rt.Logger(name, name)
 			if cfg.ControlAuthToken == "" {
 				log.Warn("control_auth_token is empty: POST /_ckpt/generation-cut refuses every call")
 			}
-			srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log})
+			srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log, Tracer: rt.Tracer})
 			if err != nil {
 				return nil, err
 			}

@@ -6,14 +6,15 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/resources"
 )
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	lifecycle.SetServerGC(os.Getenv)
@@ -34,12 +35,13 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (resources.P
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[resources.ProcessConfig]{
 		Name:     "resourceserver",
+		Version:  version,
 		Load:     loadConfig,
 		LogLevel: func(cfg resources.ProcessConfig) string { return cfg.LogLevel },
-		Servers: func(cfg resources.ProcessConfig, level slog.Level, stderr io.Writer) ([]lifecycle.Named, error) {
+		Servers: func(cfg resources.ProcessConfig, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
 			var servers []lifecycle.Named
 			for _, sc := range cfg.ServerConfigs() {
-				srv, err := resources.New(sc, resources.Deps{Logger: logging.New(stderr, level, "resources", sc.Name)})
+				srv, err := resources.New(sc, resources.Deps{Logger: rt.Logger("resources", sc.Name), Tracer: rt.Tracer})
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", sc.Name, err)
 				}

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
@@ -32,6 +34,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // DefaultConcurrency is the number of rows in flight when Options leaves it 0.
@@ -104,6 +107,10 @@ type Options struct {
 	Checkpoints *CheckpointOptions
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Tracer records a span per /run sent (the root of its rollout's trace)
+	// and per checkpoint and restore (the root of each checkpoint's trace);
+	// nil records none (pkg/tracing).
+	Tracer trace.TracerProvider
 }
 
 // FleetControl is how the collector reaches the fleet's control planes.
@@ -148,6 +155,7 @@ type Collector struct {
 	opts   Options
 	client *http.Client
 	log    *slog.Logger
+	tracer tracing.Tracer
 }
 
 // New checks opts and returns a collector.
@@ -193,7 +201,7 @@ func New(opts Options) (*Collector, error) {
 			ck.Keep = DefaultKeepCheckpoints
 		}
 	}
-	c := &Collector{opts: opts, client: opts.Client, log: opts.Logger}
+	c := &Collector{opts: opts, client: opts.Client, log: opts.Logger, tracer: tracing.NewTracer(opts.Tracer)}
 	if c.log == nil {
 		c.log = logging.Discard()
 	}
@@ -276,6 +284,9 @@ type result struct {
 // send posts one attempt of a row and builds its output line.
 func (c *Collector) send(ctx context.Context, t *task) result {
 	start := time.Now()
+	ctx, span := c.tracer.Start(ctx, tracing.SpanRollout, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(tracing.AttrCaptureKey.String(t.episode().CaptureKey())))
+	defer span.End()
 	var res result
 	body, err := codec.Marshal(t.body())
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
@@ -20,6 +21,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // task is one row on its way: the attempt it is sent as and why.
@@ -339,7 +341,11 @@ func (r *Collection) restoreLatest(ctx context.Context, coord *coordination.Coor
 	rs := &RestoreStats{CheckpointID: id, Rows: len(plan.Restore)}
 	r.restore = rs
 	deadline := r.now().Add(r.ckpt.Timeout)
+	ctx, span := r.c.tracer.Start(ctx, tracing.SpanCollectionRest, trace.WithAttributes(
+		tracing.AttrCheckpointID.String(id), tracing.AttrRows.Int(len(plan.Restore))))
+	defer span.End()
 	_, err := coord.Restore(ctx, id, filepath.Join(r.dir, id), plan.Restore, deadline)
+	tracing.Fail(span, err)
 	rs.Duration = time.Since(start)
 	if err != nil {
 		rs.Error = err.Error()
@@ -405,7 +411,7 @@ func (r *Collection) coordinator(ctx context.Context) (*coordination.Coordinator
 		r.coord = f.Coordinator
 		return r.coord, nil
 	}
-	c, err := coordination.Discover(ctx, f.Endpoints, coordination.Options{Token: f.Token, Client: f.Client, HTTP: r.c.opts.HTTP, Logger: r.c.log})
+	c, err := coordination.Discover(ctx, f.Endpoints, coordination.Options{Token: f.Token, Client: f.Client, HTTP: r.c.opts.HTTP, Logger: r.c.log, Tracer: r.c.opts.Tracer})
 	if err != nil {
 		return nil, err
 	}

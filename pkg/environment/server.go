@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -30,12 +31,15 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // Deps are the server's collaborators; nil fields get working defaults.
 type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Tracer records the server's spans (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 }
 
 // Server is an environment server.
@@ -46,6 +50,7 @@ type Server struct {
 	client  *http.Client
 	agents  map[string]AgentConfig
 	metrics *metrics
+	tracer  tracing.Tracer
 	// tracker and ctl exist only with checkpointing on.
 	tracker *tracking.Tracker
 	ctl     *ctlplane.Controller
@@ -77,6 +82,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		client:  httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto, HTTP: cfg.HTTP}), // peers may be NeMo Gym's (HTTP/1.1)
 		agents:  make(map[string]AgentConfig, len(cfg.Agents)),
 		metrics: newMetrics(deps.Registry),
+		tracer:  tracing.NewTracer(deps.Tracer),
 		live:    make(map[string]*episode),
 		cpu:     newCPUGate(),
 	}
@@ -85,10 +91,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
 		s.agents[a.Name] = a
 	}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.tracker = tracking.NewTracker()
-		ctl, err := ctlplane.New(cfg.Checkpoint, &participant{name: cfg.Name, tracker: s.tracker}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry})
+		ctl, err := ctlplane.New(cfg.Checkpoint, &participant{name: cfg.Name, tracker: s.tracker}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer})
 		if err != nil {
 			return nil, err
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -47,6 +48,8 @@ const GeneratedSessionPrefix = "resources-session-"
 type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Tracer records the server's spans (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 }
 
 // Server is one named resources server.
@@ -139,7 +142,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.Type == TypeSlowVerify {
 		s.gate = &verifyGate{release: make(chan struct{})}
 	}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		if s.ckpt, err = newCheckpointing(s, deps); err != nil {
 			return nil, err

@@ -31,6 +31,8 @@ type Flags struct {
 	// AddrFile, when set, receives "<name> <addr>" lines once the servers
 	// listen, so a launcher can start servers on port 0.
 	AddrFile string
+	// Version asks for the build's version instead of a run.
+	Version bool
 }
 
 // ParseFlags parses args with the common flags. It returns flag.ErrHelp for -h.
@@ -41,6 +43,7 @@ func ParseFlags(name string, args []string, stderr io.Writer) (Flags, error) {
 	fs.StringVar(&f.Config, "config", "", "YAML configuration file")
 	fs.StringVar(&f.Listen, "listen", "", "listen address host:port (overrides the file's listen; single-instance servers only)")
 	fs.StringVar(&f.AddrFile, "addr-file", "", "write the bound address to this file once listening")
+	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}

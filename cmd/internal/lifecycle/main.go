@@ -11,8 +11,11 @@ import (
 	"os/signal"
 	"syscall"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // RunFunc is a server command's run: main is a shim over it, and the
@@ -43,6 +46,14 @@ func ExitCode(name string, err error, stderr io.Writer) int {
 	return 1
 }
 
+// VersionString is v, or "dev" for a build that did not set it.
+func VersionString(v string) string {
+	if v == "" {
+		return "dev"
+	}
+	return v
+}
+
 // Validator is a configuration that checks itself once loaded.
 type Validator interface{ Validate() error }
 
@@ -71,12 +82,29 @@ type Command[C any] struct {
 	Load func(flags configload.Flags, getenv func(string) string) (C, error)
 	// LogLevel is the configuration's log level (debug, info, warn, error).
 	LogLevel func(cfg C) string
-	// Servers builds the configuration's servers, logging at level to
-	// stderr.
-	Servers func(cfg C, level slog.Level, stderr io.Writer) ([]Named, error)
+	// Servers builds the configuration's servers with what the process
+	// gives them (logger settings, tracer).
+	Servers func(cfg C, rt Runtime) ([]Named, error)
 	// Announce is the line printed once a server listens; nil prints
 	// "<name> listening on http://<addr>".
 	Announce func(cfg C, name, addr string) string
+	// Version is what --version prints (main.version, set by the build).
+	Version string
+}
+
+// Runtime is what a process gives each of its servers.
+type Runtime struct {
+	// Level and Stderr are the logger's: JSON lines at Level on Stderr.
+	Level  slog.Level
+	Stderr io.Writer
+	// Tracer is the process's tracer provider: the no-op one unless the
+	// OTEL_* variables ask for an exporter (pkg/tracing).
+	Tracer trace.TracerProvider
+}
+
+// Logger is a server's logger (logging.New) with this runtime's settings.
+func (rt Runtime) Logger(kind, instance string) *slog.Logger {
+	return logging.New(rt.Stderr, rt.Level, kind, instance)
 }
 
 // Run runs the command: it is the body of the command's run.
@@ -84,6 +112,10 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 	flags, err := configload.ParseFlags(c.Name, args, stderr)
 	if err != nil {
 		return err
+	}
+	if flags.Version {
+		fmt.Fprintln(stdout, c.Name, VersionString(c.Version))
+		return nil
 	}
 	cfg, err := c.Load(flags, getenv)
 	if err != nil {
@@ -93,7 +125,21 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 	if err != nil {
 		return err
 	}
-	servers, err := c.Servers(cfg, level, stderr)
+	ts, err := tracing.FromEnv(getenv, c.Name)
+	if err != nil {
+		return err
+	}
+	tp, err := tracing.New(ctx, ts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Spans still batched go out before the process exits.
+		sctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+		defer cancel()
+		_ = tp.Shutdown(sctx)
+	}()
+	servers, err := c.Servers(cfg, Runtime{Level: level, Stderr: stderr, Tracer: tp})
 	if err != nil {
 		return err
 	}
