@@ -593,7 +593,8 @@ func (s *Server) handleVerify(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err)
 	}
-	s.metrics.verifies.WithLabelValues(strconv.FormatFloat(reward, 'f', -1, 64)).Inc()
+	s.metrics.verifies.Inc()
+	s.metrics.rewards.Observe(reward)
 	return s.sessionReply(id, codec.RawMessage(out)), nil
 }
 
@@ -752,7 +753,8 @@ func (g *verifyGate) finish() {
 type metrics struct {
 	sessions  prometheus.Gauge
 	toolCalls *prometheus.CounterVec
-	verifies  *prometheus.CounterVec
+	verifies  prometheus.Counter
+	rewards   prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -765,11 +767,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "gymfleet_resources_tool_calls_total",
 			Help: "Tool calls answered, by tool.",
 		}, []string{"tool"}),
-		verifies: prometheus.NewCounterVec(prometheus.CounterOpts{
+		verifies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gymfleet_resources_verify_total",
-			Help: "Verifications answered, by reward.",
-		}, []string{"reward"}),
+			Help: "Verifications answered.",
+		}),
+		// A reward is any float a verifier returns: as a label it made one
+		// series per distinct value, so it is a distribution instead.
+		rewards: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gymfleet_resources_verify_reward",
+			Help:    "Rewards of answered verifications.",
+			Buckets: []float64{0, .25, .5, .75, 1},
+		}),
 	}
-	reg.MustRegister(m.sessions, m.toolCalls, m.verifies)
+	reg.MustRegister(m.sessions, m.toolCalls, m.verifies, m.rewards)
 	return m
 }
