@@ -36,6 +36,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return lifecycle.Command[agent.ProcessConfig]{
 		Name:     "agentserver",
 		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg agent.ProcessConfig) string { return cfg.LogLevel },
 		Servers: func(cfg agent.ProcessConfig, rt lifecycle.Runtime) ([]lifecycle.Named, error) {

@@ -35,6 +35,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return lifecycle.Command[environment.Config]{
 		Name:     "envserver",
 		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg environment.Config) string { return cfg.LogLevel },
 		Servers: func(cfg environment.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"io"
+	"os"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
@@ -42,6 +43,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return lifecycle.Command[fakeinference.Config]{
 		Name:     name,
 		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg fakeinference.Config) string { return cfg.LogLevel },
 		Servers: func(cfg fakeinference.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {

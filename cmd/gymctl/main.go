@@ -16,6 +16,9 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/collect"
 )
 
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
@@ -54,6 +57,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) == 0 {
 		usage(stderr)
 		return errors.New("no subcommand")
+	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
+		fmt.Fprintln(stdout, "gymctl", version)
+		return nil
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)

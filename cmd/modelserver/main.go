@@ -37,6 +37,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return lifecycle.Command[modelproxy.Config]{
 		Name:     "modelserver",
 		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg modelproxy.Config) string { return cfg.LogLevel },
 		Servers: func(cfg modelproxy.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {

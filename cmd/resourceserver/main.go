@@ -36,6 +36,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return lifecycle.Command[resources.ProcessConfig]{
 		Name:     "resourceserver",
 		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg resources.ProcessConfig) string { return cfg.LogLevel },
 		Servers: func(cfg resources.ProcessConfig, rt lifecycle.Runtime) ([]lifecycle.Named, error) {

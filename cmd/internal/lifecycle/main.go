@@ -90,6 +90,10 @@ type Command[C any] struct {
 	Announce func(cfg C, name, addr string) string
 	// Version is what --version prints (main.version, set by the build).
 	Version string
+	// Environ lists the process's environment (os.Environ), to report a
+	// GYMFLEET_* variable that looks like a misspelled setting; nil
+	// reports none.
+	Environ func() []string
 }
 
 // Runtime is what a process gives each of its servers.
@@ -124,6 +128,13 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 	level, err := logging.ParseLevel(c.LogLevel(cfg))
 	if err != nil {
 		return err
+	}
+	if c.Environ != nil {
+		var zero C
+		log := logging.New(stderr, level, c.Name, c.Name)
+		for _, m := range configload.Misspelled(c.Environ(), &zero) {
+			log.Warn("ignoring an environment variable", "detail", m)
+		}
 	}
 	ts, err := tracing.FromEnv(getenv, c.Name)
 	if err != nil {
