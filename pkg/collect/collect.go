@@ -281,6 +281,20 @@ type result struct {
 	finished time.Time
 }
 
+// ReachTimeout bounds the check that the environment server answers.
+const ReachTimeout = 10 * time.Second
+
+// reachable checks that the environment server answers HTTP at all (any
+// status: a NeMo Gym agent may have no /healthz).
+func (c *Collector) reachable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, ReachTimeout)
+	defer cancel()
+	if _, err := httpclient.Do(ctx, c.client, http.MethodGet, c.opts.EnvURL+"/healthz", nil, nil); err != nil {
+		return fmt.Errorf("the environment server %s does not answer, nothing was sent (is the fleet up?): %w", c.opts.EnvURL, err)
+	}
+	return nil
+}
+
 // send posts one attempt of a row and builds its output line.
 func (c *Collector) send(ctx context.Context, t *task) result {
 	start := time.Now()

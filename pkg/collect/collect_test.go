@@ -321,6 +321,33 @@ func TestCollector_UnreachableEnvFailsRows(t *testing.T) {
 	}
 }
 
+// Ensure a collection against a fleet that is down fails at once, naming
+// the cause, before its output is touched.
+func TestCollector_DownFleetFailsFast(t *testing.T) {
+	env := newFakeEnv(t, 0)
+	url := env.srv.URL
+	env.srv.Close()
+	dir := t.TempDir()
+	input, output := filepath.Join(dir, "in.jsonl"), filepath.Join(dir, "out.jsonl")
+	if err := os.WriteFile(input, []byte(`{"responses_create_params":{}}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(output, []byte("kept\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := collect.New(collect.Options{EnvURL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.CollectFile(t.Context(), input, output)
+	if err == nil || !strings.Contains(err.Error(), "does not answer") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("CollectFile = %v, want the environment named with the cause", err)
+	}
+	if b, _ := os.ReadFile(output); string(b) != "kept\n" {
+		t.Errorf("the output was touched: %q", b)
+	}
+}
+
 func TestNew_Validates(t *testing.T) {
 	for _, o := range []collect.Options{{EnvURL: "localhost:1"}, {EnvURL: "http://x", Concurrency: -1}} {
 		if _, err := collect.New(o); err == nil {

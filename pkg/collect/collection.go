@@ -207,6 +207,12 @@ func (c *Collector) Open(ctx context.Context, input, output string) (_ *Collecti
 	if len(issues) > 0 && !c.opts.SkipBadLines {
 		return nil, &BadInputError{Path: input, Issues: issues}
 	}
+	// Before the output is truncated or anything is retired: a fleet that
+	// is down fails here with its cause, rather than after every row has
+	// spent its attempts.
+	if err := c.reachable(ctx); err != nil {
+		return nil, err
+	}
 	r := c.newCollection(nil, nil)
 	r.skipped = issues
 	defer func() {
