@@ -133,6 +133,8 @@ func collectOptions(f collectFlags, getenv func(string) string, stdout, stderr i
 	}
 	if !f.noProgress {
 		opts.Progress = stderr
+		// The bar redraws with carriage returns, which a log keeps.
+		opts.PlainProgress = !isTerminal(stderr)
 	}
 	var cfg *fleet.Config
 	if f.config != "" {

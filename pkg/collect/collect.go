@@ -88,6 +88,10 @@ type Options struct {
 	HTTP httpconf.Config
 	// Progress receives the progress bar; nil shows none.
 	Progress io.Writer
+	// PlainProgress writes plain progress lines to Progress instead of the
+	// bar, which redraws with carriage returns: for a Progress that is no
+	// terminal (a log file, a pipe).
+	PlainProgress bool
 	// Notices receives one line per checkpoint, restore and resume
 	// decision; nil drops them.
 	Notices io.Writer

@@ -355,3 +355,33 @@ func TestNew_Validates(t *testing.T) {
 		}
 	}
 }
+
+// Ensure plain progress (a Progress that is no terminal) is whole lines
+// without carriage returns, the last one counting every row.
+func TestCollector_PlainProgress(t *testing.T) {
+	env := newFakeEnv(t, 0)
+	var in strings.Builder
+	for range 20 {
+		in.WriteString(`{"responses_create_params":{"input":"q"}}` + "\n")
+	}
+	rows, _, err := collect.ReadRows(strings.NewReader(in.String()), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress bytes.Buffer
+	c, err := collect.New(collect.Options{EnvURL: env.srv.URL, Concurrency: 4, Progress: &progress, PlainProgress: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Run(t.Context(), rows, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	text := progress.String()
+	if strings.ContainsAny(text, "\r\x1b") || !strings.HasSuffix(text, "\n") {
+		t.Errorf("progress is not plain lines: %q", text)
+	}
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	if len(lines) < 10 || !strings.HasPrefix(lines[len(lines)-1], "collecting: 20/20 rollouts finished, 0 in flight, 0 failed") {
+		t.Errorf("progress lines: %q", lines)
+	}
+}

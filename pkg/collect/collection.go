@@ -113,6 +113,11 @@ type Collection struct {
 
 	st          *stats
 	bar         *progressbar.ProgressBar
+	// plain, when set (PlainProgress), gets a progress line every tenth
+	// of the rows or plainEvery instead of the bar; plainAt is the last.
+	plain       io.Writer
+	plainAt     time.Time
+	plainTenths int
 	skipped     []LineIssue
 	failuresOut *lazyFile
 	finishedOld int
@@ -504,7 +509,9 @@ func (r *Collection) Run(ctx context.Context) (sum *Summary, err error) {
 		cancel(ErrStopped)
 	}
 	r.st.start = time.Now()
-	if w := r.c.opts.Progress; w != nil && r.st.rows > 0 {
+	if w := r.c.opts.Progress; w != nil && r.st.rows > 0 && r.c.opts.PlainProgress {
+		r.plain, r.plainAt = w, time.Now()
+	} else if w != nil && r.st.rows > 0 {
 		r.bar = progressbar.NewOptions(r.st.rows,
 			progressbar.OptionSetWriter(w),
 			progressbar.OptionSetWidth(30),
@@ -557,6 +564,9 @@ func (r *Collection) Run(ctx context.Context) (sum *Summary, err error) {
 	sum = r.summaryLocked()
 	if r.bar != nil && !stopped && sum.Succeeded+sum.Failed == sum.Rows {
 		_ = r.bar.Finish()
+	}
+	if r.plain != nil {
+		r.plainLineLocked()
 	}
 	switch cause := context.Cause(workCtx); {
 	case stopped:
@@ -760,6 +770,25 @@ func (r *Collection) finishLocked(t *task, res result) {
 	if r.bar != nil {
 		_ = r.bar.Add(1)
 	}
+	if r.plain != nil {
+		done := r.st.succeeded + r.st.failed
+		if tenths := done * 10 / r.st.rows; tenths > r.plainTenths || time.Since(r.plainAt) >= plainEvery {
+			r.plainTenths = tenths
+			r.plainLineLocked()
+		}
+	}
+}
+
+// plainEvery is the longest time between two plain progress lines.
+const plainEvery = 10 * time.Second
+
+// plainLineLocked writes one plain progress line: no carriage return or
+// escape sequence, for a log or a pipe.
+func (r *Collection) plainLineLocked() {
+	r.plainAt = time.Now()
+	fmt.Fprintf(r.plain, "collecting: %d/%d rollouts finished, %d in flight, %d failed, %.1f/s\n",
+		r.st.succeeded+r.st.failed, r.st.rows, len(r.inflight), r.st.failed,
+		float64(r.st.succeeded+r.st.failed)/max(time.Since(r.st.start).Seconds(), 1e-3))
 }
 
 // describeLocked refreshes the progress bar's counts.
