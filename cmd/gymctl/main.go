@@ -48,6 +48,7 @@ func commands() []command {
 		{"up", "start the fleet of a fleet file and keep it running until Ctrl-C", runUp},
 		{"collect", "run a JSONL dataset through an environment server", runCollect},
 		{"demo", "start the local fleet, collect the demo dataset, report, stop", runDemo},
+		{"top", "show rollouts in flight, requests per second and checkpoint phase per server, redrawn until Ctrl-C", runTop},
 		{"ckpt", "drive checkpoints: status, prepare, commit, resume, restore, retire, forget, verify", runCkpt},
 		{"bench-scale", "checkpoint, crash and restore N rollouts in flight on a local fleet; print the figures", runBenchScale},
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -100,14 +99,4 @@ func statusFrame(members []coordination.Member, st map[string]map[string]any, er
 		fmt.Fprintf(&b, "\nerror: %v\n", err)
 	}
 	return b.Bytes()
-}
-
-// sortedKeys are m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
