@@ -111,8 +111,8 @@ type Collection struct {
 	done          map[string]bool // rollouts final in this run
 	forgetReady   int
 
-	st          *stats
-	bar         *progressbar.ProgressBar
+	st  *stats
+	bar *progressbar.ProgressBar
 	// plain, when set (PlainProgress), gets a progress line every tenth
 	// of the rows or plainEvery instead of the bar; plainAt is the last.
 	plain       io.Writer
