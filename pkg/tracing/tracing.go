@@ -110,14 +110,18 @@ func (t Tracer) Start(ctx context.Context, name string, opts ...trace.SpanStartO
 	return t.t.Start(ctx, name, opts...)
 }
 
-// Enabled reports whether tp records anything: nil and the no-op provider
-// do not.
+// Enabled reports whether tp records anything: nil, the no-op provider
+// and a Provider New built with tracing off do not.
 func Enabled(tp trace.TracerProvider) bool {
-	if tp == nil {
+	switch p := tp.(type) {
+	case nil:
 		return false
+	case noop.TracerProvider:
+		return false
+	case *Provider:
+		return p != nil && p.sdk != nil
 	}
-	_, off := tp.(noop.TracerProvider)
-	return !off
+	return true
 }
 
 // Inject writes the context's span as a W3C traceparent header, if it has
