@@ -38,6 +38,12 @@ const traceToken = "trace-token"
 
 func startTracedFleet(t *testing.T, stack httpconf.Stack) *tracedFleet {
 	t.Helper()
+	return startTracedFleetIn(t, stack, t.TempDir())
+}
+
+// startTracedFleetIn starts a traced fleet whose checkpoint root is root.
+func startTracedFleetIn(t *testing.T, stack httpconf.Stack, root string) *tracedFleet {
+	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
 	// Synchronous export: a span is in the exporter once it has ended.
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
@@ -45,7 +51,6 @@ func startTracedFleet(t *testing.T, stack httpconf.Stack) *tracedFleet {
 	hc := httpconf.Config{Stack: stack}
 	client := httpclient.New(httpclient.Options{H2C: true, HTTP: hc})
 	t.Cleanup(client.CloseIdleConnections)
-	root := t.TempDir()
 	ck := ctlplane.DefaultConfig()
 	ck.Enabled, ck.ControlAuthToken, ck.Root = true, traceToken, root
 	fl := fleettest.Start(t, fleettest.Options{Client: client, Tracer: tp, Checkpoint: ck, HTTP: hc})
@@ -131,7 +136,8 @@ func (st *spanTree) render(root tracetest.SpanStub) string {
 // it as one trace: the controller's coordinate spans with a stage per
 // kind, and under them, for every participant, its gym.checkpoint.<op>
 // span with its wait_ready, export and write stages, each naming the
-// checkpoint, the participant's kind and instance.
+// checkpoint, the participant's kind and instance. A restore of it into a
+// fresh fleet is one trace too, with read and install on every participant.
 func TestTrace_OneCheckpointIsOneTrace(t *testing.T) {
 	for _, stack := range []httpconf.Stack{httpconf.StackLean, httpconf.StackNetHTTP} {
 		t.Run(string(stack), func(t *testing.T) {
@@ -242,6 +248,46 @@ func TestTrace_OneCheckpointIsOneTrace(t *testing.T) {
 			}
 			if t.Failed() || testing.Verbose() {
 				t.Logf("the trace:\n%s", tree.render(tree.named("controller.checkpoint")[0]))
+			}
+
+			// A restore into fresh processes: read and install on every
+			// participant, under the controller's restore.
+			f2 := startTracedFleetIn(t, stack, f.root)
+			coord2, err := coordination.Discover(ctx, f2.Endpoints(), coordination.Options{Token: traceToken, Client: f2.client, Tracer: f2.tp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f2.exp.Reset()
+			if _, err := coord2.Restore(ctx, id, f.root+"/"+id, []rollout.EpisodeID{}, time.Now().Add(30*time.Second)); err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			rtree := newSpanTree(f2.exp.GetSpans())
+			coordRestore := rtree.named(tracing.SpanCoordinatePrefix + "restore")
+			if len(coordRestore) != 1 {
+				t.Fatalf("%d coordinate.restore spans", len(coordRestore))
+			}
+			for _, m := range coord2.Members() {
+				var op *tracetest.SpanStub
+				for _, s := range rtree.named(tracing.SpanCheckpointPrefix + "restore") {
+					if attr(s, tracing.AttrInstance) == m.Instance && attr(s, tracing.AttrParticipantKind) == m.Kind {
+						op = &s
+					}
+				}
+				if op == nil || op.SpanContext.TraceID() != coordRestore[0].SpanContext.TraceID() {
+					t.Errorf("%s: no restore span in the restore's trace", m.Name)
+					continue
+				}
+				for _, child := range []string{tracing.SpanRead, tracing.SpanInstall} {
+					n := 0
+					for _, s := range rtree.named(child) {
+						if p, ok := rtree.parent(s); ok && p.SpanContext.SpanID() == op.SpanContext.SpanID() {
+							n++
+						}
+					}
+					if n != 1 {
+						t.Errorf("%s: %d %s spans under its restore", m.Name, n, child)
+					}
+				}
 			}
 		})
 	}
