@@ -122,7 +122,12 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
-	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token, HTTP: hc})
+	tp, err := newTracer(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracer(tp)
+	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token, HTTP: hc, Tracer: tp})
 	if err != nil {
 		return err
 	}

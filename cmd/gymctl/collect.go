@@ -186,6 +186,12 @@ func runCollect(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
+	tp, err := newTracer(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracer(tp)
+	opts.Tracer = tp
 	c, err := collect.New(opts)
 	if err != nil {
 		return err
