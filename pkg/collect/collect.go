@@ -302,9 +302,11 @@ func (c *Collector) reachable(ctx context.Context) error {
 // send posts one attempt of a row and builds its output line.
 func (c *Collector) send(ctx context.Context, t *task) result {
 	start := time.Now()
-	ctx, span := c.tracer.Start(ctx, tracing.SpanRollout, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(tracing.AttrCaptureKey.String(t.episode().CaptureKey())))
+	ctx, span := c.tracer.Start(ctx, tracing.SpanRollout)
 	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(t.episode().CaptureKey()))
+	}
 	var res result
 	body, err := codec.Marshal(t.body())
 	if err != nil {
