@@ -6,14 +6,16 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
+	"os"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/agent"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	lifecycle.Main("agentserver", run)
@@ -33,13 +35,15 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (agent.Proce
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[agent.ProcessConfig]{
 		Name:     "agentserver",
+		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg agent.ProcessConfig) string { return cfg.LogLevel },
-		Runtime:  func(cfg agent.ProcessConfig) runtimetune.Config { return cfg.Runtime },
-		Servers: func(cfg agent.ProcessConfig, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
+		Tuning:   func(cfg agent.ProcessConfig) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg agent.ProcessConfig, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
 			var servers []lifecycle.Named
 			for _, ac := range cfg.AgentConfigs() {
-				srv, err := agent.New(ac, agent.Deps{Logger: logging.New(stderr, level, "agent", ac.Name), Tuning: tuner})
+				srv, err := agent.New(ac, agent.Deps{Logger: rt.Logger("agent", ac.Name), Tracer: rt.Tracer, Tuning: rt.Tuner})
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", ac.Name, err)
 				}

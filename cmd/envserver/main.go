@@ -6,16 +6,18 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	lifecycle.Main("envserver", run)
@@ -32,12 +34,14 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (environment
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[environment.Config]{
 		Name:     "envserver",
+		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg environment.Config) string { return cfg.LogLevel },
-		Runtime:  func(cfg environment.Config) runtimetune.Config { return cfg.Runtime },
-		Servers: func(cfg environment.Config, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
-			log := logging.New(stderr, level, "environment", cfg.Name)
-			srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry(), Tuning: tuner})
+		Tuning:   func(cfg environment.Config) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg environment.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
+			log := rt.Logger("environment", cfg.Name)
+			srv, err := environment.New(cfg, environment.Deps{Logger: log, Registry: prometheus.NewRegistry(), Tracer: rt.Tracer, Tuning: rt.Tuner})
 			if err != nil {
 				return nil, err
 			}

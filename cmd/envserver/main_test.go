@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -180,4 +181,15 @@ func TestRuntimeTuning(t *testing.T) {
 		cfg, err := loadConfig(configload.Flags{Config: "../../configs/envserver.yaml"}, getenv)
 		return cfg.Runtime, err
 	})
+}
+
+// Ensure --version prints the version the build sets (-X main.version).
+func TestVersionFlag(t *testing.T) {
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"--version"}, func(string) string { return "" }, &stdout, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stdout.String(), "envserver "+version+"\n"; got != want {
+		t.Errorf("--version printed %q, want %q", got, want)
+	}
 }

@@ -6,17 +6,19 @@ package main
 import (
 	"context"
 	"io"
-	"log/slog"
+	"os"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
 
 // name is the process's kind and instance name in logs and the address file.
 const name = "fakeinference"
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	lifecycle.Main(name, run)
@@ -33,9 +35,11 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (fakeinferen
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[fakeinference.Config]{
 		Name:     name,
+		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg fakeinference.Config) string { return cfg.LogLevel },
-		Runtime:  func(cfg fakeinference.Config) runtimetune.Config { return cfg.Runtime },
+		Tuning:   func(cfg fakeinference.Config) runtimetune.Config { return cfg.Runtime },
 		// The stand-in keeps Go's own GC goal, not the servers'
 		// (runtimetune.ServerGCPercent): it is not part of the fleet whose
 		// memory the scale targets bound, and on the bench's machine its
@@ -43,12 +47,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// unwinds the calls the model server cuts, on the cores the
 		// fleet's checkpoint runs on.
 		GoGCGoal: true,
-		Servers: func(cfg fakeinference.Config, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
-			log := logging.New(stderr, level, name, name)
+		Servers: func(cfg fakeinference.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
+			log := rt.Logger(name, name)
 			if cfg.ControlAuthToken == "" {
 				log.Warn("control_auth_token is empty: POST /_ckpt/generation-cut refuses every call")
 			}
-			srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log})
+			srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log, Tracer: rt.Tracer})
 			if err != nil {
 				return nil, err
 			}

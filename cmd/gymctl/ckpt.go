@@ -33,6 +33,11 @@ type ckptOptions struct {
 	keyFile string
 	// s3 reaches the object store of an s3:// --dir (the fleet file's).
 	s3 ckptstore.S3Options
+	// watch redraws status every interval until Ctrl-C.
+	watch    bool
+	interval time.Duration
+	// tty says stdout is a terminal (frames replace each other).
+	tty bool
 }
 
 var ckptOps = []struct{ name, summary string }{
@@ -82,6 +87,8 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline of the operation")
 	fs.BoolVar(&o.stop, "stop", false, "commit: the controller stops after this checkpoint")
 	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
+	fs.BoolVar(&o.watch, "watch", false, "status: redraw every --interval until Ctrl-C")
+	fs.DurationVar(&o.interval, "interval", time.Second, "status --watch: time between redraws")
 	fs.StringVar(&o.keyFile, "signing-key-file", "", "verify: check manifests' signatures with this key file (default: the fleet file's checkpoint.signing_key_file)")
 	if err := parse(fs, args[1:]); err != nil {
 		return err
@@ -118,10 +125,16 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
-	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token, HTTP: hc})
+	tp, err := newTracer(ctx, getenv)
 	if err != nil {
 		return err
 	}
+	defer shutdownTracer(tp)
+	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token, HTTP: hc, Tracer: tp})
+	if err != nil {
+		return err
+	}
+	o.tty = isTerminal(stdout)
 	return ckptOp(ctx, c, op, o, stdout)
 }
 
@@ -158,6 +171,17 @@ func ckptOp(ctx context.Context, c *coordination.Coordinator, op string, o ckptO
 	}
 	switch op {
 	case "status":
+		if o.watch {
+			if o.interval <= 0 {
+				return errors.New("ckpt status: --interval must be positive")
+			}
+			t := time.NewTicker(o.interval)
+			defer t.Stop()
+			return watchLoop(ctx, stdout, o.tty, t.C, func(ctx context.Context) []byte {
+				st, err := c.Status(ctx)
+				return statusFrame(c.Members(), st, err, time.Now())
+			})
+		}
 		st, err := c.Status(ctx)
 		if o.json {
 			return printJSON(stdout, st)

@@ -133,6 +133,8 @@ func collectOptions(f collectFlags, getenv func(string) string, stdout, stderr i
 	}
 	if !f.noProgress {
 		opts.Progress = stderr
+		// The bar redraws with carriage returns, which a log keeps.
+		opts.PlainProgress = !isTerminal(stderr)
 	}
 	var cfg *fleet.Config
 	if f.config != "" {
@@ -184,6 +186,12 @@ func runCollect(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
+	tp, err := newTracer(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracer(tp)
+	opts.Tracer = tp
 	c, err := collect.New(opts)
 	if err != nil {
 		return err

@@ -16,6 +16,9 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/collect"
 )
 
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
@@ -45,6 +48,7 @@ func commands() []command {
 		{"up", "start the fleet of a fleet file and keep it running until Ctrl-C", runUp},
 		{"collect", "run a JSONL dataset through an environment server", runCollect},
 		{"demo", "start the local fleet, collect the demo dataset, report, stop", runDemo},
+		{"top", "show rollouts in flight, requests per second and checkpoint phase per server, redrawn until Ctrl-C", runTop},
 		{"ckpt", "drive checkpoints: status, prepare, commit, resume, restore, retire, forget, verify", runCkpt},
 		{"bench-scale", "checkpoint, crash and restore N rollouts in flight on a local fleet; print the figures", runBenchScale},
 	}
@@ -54,6 +58,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) == 0 {
 		usage(stderr)
 		return errors.New("no subcommand")
+	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
+		fmt.Fprintln(stdout, "gymctl", version)
+		return nil
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -256,5 +257,16 @@ func TestIsTerminate(t *testing.T) {
 	// signal.NotifyContext's cause names the signal.
 	if !isTerminate(errors.New("terminated signal received")) || isTerminate(errors.New("interrupt signal received")) || isTerminate(nil) {
 		t.Error("isTerminate does not tell SIGTERM from the rest")
+	}
+}
+
+// Ensure --version prints the version the build sets (-X main.version).
+func TestVersionFlag(t *testing.T) {
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"--version"}, func(string) string { return "" }, &stdout, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stdout.String(), "gymctl "+version+"\n"; got != want {
+		t.Errorf("--version printed %q, want %q", got, want)
 	}
 }

@@ -72,6 +72,6 @@ func waitFleet(ctx context.Context, l *fleet.Launcher) error {
 	case <-ctx.Done():
 		return nil
 	case name := <-exited:
-		return fmt.Errorf("process %s exited (%v)\n--- last lines of its log ---\n%s", name, l.ExitErr(name), l.Logs(name))
+		return fmt.Errorf("process %s %s\n--- last lines of its log ---\n%s", name, l.ExitReason(name), l.Logs(name))
 	}
 }

@@ -8,16 +8,18 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/modelproxy"
 	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	lifecycle.Main("modelserver", run)
@@ -34,12 +36,14 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (modelproxy.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[modelproxy.Config]{
 		Name:     "modelserver",
+		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg modelproxy.Config) string { return cfg.LogLevel },
-		Runtime:  func(cfg modelproxy.Config) runtimetune.Config { return cfg.Runtime },
-		Servers: func(cfg modelproxy.Config, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
-			log := logging.New(stderr, level, "model", cfg.Name)
-			srv, err := modelproxy.New(cfg, modelproxy.Deps{Logger: log, Registry: prometheus.NewRegistry(), Tuning: tuner})
+		Tuning:   func(cfg modelproxy.Config) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg modelproxy.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
+			log := rt.Logger("model", cfg.Name)
+			srv, err := modelproxy.New(cfg, modelproxy.Deps{Logger: log, Registry: prometheus.NewRegistry(), Tracer: rt.Tracer, Tuning: rt.Tuner})
 			if err != nil {
 				return nil, err
 			}

@@ -193,3 +193,14 @@ func TestRuntimeTuning(t *testing.T) {
 		return cfg.Runtime, err
 	})
 }
+
+// Ensure --version prints the version the build sets (-X main.version).
+func TestVersionFlag(t *testing.T) {
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"--version"}, func(string) string { return "" }, &stdout, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stdout.String(), "modelserver "+version+"\n"; got != want {
+		t.Errorf("--version printed %q, want %q", got, want)
+	}
+}

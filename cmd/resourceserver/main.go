@@ -6,14 +6,16 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
+	"os"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/resources"
 	"github.com/gymfleet/gymfleet/pkg/runtimetune"
 )
+
+// version is the build's (the Makefile sets it with -X main.version).
+var version = "dev"
 
 func main() {
 	lifecycle.Main("resourceserver", run)
@@ -33,13 +35,15 @@ func loadConfig(flags configload.Flags, getenv func(string) string) (resources.P
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	return lifecycle.Command[resources.ProcessConfig]{
 		Name:     "resourceserver",
+		Version:  version,
+		Environ:  os.Environ,
 		Load:     loadConfig,
 		LogLevel: func(cfg resources.ProcessConfig) string { return cfg.LogLevel },
-		Runtime:  func(cfg resources.ProcessConfig) runtimetune.Config { return cfg.Runtime },
-		Servers: func(cfg resources.ProcessConfig, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
+		Tuning:   func(cfg resources.ProcessConfig) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg resources.ProcessConfig, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
 			var servers []lifecycle.Named
 			for _, sc := range cfg.ServerConfigs() {
-				srv, err := resources.New(sc, resources.Deps{Logger: logging.New(stderr, level, "resources", sc.Name), Tuning: tuner})
+				srv, err := resources.New(sc, resources.Deps{Logger: rt.Logger("resources", sc.Name), Tracer: rt.Tracer, Tuning: rt.Tuner})
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", sc.Name, err)
 				}

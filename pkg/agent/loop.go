@@ -20,6 +20,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
 	"github.com/gymfleet/gymfleet/pkg/sse"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // LoopState is the turn loop's state, as NeMo Gym's SimpleAgentLoopState:
@@ -223,52 +224,70 @@ func (a *activation) run(ctx context.Context) (*openai.Response, error) {
 			return nil, err
 		}
 		st.Step++
-		resp, err := a.awaitModel(ctx)
+		// A turn is a model call and the tool round it asks for.
+		tctx, turn := a.srv.tracer.Start(ctx, tracing.SpanTurn)
+		if turn.IsRecording() {
+			turn.SetAttributes(tracing.AttrStep.Int(st.Step))
+		}
+		done, err := a.turn(tctx)
+		tracing.Fail(turn, err)
+		turn.End()
 		if err != nil {
 			return nil, err
 		}
-		calls := openai.FunctionCalls(resp.Output)
-		st.ModelCalls++
-		st.NewOutputs = append(st.NewOutputs, resp.Output...)
-		if resp.Usage != nil {
-			if st.Usage == nil {
-				u := *resp.Usage
-				st.Usage = &u
-			} else {
-				st.Usage.Add(resp.Usage)
-			}
-		}
-		// The response's items are in NewOutputs already; the state keeps
-		// the rest of it (ids, model, echoed parameters) for the reply, so a
-		// checkpoint does not carry every item twice.
-		last := *resp
-		last.Output = nil
-		st.LastModelResponse = &last
-		st.Turns = append(st.Turns, Turn{Step: st.Step, ResponseID: resp.ID, Status: resp.Status, OutputItems: len(resp.Output), FunctionCalls: len(calls)})
-		if resp.IncompleteDetails != nil {
-			break
-		}
-		if len(calls) == 0 && openai.HasAssistantMessage(resp.Output) {
-			break
-		}
-		if len(calls) > 0 {
-			st.PendingTools = true
-			if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
-				return nil, err
-			}
-			if err := a.runTools(ctx, calls); err != nil {
-				return nil, err
-			}
-			st.PendingTools = false
-			if err := a.boundary(ctx, BoundaryAfterToolRound); err != nil {
-				return nil, err
-			}
-		}
-		if a.maxStepsReached() {
+		if done || a.maxStepsReached() {
 			break
 		}
 	}
 	return a.result()
+}
+
+// turn makes one model call and runs the tool calls it asks for; done
+// says the loop ends with it.
+func (a *activation) turn(ctx context.Context) (done bool, err error) {
+	st := a.state
+	resp, err := a.awaitModel(ctx)
+	if err != nil {
+		return false, err
+	}
+	calls := openai.FunctionCalls(resp.Output)
+	st.ModelCalls++
+	st.NewOutputs = append(st.NewOutputs, resp.Output...)
+	if resp.Usage != nil {
+		if st.Usage == nil {
+			u := *resp.Usage
+			st.Usage = &u
+		} else {
+			st.Usage.Add(resp.Usage)
+		}
+	}
+	// The response's items are in NewOutputs already; the state keeps
+	// the rest of it (ids, model, echoed parameters) for the reply, so a
+	// checkpoint does not carry every item twice.
+	last := *resp
+	last.Output = nil
+	st.LastModelResponse = &last
+	st.Turns = append(st.Turns, Turn{Step: st.Step, ResponseID: resp.ID, Status: resp.Status, OutputItems: len(resp.Output), FunctionCalls: len(calls)})
+	if resp.IncompleteDetails != nil {
+		return true, nil
+	}
+	if len(calls) == 0 && openai.HasAssistantMessage(resp.Output) {
+		return true, nil
+	}
+	if len(calls) > 0 {
+		st.PendingTools = true
+		if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
+			return false, err
+		}
+		if err := a.runTools(ctx, calls); err != nil {
+			return false, err
+		}
+		st.PendingTools = false
+		if err := a.boundary(ctx, BoundaryAfterToolRound); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
 }
 
 // lastOutput is the last model response's output: the items of the last
@@ -327,6 +346,11 @@ func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
 	}
 	a.srv.metrics.modelCalls.Inc()
 	u := baseURL(a.srv.cfg.ModelServerURL) + a.path("/v1/responses")
+	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanModelCall)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrModel.String(req.Model))
+	}
+	defer span.End()
 	var resp *openai.Response
 	var err error
 	if a.srv.cfg.Stream {
@@ -336,7 +360,9 @@ func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
 		_, err = httpclient.PostJSON(ctx, a.srv.client, u, nil, &req, resp)
 	}
 	if err != nil {
-		return nil, upstream(ctx, "model server", err)
+		err = upstream(ctx, "model server", err)
+		tracing.Fail(span, err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -391,9 +417,19 @@ func (a *activation) callTool(ctx context.Context, call openai.Item) (output str
 		return string(b), 0, nil
 	}
 	u := baseURL(a.srv.cfg.ResourcesServerURL) + a.path("/"+url.PathEscape(call.Name))
+	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanToolCall)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrTool.String(call.Name))
+	}
+	defer span.End()
 	rep, err := httpclient.Do(ctx, a.srv.client, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
 	if err != nil {
-		return "", 0, upstream(ctx, "resources server", err)
+		err = upstream(ctx, "resources server", err)
+		tracing.Fail(span, err)
+		return "", 0, err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrStatus.Int(rep.Status))
 	}
 	// Our servers end a JSON reply with a newline; it is framing, not part
 	// of the tool's output, and NeMo Gym's tool outputs carry none.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -29,6 +30,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // Headers of the agent API.
@@ -49,6 +51,8 @@ const CleanupTimeout = 10 * time.Second
 type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Tracer records the server's spans (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 	// Client calls the model and resources servers; nil means
 	// httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto}):
 	// h2c to ours, HTTP/1.1 to NeMo Gym's.
@@ -69,6 +73,7 @@ type Server struct {
 	ownClient bool
 	router    http.Handler
 	metrics   *metrics
+	tracer    tracing.Tracer
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -186,15 +191,16 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		log:       deps.Logger,
 		client:    deps.Client,
 		metrics:   newMetrics(deps.Registry),
+		tracer:    tracing.NewTracer(deps.Tracer),
 		sessions:  map[string]*session{},
 		byRollout: map[string]map[string]*session{},
 	}
 	s.hooks = noHooks{s}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newCkptState()
 		s.runs = episode.NewTracker()
-		ctl, err := ctlplane.New(cfg.Checkpoint, participant{s}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning})
+		ctl, err := ctlplane.New(cfg.Checkpoint, participant{s}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning, Tracer: deps.Tracer})
 		if err != nil {
 			return nil, err
 		}

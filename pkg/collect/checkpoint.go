@@ -9,9 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // ErrNotPrepared reports a checkpoint whose prepare did not finish by its
@@ -122,6 +126,17 @@ func (r *Collection) Checkpoint(ctx context.Context, stop bool) (CheckpointStats
 	}
 	id := NewCheckpointID(st.At)
 	st.ID = id
+	// One trace per checkpoint: prepare, commit and resume, on the
+	// controller and every participant, are its spans.
+	ctx, span := r.c.tracer.Start(ctx, tracing.SpanCollectionCkpt, trace.WithAttributes(
+		tracing.AttrCheckpointID.String(id), tracing.AttrStop.Bool(stop)))
+	defer func() {
+		span.SetAttributes(tracing.AttrInFlight.Int(st.InFlight), tracing.AttrPublished.Bool(st.Published))
+		if st.Error != "" {
+			span.SetStatus(codes.Error, st.Error)
+		}
+		span.End()
+	}()
 	abort := func(err error) (CheckpointStats, error) {
 		st.Error = err.Error()
 		rs := time.Now()

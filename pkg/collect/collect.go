@@ -25,6 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -33,6 +35,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // DefaultConcurrency is the number of rows in flight when Options leaves it 0.
@@ -86,6 +89,10 @@ type Options struct {
 	HTTP httpconf.Config
 	// Progress receives the progress bar; nil shows none.
 	Progress io.Writer
+	// PlainProgress writes plain progress lines to Progress instead of the
+	// bar, which redraws with carriage returns: for a Progress that is no
+	// terminal (a log file, a pipe).
+	PlainProgress bool
 	// Notices receives one line per checkpoint, restore and resume
 	// decision; nil drops them.
 	Notices io.Writer
@@ -105,6 +112,10 @@ type Options struct {
 	Checkpoints *CheckpointOptions
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Tracer records a span per /run sent (the root of its rollout's trace)
+	// and per checkpoint and restore (the root of each checkpoint's trace);
+	// nil records none (pkg/tracing).
+	Tracer trace.TracerProvider
 }
 
 // FleetControl is how the collector reaches the fleet's control planes.
@@ -149,6 +160,7 @@ type Collector struct {
 	opts   Options
 	client *http.Client
 	log    *slog.Logger
+	tracer tracing.Tracer
 }
 
 // New checks opts and returns a collector.
@@ -200,7 +212,7 @@ func New(opts Options) (*Collector, error) {
 			ck.Keep = DefaultKeepCheckpoints
 		}
 	}
-	c := &Collector{opts: opts, client: opts.Client, log: opts.Logger}
+	c := &Collector{opts: opts, client: opts.Client, log: opts.Logger, tracer: tracing.NewTracer(opts.Tracer)}
 	if c.log == nil {
 		c.log = logging.Discard()
 	}
@@ -280,9 +292,28 @@ type result struct {
 	finished time.Time
 }
 
+// ReachTimeout bounds the check that the environment server answers.
+const ReachTimeout = 10 * time.Second
+
+// reachable checks that the environment server answers HTTP at all (any
+// status: a NeMo Gym agent may have no /healthz).
+func (c *Collector) reachable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, ReachTimeout)
+	defer cancel()
+	if _, err := httpclient.Do(ctx, c.client, http.MethodGet, c.opts.EnvURL+"/healthz", nil, nil); err != nil {
+		return fmt.Errorf("the environment server %s does not answer, nothing was sent (is the fleet up?): %w", c.opts.EnvURL, err)
+	}
+	return nil
+}
+
 // send posts one attempt of a row and builds its output line.
 func (c *Collector) send(ctx context.Context, t *task) result {
 	start := time.Now()
+	ctx, span := c.tracer.Start(ctx, tracing.SpanRollout)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(t.episode().CaptureKey()))
+	}
 	var res result
 	body, err := codec.Marshal(t.body())
 	if err != nil {

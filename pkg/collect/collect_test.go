@@ -321,10 +321,67 @@ func TestCollector_UnreachableEnvFailsRows(t *testing.T) {
 	}
 }
 
+// Ensure a collection against a fleet that is down fails at once, naming
+// the cause, before its output is touched.
+func TestCollector_DownFleetFailsFast(t *testing.T) {
+	env := newFakeEnv(t, 0)
+	url := env.srv.URL
+	env.srv.Close()
+	dir := t.TempDir()
+	input, output := filepath.Join(dir, "in.jsonl"), filepath.Join(dir, "out.jsonl")
+	if err := os.WriteFile(input, []byte(`{"responses_create_params":{}}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(output, []byte("kept\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := collect.New(collect.Options{EnvURL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.CollectFile(t.Context(), input, output)
+	if err == nil || !strings.Contains(err.Error(), "does not answer") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("CollectFile = %v, want the environment named with the cause", err)
+	}
+	if b, _ := os.ReadFile(output); string(b) != "kept\n" {
+		t.Errorf("the output was touched: %q", b)
+	}
+}
+
 func TestNew_Validates(t *testing.T) {
 	for _, o := range []collect.Options{{EnvURL: "localhost:1"}, {EnvURL: "http://x", Concurrency: -1}} {
 		if _, err := collect.New(o); err == nil {
 			t.Errorf("New(%+v) succeeded", o)
 		}
+	}
+}
+
+// Ensure plain progress (a Progress that is no terminal) is whole lines
+// without carriage returns, the last one counting every row.
+func TestCollector_PlainProgress(t *testing.T) {
+	env := newFakeEnv(t, 0)
+	var in strings.Builder
+	for range 20 {
+		in.WriteString(`{"responses_create_params":{"input":"q"}}` + "\n")
+	}
+	rows, _, err := collect.ReadRows(strings.NewReader(in.String()), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress bytes.Buffer
+	c, err := collect.New(collect.Options{EnvURL: env.srv.URL, Concurrency: 4, Progress: &progress, PlainProgress: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Run(t.Context(), rows, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	text := progress.String()
+	if strings.ContainsAny(text, "\r\x1b") || !strings.HasSuffix(text, "\n") {
+		t.Errorf("progress is not plain lines: %q", text)
+	}
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	if len(lines) < 10 || !strings.HasPrefix(lines[len(lines)-1], "collecting: 20/20 rollouts finished, 0 in flight, 0 failed") {
+		t.Errorf("progress lines: %q", lines)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/atomicfile"
@@ -20,6 +21,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/coordination"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // task is one row on its way: the attempt it is sent as and why.
@@ -109,8 +111,13 @@ type Collection struct {
 	done          map[string]bool // rollouts final in this run
 	forgetReady   int
 
-	st          *stats
-	bar         *progressbar.ProgressBar
+	st  *stats
+	bar *progressbar.ProgressBar
+	// plain, when set (PlainProgress), gets a progress line every tenth
+	// of the rows or plainEvery instead of the bar; plainAt is the last.
+	plain       io.Writer
+	plainAt     time.Time
+	plainTenths int
 	skipped     []LineIssue
 	failuresOut *lazyFile
 	finishedOld int
@@ -204,6 +211,12 @@ func (c *Collector) Open(ctx context.Context, input, output string) (_ *Collecti
 	}
 	if len(issues) > 0 && !c.opts.SkipBadLines {
 		return nil, &BadInputError{Path: input, Issues: issues}
+	}
+	// Before the output is truncated or anything is retired: a fleet that
+	// is down fails here with its cause, rather than after every row has
+	// spent its attempts.
+	if err := c.reachable(ctx); err != nil {
+		return nil, err
 	}
 	r := c.newCollection(nil, nil)
 	r.skipped = issues
@@ -339,7 +352,11 @@ func (r *Collection) restoreLatest(ctx context.Context, coord *coordination.Coor
 	rs := &RestoreStats{CheckpointID: id, Rows: len(plan.Restore)}
 	r.restore = rs
 	deadline := r.now().Add(r.ckpt.Timeout)
+	ctx, span := r.c.tracer.Start(ctx, tracing.SpanCollectionRest, trace.WithAttributes(
+		tracing.AttrCheckpointID.String(id), tracing.AttrRows.Int(len(plan.Restore))))
+	defer span.End()
 	_, err := coord.Restore(ctx, id, filepath.Join(r.dir, id), plan.Restore, deadline)
+	tracing.Fail(span, err)
 	rs.Duration = time.Since(start)
 	if err != nil {
 		rs.Error = err.Error()
@@ -405,7 +422,7 @@ func (r *Collection) coordinator(ctx context.Context) (*coordination.Coordinator
 		r.coord = f.Coordinator
 		return r.coord, nil
 	}
-	c, err := coordination.Discover(ctx, f.Endpoints, coordination.Options{Token: f.Token, Client: f.Client, HTTP: r.c.opts.HTTP, Logger: r.c.log})
+	c, err := coordination.Discover(ctx, f.Endpoints, coordination.Options{Token: f.Token, Client: f.Client, HTTP: r.c.opts.HTTP, Logger: r.c.log, Tracer: r.c.opts.Tracer})
 	if err != nil {
 		return nil, err
 	}
@@ -492,7 +509,9 @@ func (r *Collection) Run(ctx context.Context) (sum *Summary, err error) {
 		cancel(ErrStopped)
 	}
 	r.st.start = time.Now()
-	if w := r.c.opts.Progress; w != nil && r.st.rows > 0 {
+	if w := r.c.opts.Progress; w != nil && r.st.rows > 0 && r.c.opts.PlainProgress {
+		r.plain, r.plainAt = w, time.Now()
+	} else if w != nil && r.st.rows > 0 {
 		r.bar = progressbar.NewOptions(r.st.rows,
 			progressbar.OptionSetWriter(w),
 			progressbar.OptionSetWidth(30),
@@ -545,6 +564,9 @@ func (r *Collection) Run(ctx context.Context) (sum *Summary, err error) {
 	sum = r.summaryLocked()
 	if r.bar != nil && !stopped && sum.Succeeded+sum.Failed == sum.Rows {
 		_ = r.bar.Finish()
+	}
+	if r.plain != nil {
+		r.plainLineLocked()
 	}
 	switch cause := context.Cause(workCtx); {
 	case stopped:
@@ -748,6 +770,25 @@ func (r *Collection) finishLocked(t *task, res result) {
 	if r.bar != nil {
 		_ = r.bar.Add(1)
 	}
+	if r.plain != nil {
+		done := r.st.succeeded + r.st.failed
+		if tenths := done * 10 / r.st.rows; tenths > r.plainTenths || time.Since(r.plainAt) >= plainEvery {
+			r.plainTenths = tenths
+			r.plainLineLocked()
+		}
+	}
+}
+
+// plainEvery is the longest time between two plain progress lines.
+const plainEvery = 10 * time.Second
+
+// plainLineLocked writes one plain progress line: no carriage return or
+// escape sequence, for a log or a pipe.
+func (r *Collection) plainLineLocked() {
+	r.plainAt = time.Now()
+	fmt.Fprintf(r.plain, "collecting: %d/%d rollouts finished, %d in flight, %d failed, %.1f/s\n",
+		r.st.succeeded+r.st.failed, r.st.rows, len(r.inflight), r.st.failed,
+		float64(r.st.succeeded+r.st.failed)/max(time.Since(r.st.start).Seconds(), 1e-3))
 }
 
 // describeLocked refreshes the progress bar's counts.

@@ -16,6 +16,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -24,6 +27,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // PrepareOrder is the stage order of prepare: environments park their
@@ -71,6 +75,10 @@ type Options struct {
 	OnCall func(op string, m Member)
 	// AllowNoModel permits a fleet without a policy model participant.
 	AllowNoModel bool
+	// Tracer records a gym.checkpoint.coordinate.<op> span per operation
+	// (pkg/tracing); control calls carry it to the participants, so one
+	// checkpoint is one trace. nil records none.
+	Tracer trace.TracerProvider
 }
 
 // Coordinator drives a fixed set of participants.
@@ -79,6 +87,7 @@ type Coordinator struct {
 	opts    Options
 	client  *http.Client
 	log     *slog.Logger
+	tracer  tracing.Tracer
 }
 
 // Error is a coordination failure: the operation and each failing server's
@@ -123,7 +132,7 @@ func New(members []Member, opts Options) *Coordinator {
 	if opts.Logger == nil {
 		opts.Logger = logging.Discard()
 	}
-	c := &Coordinator{opts: opts, client: opts.Client, log: opts.Logger}
+	c := &Coordinator{opts: opts, client: opts.Client, log: opts.Logger, tracer: tracing.NewTracer(opts.Tracer)}
 	if c.client == nil {
 		c.client = newClient(opts.HTTP)
 	}
@@ -280,6 +289,22 @@ func fanOut(members []Member, fn func(m Member) error) map[string]error {
 
 func unix(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
+// span starts the controller's span of op (protocol.md §9: kind
+// controller, instance coordination); end it with endSpan.
+func (c *Coordinator) span(ctx context.Context, op, checkpointID string, participants int) (context.Context, trace.Span) {
+	return c.tracer.Start(ctx, tracing.SpanCoordinatePrefix+op, trace.WithAttributes(
+		tracing.AttrCheckpointID.String(checkpointID),
+		tracing.AttrParticipantKind.String("controller"),
+		tracing.AttrInstance.String("coordination"),
+		tracing.AttrParticipants.Int(participants)))
+}
+
+// endSpan ends span, failed with *errp when set.
+func endSpan(span trace.Span, errp *error) {
+	tracing.Fail(span, *errp)
+	span.End()
+}
+
 // Status reads every participant's status.
 func (c *Coordinator) Status(ctx context.Context) (map[string]map[string]any, error) {
 	var mu sync.Mutex
@@ -387,19 +412,24 @@ func (r *PrepareResult) Continued(inFlight []rollout.EpisodeID) []rollout.Episod
 // Prepare prepares stage by stage, all servers of a stage in parallel, and
 // stops at the first stage not prepared. The result keeps every stage's
 // replies, prepared or not.
-func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time) (*PrepareResult, error) {
+func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time) (_ *PrepareResult, err error) {
+	ctx, span := c.span(ctx, "prepare", id, len(c.members))
+	defer endSpan(span, &err)
 	res := &PrepareResult{}
+	defer func() { span.SetAttributes(attribute.Bool("nemo.gym.checkpoint.prepared", res.Prepared)) }()
 	for _, kind := range PrepareOrder {
 		members := c.ofKinds(kind)
 		if len(members) == 0 {
 			continue
 		}
 		start := time.Now()
+		sctx, stageSpan := c.tracer.Start(ctx, tracing.SpanCoordinatePrefix+"prepare."+kind, trace.WithAttributes(
+			tracing.AttrCheckpointID.String(id), tracing.AttrParticipants.Int(len(members))))
 		stage := StageResult{Kind: kind, Replies: map[string]ctlwire.PrepareReply{}}
 		var mu sync.Mutex
 		failures := fanOut(members, func(m Member) error {
 			var rep ctlwire.PrepareReply
-			if err := c.call(ctx, m, "prepare", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
+			if err := c.call(sctx, m, "prepare", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
 				return err
 			}
 			mu.Lock()
@@ -409,9 +439,18 @@ func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time
 		})
 		stage.Duration = time.Since(start)
 		res.Stages = append(res.Stages, stage)
-		if len(failures) > 0 {
-			return res, &Error{Op: "prepare", Failures: failures}
+		blockers := 0
+		for _, rep := range stage.Replies {
+			blockers += rep.Report.BlockerCount
 		}
+		stageSpan.SetAttributes(tracing.AttrBlockers.Int(blockers))
+		if len(failures) > 0 {
+			err := &Error{Op: "prepare", Failures: failures}
+			tracing.Fail(stageSpan, err)
+			stageSpan.End()
+			return res, err
+		}
+		stageSpan.End()
 		for _, rep := range stage.Replies {
 			if rep.Phase != ctlwire.PhasePrepared {
 				return res, nil
@@ -465,7 +504,10 @@ func (r *CommitResult) ExportedBy(name string) []string {
 // replacement has not started, named by the replacement attempt, minus
 // restarts). The controller publishes its own checkpoint only if this
 // succeeds everywhere.
-func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time, stop bool) (*CommitResult, error) {
+func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time, stop bool) (_ *CommitResult, err error) {
+	ctx, span := c.span(ctx, "commit", id, len(c.members))
+	span.SetAttributes(tracing.AttrEpisodes.Int(len(scope)), tracing.AttrStop.Bool(stop))
+	defer endSpan(span, &err)
 	if scope == nil {
 		scope = []rollout.EpisodeID{}
 	}
@@ -494,7 +536,9 @@ func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollou
 // Resume reopens every participant in reverse prepare order (no server
 // reopens before the servers it calls), continuing past failures; an
 // unreachable participant reopens when its lease expires.
-func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time) error {
+func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time) (err error) {
+	ctx, span := c.span(ctx, "resume", id, len(c.members))
+	defer endSpan(span, &err)
 	failures := map[string]error{}
 	for i := len(PrepareOrder) - 1; i >= 0; i-- {
 		members := c.ofKinds(PrepareOrder[i])
@@ -527,7 +571,10 @@ type RestoreResult struct {
 // the next attempts are retired everywhere (freeing whatever was
 // installed), every participant is resumed, and the error is returned. The
 // participants stay closed on success until Resume.
-func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time) (*RestoreResult, error) {
+func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time) (_ *RestoreResult, err error) {
+	ctx, span := c.span(ctx, "restore", id, len(c.members))
+	span.SetAttributes(tracing.AttrEpisodes.Int(len(scope)))
+	defer endSpan(span, &err)
 	if scope == nil {
 		scope = []rollout.EpisodeID{}
 	}
@@ -585,7 +632,10 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 // models and resources. Refused while a checkpoint is open (resume first).
 // checkpointID may be empty; it names the restored checkpoint when retiring
 // inside a restore.
-func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rollout.EpisodeID, deadline time.Time) error {
+func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rollout.EpisodeID, deadline time.Time) (err error) {
+	ctx, span := c.span(ctx, "retire", checkpointID, len(c.members))
+	span.SetAttributes(tracing.AttrEpisodes.Int(len(ids)))
+	defer endSpan(span, &err)
 	body, err := encodeOnce(ctlwire.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
 	if err != nil {
 		return err
@@ -602,7 +652,10 @@ func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rol
 }
 
 // Forget drops the retired marks of rollouts done for good, in retire order.
-func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline time.Time) error {
+func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline time.Time) (err error) {
+	ctx, span := c.span(ctx, "forget", "", len(c.members))
+	span.SetAttributes(tracing.AttrRollouts.Int(len(rolloutIDs)))
+	defer endSpan(span, &err)
 	body, err := encodeOnce(ctlwire.ForgetRequest{DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
 	if err != nil {
 		return err

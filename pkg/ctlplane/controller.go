@@ -12,12 +12,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // ReadyRecheck bounds the time between readiness checks while a prepare
@@ -29,6 +32,9 @@ const ReadyRecheck = time.Second
 type Deps struct {
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
+	// Tracer records the gym.checkpoint.<op> spans and their stages
+	// (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 	// Clock defaults to the wall clock.
 	Clock Clock
 	// Store defaults to the local filesystem beneath the configured root.
@@ -53,6 +59,7 @@ type Controller struct {
 	log      *slog.Logger
 	tuning   Tuning
 	metrics  *metrics
+	tracer   tracing.Tracer
 	fence    *Fence
 	gate     gate
 	epoch    *epochState
@@ -149,10 +156,20 @@ func New(cfg Config, p Participant, deps Deps) (*Controller, error) {
 	c := &Controller{
 		p: p, cfg: cfg, clock: deps.Clock, store: deps.Store, root: root, ownStore: ownStore,
 		log: deps.Logger.With("component", "ctlplane"), tuning: deps.Tuning,
-		fence: NewFence(), epoch: epoch, ctx: ctx, cancel: cancel,
+		fence: NewFence(), epoch: epoch, ctx: ctx, cancel: cancel, tracer: tracing.NewTracer(deps.Tracer),
 	}
 	c.metrics = newMetrics(deps.Registry, c)
 	return c, nil
+}
+
+// startSpan starts the span of one stage of an operation, with the
+// participant's identity and the checkpoint id (protocol.md §9).
+func (c *Controller) startSpan(ctx context.Context, name, checkpointID string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	attrs = append(attrs,
+		tracing.AttrCheckpointID.String(checkpointID),
+		tracing.AttrParticipantKind.String(c.p.Kind()),
+		tracing.AttrInstance.String(c.p.Instance()))
+	return c.tracer.Start(ctx, name, trace.WithAttributes(attrs...))
 }
 
 // Close stops the lease timer, tells the Tuning a checkpoint under way
@@ -392,7 +409,10 @@ func (c *Controller) Prepare(ctx context.Context, req CheckpointRequest) (*Prepa
 	c.extendLease(deadline)
 	c.mu.Unlock()
 
+	_, wait := c.startSpan(ctx, tracing.SpanWaitReady, id)
 	ready := c.waitReady(ctx, deadline)
+	wait.SetAttributes(attribute.Bool("nemo.gym.checkpoint.ready", ready))
+	wait.End()
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -537,30 +557,45 @@ func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) 
 	t.stop.Fence = c.CheckEpoch
 	c.write = t
 	c.wg.Add(1)
-	go c.runWrite(t, req, scope)
+	go c.runWrite(trace.ContextWithSpan(c.ctx, trace.SpanFromContext(ctx)), t, req, scope)
 	c.mu.Unlock()
 	return awaitTask[*CommitReply](ctx, c, t, deadline)
 }
 
-func (c *Controller) runWrite(t *task, req CommitRequest, scope Scope) {
+// runWrite exports and writes the scope. ctx is the controller's (a write
+// outlives the call that started it) carrying that call's span, so export
+// and write are stages of the commit's trace.
+func (c *Controller) runWrite(ctx context.Context, t *task, req CommitRequest, scope Scope) {
 	defer c.wg.Done()
 	start := time.Now()
+	wctx, write := c.startSpan(ctx, tracing.SpanWrite, t.id, tracing.AttrEpisodes.Int(scope.Len()))
+	defer write.End()
 	// Most participants export a record per episode: grown one append at
 	// a time, the list's copies were fresh memory, in page faults.
 	keys := make([]string, 0, scope.Len())
 	var extras Extras
 	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
-	w, err := c.store.Write(c.ctx, target, t.stop, func(add func(ckptstore.Record) error) (map[string]any, error) {
+	w, err := c.store.Write(wctx, target, t.stop, func(add func(ckptstore.Record) error) (map[string]any, error) {
+		// A sibling of write under the commit: records stream from the
+		// export into the write as they are made.
+		ectx, export := c.startSpan(ctx, tracing.SpanExport, t.id)
+		defer export.End()
 		var err error
-		extras, err = c.p.Export(c.ctx, scope, func(r Record) error {
+		extras, err = c.p.Export(ectx, scope, func(r Record) error {
 			keys = append(keys, r.EpisodeID.CaptureKey())
 			return add(r)
 		})
+		export.SetAttributes(tracing.AttrRecords.Int(len(keys)))
+		tracing.Fail(export, err)
 		return extras.Manifest, err
 	})
 	if err == nil {
+		write.SetAttributes(tracing.AttrRecords.Int(w.Manifest.RecordCount), tracing.AttrBytes.Int64(w.Bytes))
+	}
+	tracing.Fail(write, err)
+	if err == nil {
 		faultpoint.Hit(faultpoint.CommitWritten)
-		err = c.p.Committed(c.ctx, scope, req.Stop)
+		err = c.p.Committed(wctx, scope, req.Stop)
 		if err != nil {
 			err = fmt.Errorf("after the commit was written: %w", err)
 		} else {
@@ -699,12 +734,13 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 	t := newTask(req.CheckpointID)
 	c.install = t
 	c.wg.Add(1)
-	go c.runInstall(t, req, scope)
+	go c.runInstall(trace.ContextWithSpan(c.ctx, trace.SpanFromContext(ctx)), t, req, scope)
 	c.mu.Unlock()
 	return awaitTask[*RestoreReply](ctx, c, t, deadline)
 }
 
-func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
+// runInstall reads and installs the scope; ctx as for runWrite.
+func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest, scope Scope) {
 	defer c.wg.Done()
 	start := time.Now()
 	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
@@ -721,8 +757,12 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 			c.sizeTuningLocked(size)
 		}
 	}
-	m, recs, size, err := c.store.ReadWith(c.ctx, target, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})
+	rctx, readSpan := c.startSpan(ctx, tracing.SpanRead, t.id, tracing.AttrEpisodes.Int(scope.Len()))
+	m, recs, size, err := c.store.ReadWith(rctx, target, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})
 	read := time.Since(start)
+	readSpan.SetAttributes(tracing.AttrRecords.Int(len(recs)), tracing.AttrBytes.Int64(size))
+	tracing.Fail(readSpan, err)
+	readSpan.End()
 	var installed []rollout.EpisodeID
 	if err == nil {
 		if !widened {
@@ -735,7 +775,11 @@ func (c *Controller) runInstall(t *task, req RestoreRequest, scope Scope) {
 		// the read fills, where a buffer placed in a heap readied for the
 		// install would be zeroed by the runtime first.
 		done := c.tuning.InstallStarting(size)
-		installed, err = c.p.Install(c.ctx, recs, scope, Extras{Manifest: m.Extras})
+		ictx, install := c.startSpan(ctx, tracing.SpanInstall, t.id, tracing.AttrRecords.Int(len(recs)))
+		installed, err = c.p.Install(ictx, recs, scope, Extras{Manifest: m.Extras})
+		install.SetAttributes(tracing.AttrEpisodes.Int(len(installed)))
+		tracing.Fail(install, err)
+		install.End()
 		done()
 		if err == nil {
 			faultpoint.Hit(faultpoint.RestoreInstalled)

@@ -1,14 +1,19 @@
 package ctlplane
 
 import (
+	"context"
 	"net/http"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // Mount adds the control routes under both prefixes.
@@ -27,7 +32,11 @@ func (c *Controller) Routes() chi.Router {
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
-		return c.Prepare(r.Context(), req)
+		rep, err := c.Prepare(r.Context(), req)
+		if rep != nil {
+			annotate(r, req.CheckpointID, rep.Phase, tracing.AttrBlockers.Int(rep.Report.BlockerCount))
+		}
+		return rep, err
 	}))
 	r.Post("/renew", c.handle("renew", func(r *http.Request) (any, error) {
 		var req CheckpointRequest
@@ -41,7 +50,13 @@ func (c *Controller) Routes() chi.Router {
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
-		return c.commit(r.Context(), req, true)
+		episodes := len(req.EpisodeIDs)
+		rep, err := c.commit(r.Context(), req, true)
+		if rep != nil {
+			annotate(r, req.CheckpointID, rep.Phase, tracing.AttrEpisodes.Int(episodes),
+				tracing.AttrRecords.Int(rep.Records), tracing.AttrBytes.Int64(rep.Bytes))
+		}
+		return rep, err
 	}))
 	r.Post("/restore", c.handle("restore", func(r *http.Request) (any, error) {
 		// The body names every episode to continue, and the process is
@@ -52,20 +67,30 @@ func (c *Controller) Routes() chi.Router {
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
-		return c.restore(r.Context(), req, true)
+		episodes := len(req.EpisodeIDs)
+		rep, err := c.restore(r.Context(), req, true)
+		if rep != nil {
+			annotate(r, req.CheckpointID, rep.Phase, tracing.AttrEpisodes.Int(episodes), tracing.AttrRecords.Int(rep.Records))
+		}
+		return rep, err
 	}))
 	r.Post("/resume", c.handle("resume", func(r *http.Request) (any, error) {
 		var req CheckpointRequest
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
-		return c.Resume(req)
+		rep, err := c.Resume(req)
+		if rep != nil {
+			annotate(r, req.CheckpointID, rep.Phase)
+		}
+		return rep, err
 	}))
 	r.Post("/retire", c.handle("retire", func(r *http.Request) (any, error) {
 		var req RetireRequest
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
+		annotate(r, req.CheckpointID, noPhase, tracing.AttrEpisodes.Int(len(req.EpisodeIDs)))
 		return c.Retire(r.Context(), req)
 	}))
 	r.Post("/forget", c.handle("forget", func(r *http.Request) (any, error) {
@@ -73,21 +98,55 @@ func (c *Controller) Routes() chi.Router {
 		if err := httpserver.DecodeJSONStrict(r, &req); err != nil {
 			return nil, err
 		}
+		annotate(r, req.CheckpointID, noPhase, tracing.AttrRollouts.Int(len(req.RolloutIDs)))
 		return c.Forget(r.Context(), req)
 	}))
 	return r
 }
 
-// handle wraps an operation with metrics and the error envelope.
+// noPhase is annotate's phase for replies that report none.
+const noPhase Phase = 255
+
+// annotate adds the checkpoint id, the phase a reply reports and counts to
+// the operation's span.
+func annotate(r *http.Request, checkpointID string, phase Phase, attrs ...attribute.KeyValue) {
+	span := trace.SpanFromContext(r.Context())
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(tracing.AttrCheckpointID.String(checkpointID))
+	if phase != noPhase {
+		span.SetAttributes(tracing.AttrPhase.String(phase.String()))
+	}
+	span.SetAttributes(attrs...)
+}
+
+// handle wraps an operation with metrics, its gym.checkpoint.<op> span
+// (not for status, which watchers poll) and the error envelope.
 func (c *Controller) handle(op string, h httpserver.HandlerFunc) http.HandlerFunc {
 	inner := httpserver.Handle(c.log, h)
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &codeRecorder{ResponseWriter: w}
+		var span trace.Span
+		if op != "status" {
+			var ctx context.Context
+			ctx, span = c.tracer.Start(r.Context(), tracing.SpanCheckpointPrefix+op, trace.WithAttributes(
+				tracing.AttrParticipantKind.String(c.p.Kind()), tracing.AttrInstance.String(c.p.Instance())))
+			if span.IsRecording() {
+				r = r.WithContext(ctx)
+			}
+		}
 		inner(rec, r)
 		var err error
 		if rec.status >= 400 {
 			err = apierror.New(rec.code(), "")
+		}
+		if span != nil {
+			if err != nil {
+				span.SetStatus(codes.Error, string(apierror.CodeOf(err)))
+			}
+			span.End()
 		}
 		if op != "status" {
 			c.metrics.observe(op, start, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/backoff"
 )
@@ -251,7 +252,12 @@ func (l *lateCleanup) finish(st *lateStep, again bool) {
 
 func (l *lateCleanup) abandon(st *lateStep, msg string) {
 	l.metrics.outcomes.WithLabelValues("abandoned").Inc()
-	l.log.Warn(msg, "capture_key", st.key, "step", st.name, "attempts", st.attempts, "err", st.lastErr)
+	attrs := []any{"capture_key", st.key, "step", st.name, "attempts", st.attempts, "err", st.lastErr}
+	// The episode's trace, which the step's context kept.
+	if sc := trace.SpanContextFromContext(st.ctx); sc.IsValid() {
+		attrs = append(attrs, "trace_id", sc.TraceID().String())
+	}
+	l.log.Warn(msg, attrs...)
 }
 
 // Pending is how many steps wait to be sent again or are being sent.

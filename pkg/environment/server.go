@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -28,6 +29,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // Deps are the server's collaborators; nil fields get working defaults.
@@ -38,6 +40,8 @@ type Deps struct {
 	// stand (ctlplane.Tuning; a *runtimetune.Tuner); nil leaves the
 	// runtime alone.
 	Tuning ctlplane.Tuning
+	// Tracer records the server's spans (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 }
 
 // Server is an environment server.
@@ -48,6 +52,7 @@ type Server struct {
 	client  *http.Client
 	agents  map[string]AgentConfig
 	metrics *metrics
+	tracer  tracing.Tracer
 	// hooks are where a /run meets checkpointing: noHooks with it off,
 	// else the participant (hooks.go).
 	hooks runHooks
@@ -83,6 +88,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		client:  httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto, HTTP: cfg.HTTP}), // peers may be NeMo Gym's (HTTP/1.1)
 		agents:  make(map[string]AgentConfig, len(cfg.Agents)),
 		metrics: newMetrics(deps.Registry),
+		tracer:  tracing.NewTracer(deps.Tracer),
 		live:    make(map[string]*episode),
 		cpu:     newCPUGate(),
 		hooks:   noHooks{},
@@ -92,11 +98,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
 		s.agents[a.Name] = a
 	}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.tracker = tracking.NewTracker()
 		part := &participant{name: cfg.Name, tracker: s.tracker}
-		ctl, err := ctlplane.New(cfg.Checkpoint, part, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning})
+		ctl, err := ctlplane.New(cfg.Checkpoint, part, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning, Tracer: deps.Tracer})
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/sessioncookie"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // Headers of the single_agent_turn wire contract (docs/ARCHITECTURE.md).
@@ -83,11 +84,33 @@ func (s *Server) runStage(ctx context.Context, ep *episode, b *Boundary) (*Bound
 	}
 	timer := s.metrics.stageTimer(b.Next)
 	defer timer()
+	ctx, span := s.tracer.Start(ctx, stageSpanName(b.Next))
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(ep.id.CaptureKey()))
+	}
 	out, err := ep.step(ctx, stageMode(b), func(ctx context.Context) (*Boundary, error) { return fn(ctx, ep, b) })
 	if err != nil {
+		tracing.Fail(span, err)
 		return nil, &stageError{stage: b.Next, err: err}
 	}
 	return out, nil
+}
+
+// stageSpanName is the span of a stage: gym.env.<stage>, spelled out so
+// that nothing is built per episode when tracing is off.
+func stageSpanName(st Stage) string {
+	switch st {
+	case StageSeed:
+		return "gym.env.seed"
+	case StageInvokeAgent:
+		return "gym.env.invoke_agent"
+	case StageCloseAgent:
+		return "gym.env.close_agent"
+	case StageVerify:
+		return "gym.env.verify"
+	}
+	return "gym.env.stage"
 }
 
 // registerCleanup registers the episode's final cleanup before any stage

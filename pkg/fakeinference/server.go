@@ -28,6 +28,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
@@ -53,6 +54,8 @@ const (
 type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Tracer records the server's spans (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 }
 
 // Server is the fake inference server.
@@ -116,7 +119,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			s.baseScript = sc
 		}
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof})
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof})
 	s.routes(r)
 	s.handler = r
 	s.Server = httpserver.New(httpserver.Config{Addr: cfg.Listen, Logger: deps.Logger, HTTP: cfg.HTTP}, r)

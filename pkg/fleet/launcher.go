@@ -185,10 +185,13 @@ func (l *Launcher) start(name string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = l.cfg.BaseDir
 	cmd.Env = l.environ(spec)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	jl := jsonLog{mu: &sync.Mutex{}, w: logFile, process: name}
+	stdout, stderr := jl.stream("stdout", "INFO"), jl.stream("stderr", "ERROR")
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	fmt.Fprintf(logFile, "=== gymfleet launcher: %s starting %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
+	jl.line("INFO", "gymfleet launcher: starting", map[string]any{"bin": bin, "args": strings.Join(args, " ")})
 	if err := cmd.Start(); err != nil {
+		jl.line("ERROR", "gymfleet launcher: start failed", map[string]any{"err": err.Error()})
 		logFile.Close()
 		return nil, fmt.Errorf("process %s: start %s: %w", name, bin, err)
 	}
@@ -197,6 +200,9 @@ func (l *Launcher) start(name string) (*proc, error) {
 	// nothing else ever calls Wait or reads ProcessState before done closes.
 	go func() {
 		err := cmd.Wait()
+		stdout.Flush()
+		stderr.Flush()
+		jl.line("INFO", "gymfleet launcher: exited", map[string]any{"exit": describeExit(cmd.ProcessState, err)})
 		logFile.Close()
 		p.waitErr = err
 		close(p.done)
@@ -316,6 +322,21 @@ func (p *proc) exited() bool {
 	default:
 		return false
 	}
+}
+
+// describeExit says how a process ended: its exit status, or the signal
+// that killed it.
+func describeExit(st *os.ProcessState, err error) string {
+	if st == nil {
+		if err != nil {
+			return err.Error()
+		}
+		return "not started"
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return "killed by signal " + ws.Signal().String()
+	}
+	return fmt.Sprintf("exited with status %d", st.ExitCode())
 }
 
 // exitError is the process's exit status; call only after done closed.
@@ -450,6 +471,23 @@ func (l *Launcher) ExitErr(name string) error {
 		return nil
 	}
 	return p.waitErr
+}
+
+// ExitReason says how the process ended and why: its exit status or
+// signal, and the error its log ends with. "running" while it runs.
+func (l *Launcher) ExitReason(name string) string {
+	p := l.get(name)
+	switch {
+	case p == nil:
+		return "never started"
+	case !p.exited():
+		return "running"
+	}
+	r := describeExit(p.cmd.ProcessState, p.waitErr)
+	if why := lastError(l.Logs(name)); why != "" {
+		r += ": " + why
+	}
+	return r
 }
 
 // Logs returns the tail of the process's log file (its stdout and stderr,

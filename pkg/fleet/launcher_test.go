@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -158,10 +159,19 @@ func TestLauncher_StartReadyLogsStop(t *testing.T) {
 		t.Errorf("a graceful stop exited with %v", err)
 	}
 	logs := l.Logs("svc")
-	for _, want := range []string{"=== gymfleet launcher:", `echo="hello"`, "--config", "helper stopping on SIGTERM"} {
+	for _, want := range []string{"gymfleet launcher: starting", `echo=\"hello\"`, "--config", "helper stopping on SIGTERM", `"exit":"exited with status 0"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %q:\n%s", want, logs)
 		}
+	}
+	// Log files hold JSON lines only: the helper's plain lines are wrapped.
+	for _, line := range strings.Split(strings.TrimSpace(logs), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("a log line is not JSON: %q", line)
+		}
+	}
+	if got := l.ExitReason("svc"); got != "exited with status 0" {
+		t.Errorf("ExitReason = %q", got)
 	}
 	if err := l.Stop("svc"); err != nil {
 		t.Errorf("Stop of a stopped process = %v", err)
@@ -212,7 +222,7 @@ func TestLauncher_KillTakesTheGroupAndRestartIsFresh(t *testing.T) {
 	if got := get(t, tf.urls["svc"]); got != 200 {
 		t.Errorf("/readyz after Restart = %d", got)
 	}
-	if n := strings.Count(l.Logs("svc"), "=== gymfleet launcher:"); n != 2 {
+	if n := strings.Count(l.Logs("svc"), "gymfleet launcher: starting"); n != 2 {
 		t.Errorf("log has %d start headers, want 2 (appending across restarts)", n)
 	}
 	// Restart of a running process stops it first.
@@ -256,6 +266,9 @@ func TestLauncher_StartFailures(t *testing.T) {
 		}
 		if l.Running("svc") {
 			t.Error("running after a failed start")
+		}
+		if got := l.ExitReason("svc"); got != "exited with status 3: helper crashing on purpose" {
+			t.Errorf("ExitReason = %q, want the status and the error line", got)
 		}
 	})
 	t.Run("never ready", func(t *testing.T) {
@@ -328,7 +341,7 @@ func TestLauncher_StartAllInOrderAndKillAll(t *testing.T) {
 		if !l.Running(n) {
 			t.Errorf("%s not running", n)
 		}
-		if !strings.Contains(l.Logs(n), `checkpoint="true"`) {
+		if !strings.Contains(l.Logs(n), `checkpoint=\"true\"`) {
 			t.Errorf("%s did not get the fleet's checkpoint block: %s", n, l.Logs(n))
 		}
 	}

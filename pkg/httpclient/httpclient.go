@@ -214,7 +214,8 @@ func dialer(opts Options) *net.Dialer {
 }
 
 // New returns a client over NewTransport(opts) that sends again, a few
-// times, a request the server never processed (see neverProcessed).
+// times, a request the server never processed (see neverProcessed), and
+// carries the context's trace to the server as a W3C traceparent.
 func New(opts Options) *http.Client {
 	return &http.Client{Transport: resendUnsent{next: NewTransport(opts), pause: unsentPause}}
 }

@@ -6,8 +6,11 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/backoff"
 	"github.com/gymfleet/gymfleet/pkg/h2client"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // unsentRetries bounds the sends of one request its connections never
@@ -24,6 +27,17 @@ type resendUnsent struct {
 }
 
 func (r resendUnsent) RoundTrip(req *http.Request) (*http.Response, error) {
+	if trace.SpanContextFromContext(req.Context()).IsValid() {
+		// The caller's trace goes on in the server (W3C traceparent). The
+		// request is copied: a RoundTripper does not change its caller's.
+		c := *req
+		c.Header = req.Header.Clone()
+		if c.Header == nil {
+			c.Header = http.Header{}
+		}
+		tracing.Inject(req.Context(), c.Header)
+		req = &c
+	}
 	for n := 1; ; n++ {
 		resp, err := r.next.RoundTrip(req)
 		if err == nil || n > unsentRetries || !neverProcessed(err) {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -38,6 +39,10 @@ type RouterOptions struct {
 	// Middleware runs after the fleet's own (recovery, metrics, limits, the
 	// rollout prefix) and before routing, e.g. the checkpoint fence.
 	Middleware []func(http.Handler) http.Handler
+	// Tracer records a server span per request and carries the caller's
+	// W3C trace context into the handler; nil or the no-op provider records
+	// nothing (pkg/tracing).
+	Tracer trace.TracerProvider
 	// Pprof mounts the net/http/pprof handlers under /debug/pprof/ on this
 	// router (never on http.DefaultServeMux), so a fleet can be profiled
 	// while it runs. Off by default: a profile costs CPU and shows internals.
@@ -71,6 +76,8 @@ func NewRouter(opts RouterOptions) chi.Router {
 	r.Use(rollout.StripPrefix(func(w http.ResponseWriter, req *http.Request, err error) {
 		apierror.Write(w, req, log, apierror.Wrap(apierror.InvalidRequest, err))
 	}))
+	// After the prefix is stripped, so the span names its capture key.
+	r.Use(traceRequests(opts.Tracer))
 	for _, mw := range opts.Middleware {
 		r.Use(mw)
 	}

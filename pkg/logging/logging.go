@@ -1,6 +1,7 @@
 // Package logging builds the fleet's structured loggers. Every line logged with
-// a request's context names the rollout attempt it is about (capture_key), so
-// one grep follows a rollout across all servers.
+// a request's context names the rollout attempt it is about (capture_key) and
+// the trace it belongs to (trace_id, span_id), so one grep follows a rollout
+// across all servers.
 package logging
 
 import (
@@ -9,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -37,6 +40,11 @@ type captureKeyHandler struct{ slog.Handler }
 func (h captureKeyHandler) Handle(ctx context.Context, r slog.Record) error {
 	if id, ok := rollout.FromContext(ctx); ok {
 		r.AddAttrs(slog.String("capture_key", id.CaptureKey()))
+	}
+	// The trace the line belongs to, when the request carries one (its
+	// caller's traceparent, or this server's span with tracing on).
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
 	}
 	return h.Handler.Handle(ctx, r)
 }

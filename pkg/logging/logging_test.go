@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 )
@@ -114,4 +116,18 @@ func TestDiscard(t *testing.T) {
 		t.Fatal("Discard logger is enabled")
 	}
 	log.Error("dropped") // must not panic
+}
+
+// Ensure a line logged in a traced request names its trace and span next
+// to its capture key.
+func TestNew_TraceFromContext(t *testing.T) {
+	var buf bytes.Buffer
+	log := logging.New(&buf, slog.LevelInfo, "agent", "a")
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
+	ctx = rollout.WithEpisode(ctx, rollout.EpisodeID{RolloutID: "w"})
+	log.InfoContext(ctx, "turn")
+	got := lines(t, &buf)
+	equalJSON(t, got[0], `{"level":"INFO","msg":"turn","server":"agent","instance":"a","capture_key":"w","trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","span_id":"00f067aa0ba902b7"}`)
 }

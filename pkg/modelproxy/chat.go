@@ -433,7 +433,8 @@ func unfinished(sawDone bool) error {
 // connection) is a failed call: no ledger row, a capture failure recorded,
 // and, once the client's stream started, an error event and [DONE].
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string) {
-	ctx := r.Context()
+	ctx, span := s.inferenceSpan(r.Context(), t, true)
+	defer span.End()
 	start := time.Now()
 	defer s.hooks.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, up, true)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -381,7 +382,9 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 		p.metrics.cuts.WithLabelValues(DispositionDurableFailure).Add(float64(len(listed)))
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(p.ctx, budget)
+	// The participant's context (the round outlives the call), carrying
+	// the prepare's span so the cut is a stage of the checkpoint's trace.
+	rctx, cancel := context.WithTimeout(trace.ContextWithSpan(p.ctx, trace.SpanFromContext(ctx)), budget)
 	p.cutRunning = true
 	p.wg.Add(1)
 	go p.cutRound(rctx, cancel, listed)

@@ -11,11 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/openai"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // GenerationCutPath is the worker's cut route, under its root URL.
@@ -59,6 +62,8 @@ func DecodeCutReceipt(body []byte, listed int) (*gencut.Receipt, error) {
 func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, listed []*ticket) {
 	defer p.wg.Done()
 	defer cancel()
+	ctx, span := p.s.tracer.Start(ctx, tracing.SpanGenerationCut)
+	defer span.End()
 	req := gencut.Request{CheckpointID: p.checkpointID(), ServerName: p.s.cfg.Name, Active: make([]gencut.ActiveCall, len(listed))}
 	for i, t := range listed {
 		req.Active[i] = gencut.ActiveCall{ModelCallID: t.callID, CaptureKey: t.captureKey}
@@ -88,6 +93,12 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 	}
 	p.round.cut += cut
 	p.round.failed += failed
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCheckpointID.String(req.CheckpointID), tracing.AttrCalls.Int(len(listed)),
+			attribute.Int("nemo.gym.checkpoint.cut_"+DispositionDurablePrefix, cut),
+			attribute.Int("nemo.gym.checkpoint.cut_"+DispositionDurableFailure, failed))
+		tracing.Fail(span, err)
+	}
 	p.metrics.cuts.WithLabelValues(DispositionDurablePrefix).Add(float64(cut))
 	p.metrics.cuts.WithLabelValues(DispositionDurableFailure).Add(float64(failed))
 	p.log.InfoContext(ctx, "generation cut round finished", "checkpoint_id", req.CheckpointID, "listed", len(listed), "cut", cut, "failed", failed)

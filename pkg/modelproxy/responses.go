@@ -328,6 +328,8 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 		return
 	}
 	rs := newResponseStream(s, t, r, w, req)
+	ctx, span := s.inferenceSpan(ctx, t, true)
+	defer span.End()
 	start := time.Now()
 	defer s.hooks.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, up, true)

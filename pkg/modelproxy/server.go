@@ -33,6 +33,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -41,12 +42,15 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/rollout"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // Deps are the server's injected dependencies; nil fields get defaults.
 type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Tracer records the server's spans (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 	// Upstream is the client for the inference endpoint; nil builds one from
 	// Config.Upstream.
 	Upstream *http.Client
@@ -68,6 +72,7 @@ type Server struct {
 	ledger   *tokencapture.Ledger
 	upstream *upstreamConn
 	metrics  *metrics
+	tracer   tracing.Tracer
 	// hooks are where calls meet checkpointing: noHooks with it off, else
 	// the participant (hooks.go).
 	hooks callHooks
@@ -107,6 +112,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		upstream:  newUpstreamConn(cfg, deps, deps.Logger),
 		metrics:   newMetrics(deps.Registry),
 		hooks:     noHooks{},
+		tracer:    tracing.NewTracer(deps.Tracer),
 		chatURL:   base + "/chat/completions",
 		modelsURL: base + "/models",
 	}
@@ -117,7 +123,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	var mw []func(http.Handler) http.Handler
 	if cfg.Checkpoint.Enabled {
 		s.ckpt = newParticipant(s, deps.Registry)
-		ctl, err := ctlplane.New(cfg.Checkpoint, s.ckpt, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning})
+		ctl, err := ctlplane.New(cfg.Checkpoint, s.ckpt, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning, Tracer: deps.Tracer})
 		if err != nil {
 			_ = ledger.Close()
 			return nil, fmt.Errorf("checkpoint control plane: %w", err)
@@ -129,7 +135,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		ledger.SetFence(ctl.CheckEpoch)
 		mw = append(mw, ctl.Middleware(classify))
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})
 	s.routes(r)
 	if s.ctl != nil {
 		s.ctl.Mount(r)

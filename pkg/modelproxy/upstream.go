@@ -10,12 +10,16 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/gencut"
 	"github.com/gymfleet/gymfleet/pkg/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/openai"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // Headers between the server and its upstream (docs/ARCHITECTURE.md).
@@ -32,6 +36,20 @@ const (
 
 // maxErrorText bounds the upstream text an error reply quotes.
 const maxErrorText = 2048
+
+// inferenceSpan starts the span of one call to the inference server, the
+// leaf of a rollout's trace; the call carries it as its traceparent.
+func (s *Server) inferenceSpan(ctx context.Context, t *ticket, stream bool) (context.Context, trace.Span) {
+	ctx, span := s.tracer.Start(ctx, tracing.SpanInference)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrModel.String(s.cfg.Upstream.Model), attribute.Bool("gym.model.stream", stream),
+			attribute.String("gym.model.call_id", t.callID))
+		if t.captureKey != "" {
+			span.SetAttributes(tracing.AttrCaptureKey.String(t.captureKey))
+		}
+	}
+	return ctx, span
+}
 
 // callUpstream posts a chat request and returns the upstream response, whose
 // body the caller reads and closes. A non-2xx reply is read here and returned
@@ -81,6 +99,8 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 // postChat makes a non-streaming upstream call and returns its body and,
 // when a generation cut stopped it, the staging key of its prefix.
 func (s *Server) postChat(ctx context.Context, t *ticket, body []byte) ([]byte, string, error) {
+	ctx, span := s.inferenceSpan(ctx, t, false)
+	defer span.End()
 	start := time.Now()
 	defer s.hooks.upstreamRunning(t, false)
 	resp, err := s.callUpstream(ctx, t, body, false)

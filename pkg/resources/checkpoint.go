@@ -71,7 +71,7 @@ func newCheckpointing(s *Server, deps Deps) (*checkpointing, error) {
 	if ck.mode == ModeSaved && (s.typ.exportState == nil || s.typ.restoreState == nil) {
 		return nil, fmt.Errorf("resources server %s: checkpoint_mode saved, but type %s does not implement session state export and restore", s.cfg.Name, s.cfg.Type)
 	}
-	ctl, err := ctlplane.New(s.cfg.Checkpoint, &participant{s: s, ck: ck}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning})
+	ctl, err := ctlplane.New(s.cfg.Checkpoint, &participant{s: s, ck: ck}, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning, Tracer: deps.Tracer})
 	if err != nil {
 		return nil, fmt.Errorf("resources server %s: %w", s.cfg.Name, err)
 	}

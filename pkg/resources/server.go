@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/codec"
@@ -52,6 +53,8 @@ type Deps struct {
 	// stand (ctlplane.Tuning; a *runtimetune.Tuner); nil leaves the
 	// runtime alone.
 	Tuning ctlplane.Tuning
+	// Tracer records the server's spans (pkg/tracing); nil records none.
+	Tracer trace.TracerProvider
 }
 
 // Server is one named resources server.
@@ -149,7 +152,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.Type == TypeSlowVerify {
 		s.gate = &verifyGate{release: make(chan struct{})}
 	}
-	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Pprof: cfg.Pprof}
+	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		if s.ckpt, err = newCheckpointing(s, deps); err != nil {
 			return nil, err
@@ -578,7 +581,8 @@ func (s *Server) handleVerify(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err)
 	}
-	s.metrics.verifies.WithLabelValues(strconv.FormatFloat(reward, 'f', -1, 64)).Inc()
+	s.metrics.verifies.Inc()
+	s.metrics.rewards.Observe(reward)
 	return s.sessionReply(id, codec.RawMessage(out)), nil
 }
 
@@ -737,7 +741,8 @@ func (g *verifyGate) finish() {
 type metrics struct {
 	sessions  prometheus.Gauge
 	toolCalls *prometheus.CounterVec
-	verifies  *prometheus.CounterVec
+	verifies  prometheus.Counter
+	rewards   prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -750,11 +755,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "gymfleet_resources_tool_calls_total",
 			Help: "Tool calls answered, by tool.",
 		}, []string{"tool"}),
-		verifies: prometheus.NewCounterVec(prometheus.CounterOpts{
+		verifies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gymfleet_resources_verify_total",
-			Help: "Verifications answered, by reward.",
-		}, []string{"reward"}),
+			Help: "Verifications answered.",
+		}),
+		// A reward is any float a verifier returns: as a label it made one
+		// series per distinct value, so it is a distribution instead.
+		rewards: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gymfleet_resources_verify_reward",
+			Help:    "Rewards of answered verifications.",
+			Buckets: []float64{0, .25, .5, .75, 1},
+		}),
 	}
-	reg.MustRegister(m.sessions, m.toolCalls, m.verifies)
+	reg.MustRegister(m.sessions, m.toolCalls, m.verifies, m.rewards)
 	return m
 }

@@ -494,7 +494,10 @@ func TestMetrics(t *testing.T) {
 	for _, want := range []string{
 		"gymfleet_resources_sessions 1",
 		`gymfleet_resources_tool_calls_total{tool="increment"} 2`,
-		`gymfleet_resources_verify_total{reward="1"} 1`,
+		"gymfleet_resources_verify_total 1",
+		`gymfleet_resources_verify_reward_bucket{le="0.75"} 0`,
+		`gymfleet_resources_verify_reward_bucket{le="1"} 1`,
+		"gymfleet_resources_verify_reward_sum 1",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)

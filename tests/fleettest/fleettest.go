@@ -8,12 +8,18 @@ package fleettest
 import (
 	"context"
 	"net/http"
+	"sort"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/agent"
+	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/modelproxy"
 	"github.com/gymfleet/gymfleet/pkg/resources"
 )
@@ -78,11 +84,41 @@ type Options struct {
 	// Resources replaces our resources server of a type with the server at
 	// this URL (e.g. a NeMo Gym-shaped one), for its agent and environments.
 	Resources map[string]string
+	// HTTP is every server's http: section (the zero value: the lean
+	// stack, no TLS).
+	HTTP httpconf.Config
+	// Tracer is every server's tracer provider (nil: none records).
+	Tracer trace.TracerProvider
+	// Checkpoint, when enabled, is every participant's checkpoint: block
+	// (the fake inference server takes no part).
+	Checkpoint ctlplane.Config
+}
+
+// Endpoints are the fleet's servers as a controller names them
+// (coordination.Discover finds the participants among them).
+func (f *Fleet) Endpoints() []coordination.Endpoint {
+	eps := []coordination.Endpoint{{Name: "fakeinference", URL: f.FakeURL}, {Name: "policy_model", URL: f.ModelURL}}
+	for _, m := range []map[string]string{f.ResourcesURLs, f.AgentURLs, f.EnvURLs} {
+		names := make([]string, 0, len(m))
+		for n := range m {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			eps = append(eps, coordination.Endpoint{Name: n, URL: m[n]})
+		}
+	}
+	return eps
 }
 
 // StartModelServer starts a policy model server in front of upstream (a base
 // URL ending in /v1) serving model, capturing token ids.
 func StartModelServer(t testing.TB, upstream, model string, h2c bool) string {
+	t.Helper()
+	return startModelServer(t, upstream, model, h2c, Options{})
+}
+
+func startModelServer(t testing.TB, upstream, model string, h2c bool, opts Options) string {
 	t.Helper()
 	mcfg := modelproxy.DefaultConfig()
 	mcfg.Listen = "127.0.0.1:0"
@@ -91,7 +127,9 @@ func StartModelServer(t testing.TB, upstream, model string, h2c bool) string {
 	mcfg.Upstream.H2C = h2c
 	mcfg.ReturnTokenIDs = true
 	mcfg.Capture.Dir = t.TempDir()
-	m, err := modelproxy.New(mcfg, modelproxy.Deps{})
+	mcfg.Checkpoint = opts.Checkpoint
+	mcfg.HTTP = opts.HTTP
+	m, err := modelproxy.New(mcfg, modelproxy.Deps{Tracer: opts.Tracer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,14 +146,15 @@ func Start(t testing.TB, opts Options) *Fleet {
 	// Fast generation: the tests are about the wiring, not pacing.
 	fcfg.TokensPerSecond = 0
 	fcfg.MinCallSeconds = 0
-	fake, err := fakeinference.New(fcfg, fakeinference.Deps{})
+	fcfg.HTTP = opts.HTTP
+	fake, err := fakeinference.New(fcfg, fakeinference.Deps{Tracer: opts.Tracer})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.FakeURL = Serve(t, "fakeinference", fake)
 	f.Model = fcfg.Model
 	f.Ctl = fakeinference.NewControl(f.FakeURL, opts.Client)
-	f.ModelURL = StartModelServer(t, f.FakeURL+"/v1", fcfg.Model, true)
+	f.ModelURL = startModelServer(t, f.FakeURL+"/v1", fcfg.Model, true, opts)
 
 	for _, typ := range []string{resources.TypeWeather, resources.TypeCounter} {
 		if u, ok := opts.Resources[typ]; ok {
@@ -124,7 +163,9 @@ func Start(t testing.TB, opts Options) *Fleet {
 		}
 		rcfg := resources.DefaultConfig()
 		rcfg.Name, rcfg.Type, rcfg.Listen = typ, typ, "127.0.0.1:0"
-		rs, err := resources.New(rcfg, resources.Deps{})
+		rcfg.Checkpoint = opts.Checkpoint
+		rcfg.HTTP = opts.HTTP
+		rs, err := resources.New(rcfg, resources.Deps{Tracer: opts.Tracer})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +179,9 @@ func Start(t testing.TB, opts Options) *Fleet {
 		acfg.ModelServerURL, acfg.ResourcesServerURL = f.ModelURL, f.ResourcesURLs[a.res]
 		acfg.Stream = opts.Stream
 		acfg.MaxSteps = 10
-		as, err := agent.New(acfg, agent.Deps{})
+		acfg.Checkpoint = opts.Checkpoint
+		acfg.HTTP = opts.HTTP
+		as, err := agent.New(acfg, agent.Deps{Tracer: opts.Tracer})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +193,9 @@ func Start(t testing.TB, opts Options) *Fleet {
 	for _, protocol := range []string{environment.ProtocolSingleAgentTurn, environment.ProtocolLegacy} {
 		ecfg := environment.DefaultConfig()
 		ecfg.Listen, ecfg.Name, ecfg.Protocol, ecfg.Agents = "127.0.0.1:0", "env_"+protocol, protocol, agents
-		env, err := environment.New(ecfg, environment.Deps{})
+		ecfg.Checkpoint = opts.Checkpoint
+		ecfg.HTTP = opts.HTTP
+		env, err := environment.New(ecfg, environment.Deps{Tracer: opts.Tracer})
 		if err != nil {
 			t.Fatal(err)
 		}

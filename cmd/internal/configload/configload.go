@@ -31,6 +31,8 @@ type Flags struct {
 	// AddrFile, when set, receives "<name> <addr>" lines once the servers
 	// listen, so a launcher can start servers on port 0.
 	AddrFile string
+	// Version asks for the build's version instead of a run.
+	Version bool
 }
 
 // ParseFlags parses args with the common flags. It returns flag.ErrHelp for -h.
@@ -41,6 +43,7 @@ func ParseFlags(name string, args []string, stderr io.Writer) (Flags, error) {
 	fs.StringVar(&f.Config, "config", "", "YAML configuration file")
 	fs.StringVar(&f.Listen, "listen", "", "listen address host:port (overrides the file's listen; single-instance servers only)")
 	fs.StringVar(&f.AddrFile, "addr-file", "", "write the bound address to this file once listening")
+	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
@@ -56,6 +59,7 @@ func Load(path string, getenv func(string) string, cfg any) error {
 	v := viper.New()
 	v.SetConfigType("yaml")
 	keys := leafKeys(reflect.TypeOf(cfg).Elem(), "")
+	fromEnv := map[string]string{} // key → the variable that set it
 	// Every key gets a default and an environment binding: viper ignores
 	// environment variables for keys it does not know (spf13/viper#761).
 	defaults := reflect.ValueOf(cfg).Elem()
@@ -65,6 +69,7 @@ func Load(path string, getenv func(string) string, cfg any) error {
 		// Set outranks the file, so the environment wins over it.
 		if val := getenv(env); val != "" {
 			v.Set(k.name, val)
+			fromEnv[k.name] = env
 		}
 	}
 	if path != "" {
@@ -78,9 +83,93 @@ func Load(path string, getenv func(string) string, cfg any) error {
 		}
 	}
 	if err := v.UnmarshalExact(cfg); err != nil {
+		if e := describeEnv(err, fromEnv, getenv); e != nil {
+			return e
+		}
 		return fmt.Errorf("config %s: %w", path, describe(err))
 	}
 	return nil
+}
+
+// describeEnv names the environment variables whose values did not decode
+// ("'<key>' cannot parse value ..." lines), so the error points at the
+// variable rather than at a file that never held the value; nil when no
+// failing key came from the environment.
+func describeEnv(err error, fromEnv map[string]string, getenv func(string) string) error {
+	var parts []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "'") {
+			continue
+		}
+		end := strings.Index(line[1:], "'")
+		if end < 0 {
+			continue
+		}
+		key := line[1 : end+1]
+		if env, ok := fromEnv[key]; ok {
+			parts = append(parts, fmt.Sprintf("%s=%q (%s):%s", env, getenv(env), key, line[end+2:]))
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	return errors.New("environment: " + strings.Join(parts, "; "))
+}
+
+// Misspelled lists the GYMFLEET_* variables of environ (KEY=VALUE lines)
+// that are no setting of cfg but are within two edits of one: most likely
+// a typo that would otherwise be ignored. Variables far from every setting
+// (another server's, a test harness's) are left alone.
+func Misspelled(environ []string, cfg any) []string {
+	known := map[string]bool{}
+	for _, k := range leafKeys(reflect.TypeOf(cfg).Elem(), "") {
+		known[EnvPrefix+"_"+strings.ToUpper(strings.ReplaceAll(k.name, ".", "_"))] = true
+	}
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix+"_") || known[name] {
+			continue
+		}
+		best, dist := "", 3
+		for k := range known {
+			// Capped at 3: a distance of 3 or more is "far" whatever it is.
+			if d := editDistance(name, k, 3); d < dist || (d == dist && d < 3 && k < best) {
+				best, dist = k, d
+			}
+		}
+		if best != "" && dist <= 2 {
+			out = append(out, fmt.Sprintf("%s is not a setting (did you mean %s?)", name, best))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// editDistance is the Levenshtein distance of a and b, or limit when it
+// is at least limit.
+func editDistance(a, b string, limit int) int {
+	if d := len(a) - len(b); d >= limit || -d >= limit {
+		return limit
+	}
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			c := prev[j-1]
+			if a[i-1] != b[j-1] {
+				c++
+			}
+			cur[j] = min(c, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return min(prev[len(b)], limit)
 }
 
 // describe turns viper's "'<block>' has invalid keys: x, y" lines (one per

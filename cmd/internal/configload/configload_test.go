@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -284,5 +285,49 @@ func TestEnvNames_NamesEveryLeafKeyAndNothingElse(t *testing.T) {
 	env := map[string]string{"GYMFLEET_CHECKPOINT_LIMITS_MAX_CALLS": "7"}
 	if err := configload.Load("", func(k string) string { return env[k] }, &cfg); err != nil || cfg.Checkpoint.Limits.MaxCalls != 7 {
 		t.Fatalf("Load with %v: %+v, %v", env, cfg.Checkpoint.Limits, err)
+	}
+}
+
+type envConfig struct {
+	Checkpoint struct {
+		Enabled bool `mapstructure:"enabled"`
+		Grace   int  `mapstructure:"grace"`
+	} `mapstructure:"checkpoint"`
+	Listen string `mapstructure:"listen"`
+}
+
+// Ensure a value from the environment that does not decode is reported
+// under its variable's name, and a file's under the file.
+func TestLoad_BadEnvValueNamesTheVariable(t *testing.T) {
+	env := map[string]string{"GYMFLEET_CHECKPOINT_ENABLED": "yes please"}
+	var c envConfig
+	err := configload.Load("", func(k string) string { return env[k] }, &c)
+	if err == nil || !strings.Contains(err.Error(), `GYMFLEET_CHECKPOINT_ENABLED="yes please"`) || strings.Contains(err.Error(), "config") {
+		t.Errorf("err = %v, want the variable named and no file", err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, []byte("checkpoint:\n  grace: soon\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = configload.Load(path, func(string) string { return "" }, &c)
+	if err == nil || !strings.Contains(err.Error(), "config "+path) || strings.Contains(err.Error(), "GYMFLEET_") {
+		t.Errorf("a bad file value: err = %v, want the file named", err)
+	}
+}
+
+func TestMisspelled(t *testing.T) {
+	got := configload.Misspelled([]string{
+		"GYMFLEET_CHECKPOINT_ENABLD=true",  // a typo
+		"GYMFLEET_CHECKPOINT_ENABLED=true", // a setting
+		"GYMFLEET_E2E_PORTS=17000-17999",   // far from every setting
+		"PATH=/bin", "GYMFLEET_LISTEN=:1", "GYMFLEET_LISTN=:1",
+	}, &envConfig{})
+	want := []string{
+		"GYMFLEET_CHECKPOINT_ENABLD is not a setting (did you mean GYMFLEET_CHECKPOINT_ENABLED?)",
+		"GYMFLEET_LISTN is not a setting (did you mean GYMFLEET_LISTEN?)",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("Misspelled = %q, want %q", got, want)
 	}
 }

@@ -11,9 +11,12 @@ import (
 	"os/signal"
 	"syscall"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/pkg/logging"
 	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/tracing"
 )
 
 // RunFunc is a server command's run: main is a shim over it, and the
@@ -44,6 +47,14 @@ func ExitCode(name string, err error, stderr io.Writer) int {
 	return 1
 }
 
+// VersionString is v, or "dev" for a build that did not set it.
+func VersionString(v string) string {
+	if v == "" {
+		return "dev"
+	}
+	return v
+}
+
 // Validator is a configuration that checks itself once loaded.
 type Validator interface{ Validate() error }
 
@@ -72,19 +83,42 @@ type Command[C any] struct {
 	Load func(flags configload.Flags, getenv func(string) string) (C, error)
 	// LogLevel is the configuration's log level (debug, info, warn, error).
 	LogLevel func(cfg C) string
-	// Runtime is the configuration's runtime: section; nil means its
+	// Tuning is the configuration's runtime: section; nil means its
 	// defaults.
-	Runtime func(cfg C) runtimetune.Config
+	Tuning func(cfg C) runtimetune.Config
 	// GoGCGoal keeps Go's own GC goal even with tuning on: for a process
 	// that is not a fleet server (fakeinference).
 	GoGCGoal bool
-	// Servers builds the configuration's servers, logging at level to
-	// stderr and handing tuner, the process's one runtime steering, to
-	// every server.
-	Servers func(cfg C, level slog.Level, stderr io.Writer, tuner *runtimetune.Tuner) ([]Named, error)
+	// Servers builds the configuration's servers with what the process
+	// gives them (logger settings, tracer).
+	Servers func(cfg C, rt Runtime) ([]Named, error)
 	// Announce is the line printed once a server listens; nil prints
 	// "<name> listening on http://<addr>".
 	Announce func(cfg C, name, addr string) string
+	// Version is what --version prints (main.version, set by the build).
+	Version string
+	// Environ lists the process's environment (os.Environ), to report a
+	// GYMFLEET_* variable that looks like a misspelled setting; nil
+	// reports none.
+	Environ func() []string
+}
+
+// Runtime is what a process gives each of its servers.
+type Runtime struct {
+	// Level and Stderr are the logger's: JSON lines at Level on Stderr.
+	Level  slog.Level
+	Stderr io.Writer
+	// Tracer is the process's tracer provider: the no-op one unless the
+	// OTEL_* variables ask for an exporter (pkg/tracing).
+	Tracer trace.TracerProvider
+	// Tuner is the process's one runtime steering (pkg/runtimetune), for
+	// every server.
+	Tuner *runtimetune.Tuner
+}
+
+// Logger is a server's logger (logging.New) with this runtime's settings.
+func (rt Runtime) Logger(kind, instance string) *slog.Logger {
+	return logging.New(rt.Stderr, rt.Level, kind, instance)
 }
 
 // Run runs the command: it is the body of the command's run.
@@ -92,6 +126,10 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 	flags, err := configload.ParseFlags(c.Name, args, stderr)
 	if err != nil {
 		return err
+	}
+	if flags.Version {
+		fmt.Fprintln(stdout, c.Name, VersionString(c.Version))
+		return nil
 	}
 	cfg, err := c.Load(flags, getenv)
 	if err != nil {
@@ -102,8 +140,8 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 		return err
 	}
 	rt := runtimetune.DefaultConfig()
-	if c.Runtime != nil {
-		rt = c.Runtime(cfg)
+	if c.Tuning != nil {
+		rt = c.Tuning(cfg)
 	}
 	tuner := runtimetune.New(rt)
 	if !c.GoGCGoal {
@@ -111,7 +149,28 @@ func (c Command[C]) Run(ctx context.Context, args []string, getenv func(string) 
 		// for the commands' tests that run in one process.
 		defer tuner.SetServerGC(getenv)()
 	}
-	servers, err := c.Servers(cfg, level, stderr, tuner)
+	if c.Environ != nil {
+		var zero C
+		log := logging.New(stderr, level, c.Name, c.Name)
+		for _, m := range configload.Misspelled(c.Environ(), &zero) {
+			log.Warn("ignoring an environment variable", "detail", m)
+		}
+	}
+	ts, err := tracing.FromEnv(getenv, c.Name)
+	if err != nil {
+		return err
+	}
+	tp, err := tracing.New(ctx, ts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Spans still batched go out before the process exits.
+		sctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+		defer cancel()
+		_ = tp.Shutdown(sctx)
+	}()
+	servers, err := c.Servers(cfg, Runtime{Level: level, Stderr: stderr, Tracer: tp, Tuner: tuner})
 	if err != nil {
 		return err
 	}

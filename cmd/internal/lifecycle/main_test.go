@@ -104,9 +104,9 @@ func testCommand(servers []lifecycle.Named, built *slog.Level) lifecycle.Command
 			return lifecycle.LoadConfig(flags, getenv, testConfig{LogLevel: "info"}, setListen)
 		},
 		LogLevel: func(cfg testConfig) string { return cfg.LogLevel },
-		Runtime:  func(cfg testConfig) runtimetune.Config { return cfg.Runtime },
-		Servers: func(cfg testConfig, level slog.Level, _ io.Writer, _ *runtimetune.Tuner) ([]lifecycle.Named, error) {
-			*built = level
+		Tuning:   func(cfg testConfig) runtimetune.Config { return cfg.Runtime },
+		Servers: func(cfg testConfig, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
+			*built = rt.Level
 			return servers, nil
 		},
 		Announce: func(cfg testConfig, name, addr string) string {
@@ -160,6 +160,12 @@ func TestCommand_RunRefusesBeforeBuilding(t *testing.T) {
 	if err := cmd.Run(context.Background(), []string{"--config", writeFile(t, "port: -1\n")}, noEnv, io.Discard, io.Discard); err == nil {
 		t.Error("an invalid configuration was accepted")
 	}
+	otel := func(k string) string {
+		return map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}[k]
+	}
+	if err := cmd.Run(context.Background(), nil, otel, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER") {
+		t.Errorf("an unknown trace exporter: Run = %v, want it named", err)
+	}
 	if level != -100 {
 		t.Error("servers were built for a refused start")
 	}
@@ -191,9 +197,9 @@ func TestCommand_RunHandsDownTheRuntimeTuning(t *testing.T) {
 				return lifecycle.LoadConfig(flags, getenv, testConfig{LogLevel: "info"}, setListen)
 			},
 			LogLevel: func(cfg testConfig) string { return cfg.LogLevel },
-			Runtime:  func(cfg testConfig) runtimetune.Config { return cfg.Runtime },
-			Servers: func(_ testConfig, _ slog.Level, _ io.Writer, tuner *runtimetune.Tuner) ([]lifecycle.Named, error) {
-				on = tuner.On()
+			Tuning:   func(cfg testConfig) runtimetune.Config { return cfg.Runtime },
+			Servers: func(_ testConfig, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
+				on = rt.Tuner.On()
 				gogc = debug.SetGCPercent(-1)
 				debug.SetGCPercent(gogc)
 				return nil, stop
@@ -221,5 +227,21 @@ func TestCommand_RunHandsDownTheRuntimeTuning(t *testing.T) {
 	}
 	if level != -100 {
 		t.Error("servers were built for a refused runtime section")
+	}
+}
+
+func TestCommand_Version(t *testing.T) {
+	var level slog.Level = -100
+	cmd := testCommand(nil, &level)
+	cmd.Version = "v1.2.3-4-gabc"
+	var stdout bytes.Buffer
+	if err := cmd.Run(context.Background(), []string{"--version"}, noEnv, &stdout, io.Discard); err != nil {
+		t.Fatalf("--version: %v", err)
+	}
+	if got := stdout.String(); got != "testserver v1.2.3-4-gabc\n" {
+		t.Errorf("--version printed %q", got)
+	}
+	if level != -100 {
+		t.Error("--version built servers")
 	}
 }
