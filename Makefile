@@ -86,11 +86,15 @@ test-crashsweep: build build-faults
 # The multi-host test (tests/e2e/hosts_test.go): one fleet over network
 # namespaces joined by a bridge, a checkpoint in a directory every host
 # sees, the processes of one host or of all killed, the state restored on
-# other hosts. Namespaces take root; GYMFLEET_E2E_HOSTS=required makes the
+# other hosts, on each HTTP stack. Namespaces take root; GYMFLEET_E2E_HOSTS=required makes the
 # test fail rather than skip without it.
 test-hosts: build
 	@$(call need,ip,iproute2)
-	GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_HOSTS=required $(GO) test -count=1 -timeout 5m -run '^TestHosts$$' -v ./tests/e2e/
+	@for s in $(E2E_STACKS); do \
+		echo "--- test-hosts on the $$s HTTP stack"; \
+		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s GYMFLEET_E2E_HOSTS=required \
+			$(GO) test -count=1 -timeout 5m -run '^TestHosts$$' -v ./tests/e2e/ || exit 1; \
+	done
 
 # The sweep again and again on both stacks, and the disk-full and crash
 # scenarios with it (SOAK_COUNT rounds each).

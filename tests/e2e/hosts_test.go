@@ -24,7 +24,7 @@ import (
 )
 
 // The multi-host test (issue 35): one fleet spread over network namespaces
-// joined by a bridge, each namespace a host with an address of its own. The
+// joined by a bridge (see hostNet), each namespace a host with an address of its own. The
 // processes of one host, or of every host, are killed with SIGKILL after a
 // checkpoint into a directory every host sees, and fresh processes restore
 // it on hosts other than the ones the state came from. fakeinference is the
@@ -39,40 +39,44 @@ var fleetHosts = []string{"a", "b", "c"}
 // infHost is fakeinference's host.
 const infHost = "inf"
 
-// hostNet is a set of network namespaces, each with a veth into one bridge
-// in the root namespace, which also has an address on it (the test's
-// clients and the launcher's probes reach every host through it).
+// hostNet is a set of network namespaces, each with a veth into one bridge.
+// The bridge lives in a namespace of its own, the switch, with no firewall
+// rules: a root namespace whose bridged traffic goes through iptables with
+// a forward policy of DROP (as Docker sets it) would cut the hosts off from
+// each other. The root namespace has a veth into the switch and an address
+// of its own, through which the test's clients and the launcher's probes
+// reach every host.
 type hostNet struct {
-	prefix string            // the namespaces', veths' and bridge's names begin with it
+	prefix string            // the namespaces' and veths' names begin with it
 	ns     map[string]string // host -> namespace name
 	addr   map[string]string // host -> its address
 }
 
+// switchHost names the switch's namespace (never a host's).
+const switchHost = "sw"
+
 // newHostNet makes one namespace per host and registers the removal of all
-// of them, their veths and the bridge (and the processes left in them) for
+// of them, the switch and their veths (and the processes left in them) for
 // the end of the test, passed or failed.
 func newHostNet(t *testing.T, hosts []string) *hostNet {
 	t.Helper()
 	pid := os.Getpid()
-	// A /24 of its own per test process, so two runs side by side (the
-	// suite on both HTTP stacks) never share addresses.
+	// A /24 of its own per test process, so two runs side by side never
+	// share addresses.
 	subnet := fmt.Sprintf("10.%d.%d", 200+(pid>>8)%50, pid&0xff)
 	h := &hostNet{prefix: fmt.Sprintf("gf%d", pid), ns: map[string]string{}, addr: map[string]string{}}
-	bridge := h.prefix + "br"
 	removeStaleHostNets(t)
 	var made []string
 	t.Cleanup(func() {
-		for _, host := range made {
-			ns := h.ns[host]
+		for _, ns := range made {
 			killNetnsPIDs(ns)
 			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
 				t.Errorf("deleting namespace %s: %v %s", ns, err, out)
 			}
-			_ = exec.Command("ip", "link", "del", h.prefix+host).Run()
 		}
-		if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil {
-			t.Errorf("deleting bridge %s: %v %s", bridge, err, out)
-		}
+		// Gone with its peer in the switch; a failed set-up may have left
+		// it behind.
+		_ = exec.Command("ip", "link", "del", h.prefix+"r").Run()
 	})
 	ip := func(args ...string) {
 		t.Helper()
@@ -80,23 +84,35 @@ func newHostNet(t *testing.T, hosts []string) *hostNet {
 			t.Fatalf("ip %s: %v %s", strings.Join(args, " "), err, out)
 		}
 	}
-	ip("link", "add", bridge, "type", "bridge")
-	ip("addr", "add", subnet+".254/24", "dev", bridge)
-	ip("link", "set", bridge, "up")
+	sw := h.prefix + "-" + switchHost
+	ip("netns", "add", sw)
+	made = append(made, sw)
+	ip("-n", sw, "link", "add", "br0", "type", "bridge")
+	ip("-n", sw, "link", "set", "br0", "up")
+	// port links the namespace ns (the root one when empty) to the switch
+	// with the address addr.
+	port := func(ns, veth, addr string) {
+		ip("link", "add", veth, "netns", sw, "type", "veth", "peer", "name", veth+"p")
+		ip("-n", sw, "link", "set", veth, "master", "br0")
+		ip("-n", sw, "link", "set", veth, "up")
+		in := []string{}
+		if ns != "" {
+			ip("link", "set", veth+"p", "netns", ns)
+			in = []string{"-n", ns}
+			ip(append(in, "link", "set", "lo", "up")...)
+		}
+		ip(append(in, "addr", "add", addr+"/24", "dev", veth+"p")...)
+		ip(append(in, "link", "set", veth+"p", "up")...)
+	}
 	for i, host := range hosts {
-		ns, veth, peer := h.prefix+"-"+host, h.prefix+host, h.prefix+host+"p"
+		ns := h.prefix + "-" + host
 		h.ns[host] = ns
 		h.addr[host] = fmt.Sprintf("%s.%d", subnet, i+1)
 		ip("netns", "add", ns)
-		made = append(made, host)
-		ip("link", "add", veth, "type", "veth", "peer", "name", peer)
-		ip("link", "set", peer, "netns", ns)
-		ip("link", "set", veth, "master", bridge)
-		ip("link", "set", veth, "up")
-		ip("-n", ns, "link", "set", "lo", "up")
-		ip("-n", ns, "addr", "add", h.addr[host]+"/24", "dev", peer)
-		ip("-n", ns, "link", "set", peer, "up")
+		made = append(made, ns)
+		port(ns, h.prefix+host, h.addr[host])
 	}
+	port("", h.prefix+"r", subnet+".254")
 	return h
 }
 
@@ -129,8 +145,7 @@ func removeStaleHostNets(t *testing.T) {
 		killNetnsPIDs(ns)
 		t.Logf("removing namespace %s of a run that is gone", ns)
 		_ = exec.Command("ip", "netns", "del", ns).Run()
-		_ = exec.Command("ip", "link", "del", strings.Replace(ns, "-", "", 1)).Run()
-		_ = exec.Command("ip", "link", "del", "gf"+m[1]+"br").Run()
+		_ = exec.Command("ip", "link", "del", "gf"+m[1]+"r").Run()
 	}
 }
 
