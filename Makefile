@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
+.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -27,7 +27,7 @@ build-faults:
 	@mkdir -p $(FAULT_BIN)
 	$(GO) build -tags gymfleet_faults -trimpath -ldflags '$(LDFLAGS)' -o $(FAULT_BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-test: vet test-unit test-deploy test-fuzz test-e2e test-crashsweep
+test: vet test-unit test-deploy test-fuzz test-e2e test-crashsweep test-hosts
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -64,7 +64,7 @@ test-e2e: build
 	@$(call need,curl,curl)
 	@logs=$$(mktemp -d); pids=; \
 	for s in $(E2E_STACKS); do \
-		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s $(GO) test -count=1 -timeout 10m -skip '^TestCrashSweep$$' ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \
+		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s $(GO) test -count=1 -timeout 10m -skip '^(TestCrashSweep|TestHosts)$$' ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \
 	done; \
 	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for s in $(E2E_STACKS); do echo "--- e2e on the $$s HTTP stack"; cat $$logs/$$s.log; done; \
@@ -82,6 +82,19 @@ test-crashsweep: build build-faults
 	$(GO) test -count=1 -tags gymfleet_faults ./pkg/faultpoint
 	cd tests/e2e && GYMFLEET_BIN=$(BIN) GYMFLEET_FAULT_BIN=$(FAULT_BIN) GYMFLEET_E2E_PORTS=$(SWEEP_PORTS) \
 		GYMFLEET_CRASHSWEEP=$(SWEEP) $(GO) test -count=1 -timeout 10m -run '^TestCrashSweep$$'
+
+# The multi-host test (tests/e2e/hosts_test.go): one fleet over network
+# namespaces joined by a bridge, a checkpoint in a directory every host
+# sees, the processes of one host or of all killed, the state restored on
+# other hosts, on each HTTP stack. Namespaces take root; GYMFLEET_E2E_HOSTS=required makes the
+# test fail rather than skip without it.
+test-hosts: build
+	@$(call need,ip,iproute2)
+	@for s in $(E2E_STACKS); do \
+		echo "--- test-hosts on the $$s HTTP stack"; \
+		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s GYMFLEET_E2E_HOSTS=required \
+			$(GO) test -count=1 -timeout 5m -run '^TestHosts$$' -v ./tests/e2e/ || exit 1; \
+	done
 
 # The sweep again and again on both stacks, and the disk-full and crash
 # scenarios with it (SOAK_COUNT rounds each).

@@ -1,10 +1,10 @@
 package fleet
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"gopkg.in/yaml.v3"
 
@@ -68,6 +68,11 @@ type Topology struct {
 	RuntimeTuning runtimetune.Mode
 	// Ports chooses the servers' ports (nil: FreePorts, the kernel's).
 	Ports PortSource
+	// Hosts is the address each process (fakeinference, policy_model,
+	// resources, agents, env) listens on and is reached by; a process
+	// missing from it listens on 127.0.0.1. The multi-host test puts each
+	// process on its own network namespace's address this way.
+	Hosts map[string]string
 }
 
 // PortSource hands out n distinct loopback ports that are free now.
@@ -160,7 +165,7 @@ func Generate(t Topology) (*Config, error) {
 		return nil, err
 	}
 	for i, name := range names {
-		listen[name] = fmt.Sprintf("127.0.0.1:%d", ports[i])
+		listen[name] = net.JoinHostPort(t.hostOf(name), strconv.Itoa(ports[i]))
 		urls[name] = "http://" + listen[name]
 		if t.TLS.Serving() {
 			urls[name] = "https://" + listen[name]
@@ -300,4 +305,24 @@ func (t Topology) names() []string {
 		names = append(names, a.Name)
 	}
 	return names
+}
+
+// hostOf is the listen address of an endpoint name: its process's entry in
+// Hosts, else 127.0.0.1.
+func (t Topology) hostOf(endpoint string) string {
+	proc := endpoint
+	for _, r := range t.Resources {
+		if r.Name == endpoint {
+			proc = "resources"
+		}
+	}
+	for _, a := range t.Agents {
+		if a.Name == endpoint {
+			proc = "agents"
+		}
+	}
+	if h := t.Hosts[proc]; h != "" {
+		return h
+	}
+	return "127.0.0.1"
 }

@@ -240,3 +240,49 @@ func TestGenerate_TLSReachesEveryServer(t *testing.T) {
 		}
 	}
 }
+
+// Hosts puts each process's endpoints on its address: every URL in the
+// fleet and every listen address in the servers' files use it, and a
+// process missing from Hosts stays on loopback.
+func TestGenerate_HostsPlaceEveryProcess(t *testing.T) {
+	dir := t.TempDir()
+	topo := fleet.Standard(dir, "/bin", "tok")
+	hosts := map[string]string{"policy_model": "10.9.8.1", "resources": "10.9.8.2", "agents": "10.9.8.3", "env": "10.9.8.4"}
+	topo.Hosts = hosts
+	cfg, err := fleet.Generate(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := func(proc string) string {
+		if h, ok := hosts[proc]; ok {
+			return h
+		}
+		return "127.0.0.1"
+	}
+	files := map[string][]byte{}
+	for _, p := range cfg.Processes {
+		b, err := os.ReadFile(p.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[p.Name] = b
+		for _, e := range p.Endpoints {
+			if !strings.HasPrefix(e.URL, "http://"+want(p.Name)+":") {
+				t.Errorf("endpoint %s of %s: url %s, want host %s", e.Name, p.Name, e.URL, want(p.Name))
+			}
+			// The server listens where the fleet reaches it.
+			listen := "listen: " + strings.TrimPrefix(e.URL, "http://")
+			if !strings.Contains(string(b), listen) {
+				t.Errorf("%s's file has no %q:\n%s", p.Name, listen, b)
+			}
+		}
+	}
+	// The agents reach the model server and the resources at their hosts.
+	model, _ := cfg.Endpoint("policy_model")
+	weather, _ := cfg.Endpoint("weather")
+	for _, u := range []string{model.URL, weather.URL} {
+		if !strings.Contains(string(files["agents"]), u) {
+			t.Errorf("agentserver.yaml does not name %s", u)
+		}
+	}
+}
