@@ -88,6 +88,7 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 		}
 		tried[i] = true
 		lastErr = err
+		s.workers[i].failovers.Inc()
 		s.log.WarnContext(ctx, "an inference worker did not take the call; trying another", "model_call_id", t.callID, "worker", s.workers[i].chatURL, "err", err)
 	}
 }

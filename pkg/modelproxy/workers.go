@@ -12,7 +12,7 @@ import (
 type worker struct {
 	chatURL, modelsURL, root string
 	outstanding              prometheus.Gauge
-	failures                 prometheus.Counter
+	failures, failovers      prometheus.Counter
 }
 
 // newWorkers builds the workers of cfg and registers their series, labelled
@@ -26,13 +26,17 @@ func newWorkers(cfg Config, reg prometheus.Registerer) []worker {
 		Name: "gymfleet_model_worker_failures_total",
 		Help: "Upstream calls an inference worker failed (it is passed over for a short backoff).",
 	}, []string{"worker"})
-	reg.MustRegister(outstanding, failures)
+	failovers := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gymfleet_model_worker_failovers_total",
+		Help: "Upstream calls an inference worker did not take (never processed, or a continuation it refused) that went on to another worker.",
+	}, []string{"worker"})
+	reg.MustRegister(outstanding, failures, failovers)
 	bases := cfg.Upstream.Workers()
 	ws := make([]worker, len(bases))
 	for i, b := range bases {
 		ws[i] = worker{
 			chatURL: b + "/chat/completions", modelsURL: b + "/models", root: workerRoot(b),
-			outstanding: outstanding.WithLabelValues(b), failures: failures.WithLabelValues(b),
+			outstanding: outstanding.WithLabelValues(b), failures: failures.WithLabelValues(b), failovers: failovers.WithLabelValues(b),
 		}
 	}
 	return ws

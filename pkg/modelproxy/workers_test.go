@@ -120,6 +120,9 @@ func TestWorkers_FailsOverFromADeadWorker(t *testing.T) {
 	if n := workerMetric(t, m, "gymfleet_model_worker_failures_total", dead); n < 1 {
 		t.Fatalf("failures of the dead worker = %g, want at least 1", n)
 	}
+	if n := workerMetric(t, m, "gymfleet_model_worker_failovers_total", dead); n < 1 {
+		t.Fatalf("failovers from the dead worker = %g, want at least 1", n)
+	}
 	if st, body := m.get(t, "/readyz"); st != http.StatusOK {
 		t.Fatalf("/readyz with one live worker: %d %s", st, body)
 	}
@@ -175,5 +178,39 @@ func TestWorkers_GenerationCutAsksEveryWorker(t *testing.T) {
 		if len(calls) != 2 || last.ContinuedFrom == nil || *last.ContinuedFrom != want.call {
 			t.Fatalf("worker %d: %d calls, last continued from %v; want the cut %s continued there", i, len(calls), last.ContinuedFrom, want.call)
 		}
+	}
+}
+
+// After a crash, a restored cut's continuation may first go to a worker
+// that does not hold its prefix: that worker refuses it (nothing is
+// generated), and the call goes on to the worker that staged the prefix,
+// where it continues instead of regenerating.
+func TestWorkers_RestoredCutContinuesOnTheWorkerHoldingIt(t *testing.T) {
+	t.Parallel()
+	f := newCutFixture(t, "wcut-1")
+	_, prefix := f.check(t)
+	f.m.stop()
+	await(t, "the cut call", f.pending)
+	await(t, "the constrained call", f.other)
+
+	other := startWorker(t, 0)
+	// The worker without the prefix is listed first: a fresh picker tries
+	// it first.
+	m2 := startModelOn(t, f.dir, ctlplanetest.Config(), other.url, f.w.url)
+	m2.mustOp(t, "restore", restoreReq("cut1", f.dir, f.key))
+	m2.mustOp(t, "resume", ckReq("cut1"))
+	m2.mustCall(t, "wcut-1-a1", chatPath, f.body)
+	calls := f.w.callsOf(t, "wcut-1-a1")
+	if len(calls) != 1 || calls[0].ContinuedFrom == nil || *calls[0].ContinuedFrom != f.cutCall.CallID || calls[0].ReusedPrefixTokens != prefix {
+		t.Fatalf("calls on the prefix's worker = %+v, want one continuing %s", calls, f.cutCall.CallID)
+	}
+	if got := other.callsOf(t, "wcut-1-a1"); len(got) != 0 {
+		t.Fatalf("the other worker generated %+v", got)
+	}
+	if n := workerMetric(t, m2, "gymfleet_model_worker_failures_total", other.url); n != 0 {
+		t.Fatalf("a refused continuation counted as a worker failure: %g", n)
+	}
+	if n := workerMetric(t, m2, "gymfleet_model_worker_failovers_total", other.url); n != 1 {
+		t.Fatalf("failovers from the worker without the prefix = %g, want 1 (it refused the continuation)", n)
 	}
 }
