@@ -87,7 +87,8 @@ func (p *workerPicker) pick(key string, tried []bool) (worker int, ok bool) {
 		return -1, false
 	}
 	p.workers[chosen].outstanding++
-	if key != "" {
+	// One worker needs no affinity: remembering keys would only cost memory.
+	if key != "" && len(p.workers) > 1 {
 		if _, has := p.affinity[key]; !has && len(p.affinity) >= maxAffinity {
 			for k := range p.affinity {
 				delete(p.affinity, k)
