@@ -111,10 +111,10 @@ const token = "e2e-control-token"
 
 // Fleet is one test's fleet of real processes.
 type Fleet struct {
-	t      *testing.T
-	topo   fleet.Topology
-	Cfg    *fleet.Config
-	L      *fleet.Launcher
+	t    *testing.T
+	topo fleet.Topology
+	Cfg  *fleet.Config
+	L    *fleet.Launcher
 	// Fake drives every fakeinference worker at once.
 	Fake   fakes
 	client *http.Client
