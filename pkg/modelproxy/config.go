@@ -53,10 +53,10 @@ type Config struct {
 }
 
 // GenerationCutsConfig configures generation cuts: when a checkpoint closes
-// admission, calls still generating upstream are cut by the worker
-// (POST <worker root>/_ckpt/generation-cut, the worker root being
-// upstream.base_url without its trailing /v1), which stages their prefixes
-// so the re-issued call continues instead of regenerating.
+// admission, calls still generating upstream are cut by the worker each
+// runs on (POST <worker root>/_ckpt/generation-cut, the worker root being
+// its base URL without the trailing /v1), which stages their prefixes so
+// the re-issued call continues instead of regenerating.
 type GenerationCutsConfig struct {
 	// Enabled asks for cuts; a cut is optional (a failed or skipped one only
 	// costs regeneration), so turning this off never breaks a checkpoint.
