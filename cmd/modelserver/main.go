@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 				ckpt = "on"
 			}
 			return fmt.Sprintf("%s listening on http://%s (upstream %s, model %s, capture dir %s, checkpointing %s)",
-				name, addr, cfg.Upstream.BaseURL, cfg.Upstream.Model, cfg.Capture.Dir, ckpt)
+				name, addr, cfg.Upstream.Workers(), cfg.Upstream.Model, cfg.Capture.Dir, ckpt)
 		},
 	}.Run(ctx, args, getenv, stdout, stderr)
 }

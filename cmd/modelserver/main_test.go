@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -78,6 +79,36 @@ func TestEnvironmentOverrides(t *testing.T) {
 	if cfg.Upstream.BaseURL != "http://gpu1:8000/v1" || cfg.Upstream.Protocol != "http1" || cfg.ReturnTokenIDs || cfg.Listen != "127.0.0.1:0" ||
 		cfg.GenerationCuts.ControlAuthToken != "cut-secret" {
 		t.Errorf("overrides not applied: %+v", cfg)
+	}
+}
+
+// upstream.base_urls lists several workers, in a file or in the
+// environment (comma-separated); with upstream.base_url as well it is
+// refused.
+func TestUpstreamBaseURLs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "model.yaml")
+	if err := os.WriteFile(path, []byte("upstream:\n  base_urls: [http://gpu1:8000/v1, http://gpu2:8000/v1]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(configload.Flags{Config: path}, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"http://gpu1:8000/v1", "http://gpu2:8000/v1"}
+	if !slices.Equal(cfg.Upstream.Workers(), want) || cfg.Upstream.BaseURL != "" {
+		t.Fatalf("workers %v (base_url %q), want %v", cfg.Upstream.Workers(), cfg.Upstream.BaseURL, want)
+	}
+	env := map[string]string{"GYMFLEET_UPSTREAM_BASE_URLS": "http://gpu3:8000/v1,http://gpu4:8000/v1"}
+	cfg, err = loadConfig(configload.Flags{}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Upstream.Workers(); !slices.Equal(got, []string{"http://gpu3:8000/v1", "http://gpu4:8000/v1"}) {
+		t.Fatalf("workers from the environment = %v", got)
+	}
+	env["GYMFLEET_UPSTREAM_BASE_URL"] = "http://gpu1:8000/v1"
+	if _, err := loadConfig(configload.Flags{}, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "exclusive") {
+		t.Fatalf("base_url with base_urls: %v, want them refused as exclusive", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -41,6 +42,10 @@ type Topology struct {
 	EpochFile string
 	// LeaseGraceSeconds overrides the lease grace (0: the default).
 	LeaseGraceSeconds float64
+	// InferenceWorkers is how many fakeinference processes the model
+	// server balances over (0 means 1): the first is named fakeinference,
+	// the others fakeinference-1, fakeinference-2, ...
+	InferenceWorkers int
 	// TokensPerSecond and MinCallSeconds pace fakeinference.
 	TokensPerSecond float64
 	MinCallSeconds  float64
@@ -194,19 +199,32 @@ func Generate(t Topology) (*Config, error) {
 	if t.LeaseGraceSeconds > 0 {
 		checkpoint["lease_grace_seconds"] = t.LeaseGraceSeconds
 	}
+	upstream := map[string]any{"h2c": true}
+	workers := t.workerNames()
+	if len(workers) == 1 {
+		upstream["base_url"] = urls[workers[0]] + "/v1"
+	} else {
+		var bases []string
+		for _, w := range workers {
+			bases = append(bases, urls[w]+"/v1")
+		}
+		upstream["base_urls"] = bases
+	}
 	files := map[string]any{
-		"fakeinference.yaml": map[string]any{
-			"listen": listen["fakeinference"], "log_level": t.LogLevel,
-			"tokens_per_second": t.TokensPerSecond, "min_call_seconds": t.MinCallSeconds,
-			"control_auth_token": t.Token, "pprof": t.Pprof,
-			"model": ServedModel,
-		},
 		"modelserver.yaml": map[string]any{
 			"listen": listen["policy_model"], "name": "policy_model", "log_level": t.LogLevel, "pprof": t.Pprof,
-			"upstream":   map[string]any{"base_url": urls["fakeinference"] + "/v1", "h2c": true},
+			"upstream":   upstream,
 			"capture":    map[string]any{"dir": filepath.Join(t.Dir, "run", "capture")},
 			"checkpoint": checkpoint,
 		},
+	}
+	for _, w := range workers {
+		files[w+".yaml"] = map[string]any{
+			"listen": listen[w], "log_level": t.LogLevel,
+			"tokens_per_second": t.TokensPerSecond, "min_call_seconds": t.MinCallSeconds,
+			"control_auth_token": t.Token, "pprof": t.Pprof,
+			"model": ServedModel,
+		}
 	}
 	// The stand-in answers 404 to a model it does not serve, as vLLM does.
 	files["modelserver.yaml"].(map[string]any)["upstream"].(map[string]any)["model"] = ServedModel
@@ -274,7 +292,9 @@ func Generate(t Topology) (*Config, error) {
 	proc := func(name, binary, config string, eps ...Endpoint) {
 		cfg.Processes = append(cfg.Processes, Process{Name: name, Binary: binary, Config: filepath.Join(t.Dir, config), Endpoints: eps})
 	}
-	proc("fakeinference", "fakeinference", "fakeinference.yaml", Endpoint{Name: "fakeinference", Kind: KindFakeInference, URL: urls["fakeinference"]})
+	for _, w := range workers {
+		proc(w, "fakeinference", w+".yaml", Endpoint{Name: w, Kind: KindFakeInference, URL: urls[w]})
+	}
 	proc("policy_model", "modelserver", "modelserver.yaml", Endpoint{Name: "policy_model", Kind: KindModel, URL: urls["policy_model"]})
 	var resEps, agentEps []Endpoint
 	for _, r := range t.Resources {
@@ -296,8 +316,17 @@ func Generate(t Topology) (*Config, error) {
 	return cfg, nil
 }
 
+// workerNames are the fakeinference processes' names.
+func (t Topology) workerNames() []string {
+	names := []string{"fakeinference"}
+	for i := 1; i < t.InferenceWorkers; i++ {
+		names = append(names, fmt.Sprintf("fakeinference-%d", i))
+	}
+	return names
+}
+
 func (t Topology) names() []string {
-	names := []string{"fakeinference", "policy_model", "env"}
+	names := append(t.workerNames(), "policy_model", "env")
 	for _, r := range t.Resources {
 		names = append(names, r.Name)
 	}

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -283,6 +284,54 @@ func TestGenerate_HostsPlaceEveryProcess(t *testing.T) {
 	for _, u := range []string{model.URL, weather.URL} {
 		if !strings.Contains(string(files["agents"]), u) {
 			t.Errorf("agentserver.yaml does not name %s", u)
+		}
+	}
+}
+
+// A topology of two inference workers generates two fakeinference processes
+// and a model server listing both in upstream.base_urls; one worker keeps
+// upstream.base_url.
+func TestGenerate_InferenceWorkers(t *testing.T) {
+	for _, n := range []int{0, 1, 2} {
+		topo := fleet.Standard(t.TempDir(), "/bin", "tok")
+		topo.InferenceWorkers = n
+		cfg, err := fleet.Generate(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var urls []any
+		for _, p := range cfg.Processes {
+			if p.Binary == "fakeinference" {
+				urls = append(urls, p.Endpoints[0].URL+"/v1")
+			}
+		}
+		p, _ := cfg.Process("policy_model")
+		b, err := os.ReadFile(p.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m struct {
+			Upstream map[string]any `yaml:"upstream"`
+		}
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		want := max(n, 1)
+		if len(urls) != want {
+			t.Fatalf("workers %d: %d fakeinference processes, want %d", n, len(urls), want)
+		}
+		if want == 1 {
+			if m.Upstream["base_url"] != urls[0] || m.Upstream["base_urls"] != nil {
+				t.Fatalf("one worker: upstream %v, want base_url %v", m.Upstream, urls[0])
+			}
+			continue
+		}
+		got, _ := m.Upstream["base_urls"].([]any)
+		if _, has := m.Upstream["base_url"]; has || !reflect.DeepEqual(got, urls) {
+			t.Fatalf("two workers: upstream %v, want base_urls %v", m.Upstream, urls)
+		}
+		if _, ok := cfg.Process("fakeinference-1"); !ok {
+			t.Fatalf("no process fakeinference-1: %v", cfg.Names())
 		}
 	}
 }

@@ -73,6 +73,11 @@ func unsentPause(n int) time.Duration {
 	return backoff.Policy{Initial: 50 * time.Millisecond, Max: 800 * time.Millisecond}.Delay(n)
 }
 
+// NeverProcessed reports whether err (of a request through this package's
+// clients, after their own resends) says the server never processed the
+// request, so that sending it elsewhere is safe; see neverProcessed.
+func NeverProcessed(err error) bool { return neverProcessed(err) }
+
 // neverProcessed reports whether err says the server never processed the
 // request, so that sending it again is safe, even a /run or a control POST
 // (RFC 9113 §8.7):

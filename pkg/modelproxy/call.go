@@ -47,6 +47,9 @@ type ticket struct {
 	callID     string
 	route      string
 	admittedAt time.Time
+	// worker is the index of the inference worker its upstream call went
+	// to last (a cut round asks that worker).
+	worker atomic.Int32
 	// started is set once the response's first byte may be written. A
 	// checkpoint counts calls not started as undelivered (their rows are
 	// left out and the restored agent re-issues them) and waits only for

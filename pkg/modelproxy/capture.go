@@ -107,6 +107,7 @@ func (s *Server) remove(r *http.Request, op func([]string) ([]string, []string, 
 			return nil, apierror.New(apierror.InvalidRequest, "capture key %q is not a rollout id or <rollout id>-a<N>; nothing was removed", id)
 		}
 	}
+	s.picker.forget(req.RolloutIDs)
 	removed, absent, err := op(req.RolloutIDs)
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err)

@@ -36,7 +36,8 @@ type participant struct {
 	s       *Server
 	log     *slog.Logger
 	metrics *ckptMetrics
-	cutURL  string
+	// cutURLs are each worker's cut route; nil with cuts off.
+	cutURLs []string
 	// ctl is the server's controller: its fence (re-checked when a call
 	// registers) and phase (to name cut rounds and refuse ledger removal).
 	ctl *ctlplane.Controller
@@ -119,7 +120,9 @@ func newParticipant(s *Server, reg prometheus.Registerer) *participant {
 		unsettled: map[*ticket]struct{}{}, restored: map[string]*restoredEpisode{}, incomplete: map[string]struct{}{},
 	}
 	if s.cfg.cutsOn() {
-		p.cutURL = s.cfg.workerRoot() + GenerationCutPath
+		for _, w := range s.workers {
+			p.cutURLs = append(p.cutURLs, w.root+GenerationCutPath)
+		}
 	}
 	return p
 }
@@ -354,7 +357,7 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 	p.closed = true
 	p.reopened = make(chan struct{})
 	p.round = roundCounts{}
-	if p.cutURL == "" || p.cutRunning {
+	if len(p.cutURLs) == 0 || p.cutRunning {
 		return nil
 	}
 	var listed []*ticket

@@ -53,10 +53,10 @@ type Config struct {
 }
 
 // GenerationCutsConfig configures generation cuts: when a checkpoint closes
-// admission, calls still generating upstream are cut by the worker
-// (POST <worker root>/_ckpt/generation-cut, the worker root being
-// upstream.base_url without its trailing /v1), which stages their prefixes
-// so the re-issued call continues instead of regenerating.
+// admission, calls still generating upstream are cut by the worker each
+// runs on (POST <worker root>/_ckpt/generation-cut, the worker root being
+// its base URL without the trailing /v1), which stages their prefixes so
+// the re-issued call continues instead of regenerating.
 type GenerationCutsConfig struct {
 	// Enabled asks for cuts; a cut is optional (a failed or skipped one only
 	// costs regeneration), so turning this off never breaks a checkpoint.
@@ -70,7 +70,13 @@ type GenerationCutsConfig struct {
 // fakeinference) the server calls.
 type UpstreamConfig struct {
 	// BaseURL ends in /v1: chat completions go to <base_url>/chat/completions.
+	// Empty (with BaseURLs empty too) means DefaultUpstreamBaseURL.
 	BaseURL string `mapstructure:"base_url"`
+	// BaseURLs lists several inference workers instead of BaseURL (set one
+	// of the two): calls are balanced by outstanding calls, a rollout's
+	// calls stay on one worker while it is healthy (picker.go), and
+	// generation cuts are asked of every worker holding calls.
+	BaseURLs []string `mapstructure:"base_urls"`
 	// APIKey is sent as a bearer token when set.
 	APIKey string `mapstructure:"api_key"`
 	// Model is the model every call is made with, whatever the client named.
@@ -112,7 +118,6 @@ func DefaultConfig() Config {
 		Name:     DefaultName,
 		LogLevel: "info",
 		Upstream: UpstreamConfig{
-			BaseURL:  DefaultUpstreamBaseURL,
 			Model:    DefaultUpstreamModel,
 			Protocol: ProtocolAuto,
 		},
@@ -129,15 +134,21 @@ func (u UpstreamConfig) protocol() string {
 	case u.H2C:
 		return ProtocolH2C
 	case u.Protocol == "":
-		if strings.HasPrefix(u.BaseURL, "https:") {
+		if u.https() {
 			return ProtocolHTTP1
 		}
 		return ProtocolAuto
-	case u.Protocol == ProtocolAuto && strings.HasPrefix(u.BaseURL, "https:"):
+	case u.Protocol == ProtocolAuto && u.https():
 		// TLS negotiates its protocol itself.
 		return ProtocolHTTP1
 	}
 	return u.Protocol
+}
+
+// https reports whether the first worker is spoken to over TLS (all
+// workers share one protocol).
+func (u UpstreamConfig) https() bool {
+	return strings.HasPrefix(u.Workers()[0], "https:")
 }
 
 // cutsOn reports whether generation cuts are asked for.
@@ -145,11 +156,65 @@ func (c Config) cutsOn() bool {
 	return c.Checkpoint.Enabled && c.GenerationCuts.Enabled && c.GenerationCuts.ControlAuthToken != ""
 }
 
-// workerRoot is the inference worker's root URL: upstream.base_url without
-// a trailing /v1.
-func (c Config) workerRoot() string {
-	base := strings.TrimRight(c.Upstream.BaseURL, "/")
-	return strings.TrimSuffix(base, "/v1")
+// Workers are the inference workers' base URLs, without trailing slashes:
+// upstream.base_urls, or upstream.base_url alone.
+func (u UpstreamConfig) Workers() []string {
+	list := u.BaseURLs
+	switch {
+	case len(list) > 0:
+	case u.BaseURL == "":
+		list = []string{DefaultUpstreamBaseURL}
+	default:
+		list = []string{u.BaseURL}
+	}
+	out := make([]string, len(list))
+	for i, b := range list {
+		out[i] = strings.TrimRight(b, "/")
+	}
+	return out
+}
+
+// workerRoot is an inference worker's root URL: its base URL without a
+// trailing /v1.
+func workerRoot(base string) string {
+	return strings.TrimSuffix(strings.TrimRight(base, "/"), "/v1")
+}
+
+// maxWorkers bounds upstream.base_urls (each is a metric label value).
+const maxWorkers = 64
+
+// validateURLs checks upstream.base_url and upstream.base_urls: exactly
+// one is set, every URL is absolute http(s), none repeats.
+func (u UpstreamConfig) validateURLs() []error {
+	valid := func(s string) bool {
+		p, err := url.Parse(s)
+		return err == nil && (p.Scheme == "http" || p.Scheme == "https") && p.Host != ""
+	}
+	if len(u.BaseURLs) == 0 {
+		if u.BaseURL != "" && !valid(u.BaseURL) {
+			return []error{fmt.Errorf("upstream.base_url %q must be an absolute http(s) URL such as http://127.0.0.1:18000/v1", u.BaseURL)}
+		}
+		return nil
+	}
+	var errs []error
+	if u.BaseURL != "" {
+		errs = append(errs, errors.New("upstream.base_url and upstream.base_urls are exclusive: list every worker in upstream.base_urls"))
+	}
+	if len(u.BaseURLs) > maxWorkers {
+		errs = append(errs, fmt.Errorf("upstream.base_urls holds %d workers, more than %d", len(u.BaseURLs), maxWorkers))
+	}
+	seen := make(map[string]bool, len(u.BaseURLs))
+	for i, b := range u.BaseURLs {
+		if !valid(b) {
+			errs = append(errs, fmt.Errorf("upstream.base_urls[%d] %q must be an absolute http(s) URL such as http://127.0.0.1:18000/v1", i, b))
+		}
+		k := strings.TrimRight(b, "/")
+		if seen[k] {
+			errs = append(errs, fmt.Errorf("upstream.base_urls[%d] %q is listed twice", i, b))
+		}
+		seen[k] = true
+	}
+	return errs
 }
 
 // Validate reports every invalid field at once.
@@ -172,9 +237,7 @@ func (c Config) Validate() error {
 	if err := c.HTTP.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if u, err := url.Parse(c.Upstream.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("upstream.base_url %q must be an absolute http(s) URL such as http://127.0.0.1:18000/v1", c.Upstream.BaseURL))
-	}
+	errs = append(errs, c.Upstream.validateURLs()...)
 	switch c.Upstream.Protocol {
 	case "", ProtocolAuto, ProtocolH2C, ProtocolHTTP1:
 	default:

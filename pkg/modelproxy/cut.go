@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -55,24 +56,47 @@ func DecodeCutReceipt(body []byte, listed int) (*gencut.Receipt, error) {
 	return gencut.DecodeReceipt(body, listed)
 }
 
-// cutRound asks the worker to cut the listed calls and records each one's
-// outcome. It runs on the participant's goroutine; any failure (transport,
-// refusal, timeout, a malformed receipt) marks every listed call failed: a
-// cut only saves regeneration, so it never fails the checkpoint.
+// cutRound asks every worker holding listed calls to cut its calls, all
+// at once, and records each call's outcome from the merged receipts. It
+// runs on the participant's goroutine; any failure of a worker's request
+// (transport, refusal, timeout, a malformed receipt) marks that worker's
+// calls failed: a cut only saves regeneration, so it never fails the
+// checkpoint.
 func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, listed []*ticket) {
 	defer p.wg.Done()
 	defer cancel()
 	ctx, span := p.s.tracer.Start(ctx, tracing.SpanGenerationCut)
 	defer span.End()
-	req := gencut.Request{CheckpointID: p.checkpointID(), ServerName: p.s.cfg.Name, Active: make([]gencut.ActiveCall, len(listed))}
-	for i, t := range listed {
-		req.Active[i] = gencut.ActiveCall{ModelCallID: t.callID, CaptureKey: t.captureKey}
+	id := p.checkpointID()
+	reqs := make([]gencut.Request, len(p.cutURLs))
+	for _, t := range listed {
+		w := int(t.worker.Load())
+		if reqs[w].CheckpointID == "" {
+			reqs[w] = gencut.Request{CheckpointID: id, ServerName: p.s.cfg.Name}
+		}
+		reqs[w].Active = append(reqs[w].Active, gencut.ActiveCall{ModelCallID: t.callID, CaptureKey: t.captureKey})
 	}
-	rc, err := p.postCut(ctx, req)
+	receipts := make([]*gencut.Receipt, len(reqs))
+	var wg sync.WaitGroup
+	for w := range reqs {
+		if len(reqs[w].Active) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			rc, err := p.postCut(ctx, p.cutURLs[w], reqs[w])
+			if err != nil {
+				p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", id, "worker", p.cutURLs[w], "calls", len(reqs[w].Active), "err", err)
+				return
+			}
+			receipts[w] = rc
+		})
+	}
+	wg.Wait()
 	outcome := make(map[string]*gencut.Prefix, len(listed))
-	if err != nil {
-		p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", req.CheckpointID, "calls", len(listed), "err", err)
-	} else {
+	for _, rc := range receipts {
+		if rc == nil {
+			continue
+		}
 		for i := range rc.Prefixes {
 			it := &rc.Prefixes[i]
 			outcome[it.ModelCallID] = it
@@ -94,27 +118,27 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 	p.round.cut += cut
 	p.round.failed += failed
 	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrCheckpointID.String(req.CheckpointID), tracing.AttrCalls.Int(len(listed)),
+		span.SetAttributes(tracing.AttrCheckpointID.String(id), tracing.AttrCalls.Int(len(listed)),
 			attribute.Int("nemo.gym.checkpoint.cut_"+DispositionDurablePrefix, cut),
 			attribute.Int("nemo.gym.checkpoint.cut_"+DispositionDurableFailure, failed))
-		tracing.Fail(span, err)
 	}
 	p.metrics.cuts.WithLabelValues(DispositionDurablePrefix).Add(float64(cut))
 	p.metrics.cuts.WithLabelValues(DispositionDurableFailure).Add(float64(failed))
-	p.log.InfoContext(ctx, "generation cut round finished", "checkpoint_id", req.CheckpointID, "listed", len(listed), "cut", cut, "failed", failed)
+	p.log.InfoContext(ctx, "generation cut round finished", "checkpoint_id", id, "listed", len(listed), "cut", cut, "failed", failed)
 	p.cutRunning = false
 	p.notifyLocked()
 }
 
-// postCut sends one cut request on the control client.
-func (p *participant) postCut(ctx context.Context, req gencut.Request) (*gencut.Receipt, error) {
+// postCut sends one cut request to a worker's cut route on the control
+// client.
+func (p *participant) postCut(ctx context.Context, cutURL string, req gencut.Request) (*gencut.Receipt, error) {
 	body := gencut.EncodeRequest(req)
 	h := http.Header{"Authorization": {"Bearer " + p.s.cfg.GenerationCuts.ControlAuthToken}}
 	c, err := p.s.upstream.cutClient(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rep, err := httpclient.Do(ctx, c, http.MethodPost, p.cutURL, h, body)
+	rep, err := httpclient.Do(ctx, c, http.MethodPost, cutURL, h, body)
 	if err != nil {
 		return nil, err
 	}

@@ -47,10 +47,12 @@ const (
 // yet is probed again by the next one, so start-up neither hangs nor fails
 // on an upstream still loading.
 type upstreamConn struct {
-	log               *slog.Logger
-	mode              string
-	baseURL           string
-	modelsURL, apiKey string
+	log  *slog.Logger
+	mode string
+	// baseURLs and modelsURLs are every worker's; all workers speak the
+	// one protocol found out against whichever answers first.
+	baseURLs, modelsURLs []string
+	apiKey               string
 	// http is the process's http: section, for the probes' transports.
 	http httpconf.Config
 
@@ -70,8 +72,11 @@ type upstreamConn struct {
 }
 
 func newUpstreamConn(cfg Config, deps Deps, log *slog.Logger) *upstreamConn {
-	base := strings.TrimRight(cfg.Upstream.BaseURL, "/")
-	u := &upstreamConn{log: log, mode: cfg.Upstream.protocol(), baseURL: base, modelsURL: base + "/models", apiKey: cfg.Upstream.APIKey, http: cfg.HTTP}
+	bases := cfg.Upstream.Workers()
+	u := &upstreamConn{log: log, mode: cfg.Upstream.protocol(), baseURLs: bases, apiKey: cfg.Upstream.APIKey, http: cfg.HTTP}
+	for _, b := range bases {
+		u.modelsURLs = append(u.modelsURLs, b+"/models")
+	}
 	if deps.Upstream != nil {
 		u.h2c, u.http1, u.injected = deps.Upstream, deps.Upstream, true
 		u.chosen.Store(deps.Upstream)
@@ -164,7 +169,7 @@ func (u *upstreamConn) resolve(ctx context.Context) (*http.Client, error) {
 		u.choose(u.http1, "HTTP/1.1")
 		return u.http1, nil
 	}
-	return nil, fmt.Errorf("the upstream %s does not answer GET /models over h2c (%v) or HTTP/1.1 (%v); upstream.protocol auto tries again on the next call", u.modelsURL, h2cErr, http1Err)
+	return nil, fmt.Errorf("the upstream %s does not answer GET /models over h2c (%v) or HTTP/1.1 (%v); upstream.protocol auto tries again on the next call", strings.Join(u.modelsURLs, ", "), h2cErr, http1Err)
 }
 
 func (u *upstreamConn) choose(c *http.Client, name string) {
@@ -172,33 +177,53 @@ func (u *upstreamConn) choose(c *http.Client, name string) {
 	if u.cutH2C != nil {
 		u.chooseCut(c)
 	}
-	u.log.Info("upstream protocol found out", "protocol", name, "base_url", u.baseURL)
+	u.log.Info("upstream protocol found out", "protocol", name, "base_urls", u.baseURLs)
 }
 
-// probe sends GET <base_url>/models over h2c or HTTP/1.1: any HTTP answer
-// means the protocol is the server's. It goes on a transport of its own,
-// without the data clients' resending of unsent requests, so a probe of an
-// upstream that is down fails at once.
+// probe sends GET <base_url>/models over h2c or HTTP/1.1 to each worker
+// until one answers: any HTTP answer means the protocol is the server's. It
+// goes on a transport of its own, without the data clients' resending of
+// unsent requests, so a probe of an upstream that is down fails at once.
 func (u *upstreamConn) probe(ctx context.Context, h2c bool) error {
 	_, err := u.probeStatus(ctx, h2c)
 	return err
 }
 
+// probeStatus is the status of the first worker that answers (200 first).
 func (u *upstreamConn) probeStatus(ctx context.Context, h2c bool) (int, error) {
-	if u.injected {
-		return u.getModels(ctx, u.h2c)
+	c := u.h2c
+	if !u.injected {
+		tr := httpclient.NewTransport(httpclient.Options{H2C: h2c, DialTimeout: probeTimeout, HTTP: u.http})
+		defer tr.CloseIdleConnections()
+		c = &http.Client{Transport: tr}
 	}
-	tr := httpclient.NewTransport(httpclient.Options{H2C: h2c, DialTimeout: probeTimeout, HTTP: u.http})
-	defer tr.CloseIdleConnections()
-	return u.getModels(ctx, &http.Client{Transport: tr})
+	status, firstErr := 0, error(nil)
+	for _, mu := range u.modelsURLs {
+		st, err := u.getModels(ctx, c, mu)
+		if err == nil && st == http.StatusOK {
+			return st, nil
+		}
+		if err == nil && status == 0 {
+			status = st
+		}
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if status != 0 {
+		return status, nil
+	}
+	return 0, firstErr
 }
 
-// getModels sends GET <base_url>/models with a bounded wait and returns
-// its status.
-func (u *upstreamConn) getModels(ctx context.Context, c *http.Client) (int, error) {
+// getModels sends GET modelsURL with a bounded wait and returns its status.
+func (u *upstreamConn) getModels(ctx context.Context, c *http.Client, modelsURL string) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.modelsURL, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, modelsURL, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -214,7 +239,7 @@ func (u *upstreamConn) getModels(ctx context.Context, c *http.Client) (int, erro
 	return resp.StatusCode, nil
 }
 
-// ready is /readyz's check: the upstream answers GET /models with 200. A
+// ready is /readyz's check: a worker answers GET /models with 200. A
 // check's answer is reused for readyTTL (notReadyTTL when it failed).
 func (u *upstreamConn) ready() error {
 	u.readyMu.Lock()
@@ -238,10 +263,10 @@ func (u *upstreamConn) checkModels(ctx context.Context) error {
 	}
 	status, err := u.probeStatus(ctx, c == u.h2c)
 	if err != nil {
-		return u.explain(ctx, fmt.Errorf("the upstream %s does not answer: %w", u.modelsURL, err))
+		return u.explain(ctx, fmt.Errorf("the upstream %s does not answer: %w", strings.Join(u.modelsURLs, ", "), err))
 	}
 	if status != http.StatusOK {
-		return fmt.Errorf("the upstream %s answered %d", u.modelsURL, status)
+		return fmt.Errorf("the upstream %s answered %d", strings.Join(u.modelsURLs, ", "), status)
 	}
 	return nil
 }

@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,8 +70,11 @@ type Server struct {
 	log      *slog.Logger
 	ledger   *tokencapture.Ledger
 	upstream *upstreamConn
-	metrics  *metrics
-	tracer   tracing.Tracer
+	// workers are the inference workers, picker the one of each call.
+	workers []worker
+	picker  *workerPicker
+	metrics *metrics
+	tracer  tracing.Tracer
 	// hooks are where calls meet checkpointing: noHooks with it off, else
 	// the participant (hooks.go).
 	hooks callHooks
@@ -81,8 +83,7 @@ type Server struct {
 	ckpt *participant
 	ctl  *ctlplane.Controller
 
-	chatURL, modelsURL string
-	handler            http.Handler
+	handler http.Handler
 
 	// extraBody and chatTemplateKwargs are upstream.extra_body and
 	// upstream.chat_template_kwargs, parsed; nil when not set.
@@ -104,17 +105,17 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("capture ledger: %w", err)
 	}
-	base := strings.TrimRight(cfg.Upstream.BaseURL, "/")
+	workers := newWorkers(cfg, deps.Registry)
 	s := &Server{
-		cfg:       cfg,
-		log:       deps.Logger,
-		ledger:    ledger,
-		upstream:  newUpstreamConn(cfg, deps, deps.Logger),
-		metrics:   newMetrics(deps.Registry),
-		hooks:     noHooks{},
-		tracer:    tracing.NewTracer(deps.Tracer),
-		chatURL:   base + "/chat/completions",
-		modelsURL: base + "/models",
+		cfg:      cfg,
+		log:      deps.Logger,
+		ledger:   ledger,
+		upstream: newUpstreamConn(cfg, deps, deps.Logger),
+		workers:  workers,
+		picker:   newWorkerPicker(len(workers), defaultWorkerBackoff, nil),
+		metrics:  newMetrics(deps.Registry),
+		hooks:    noHooks{},
+		tracer:   tracing.NewTracer(deps.Tracer),
 	}
 	deps.Registry.MustRegister(newLedgerCollector(ledger))
 	// Validate parsed both already.

@@ -694,6 +694,17 @@ func TestConfigValidate(t *testing.T) {
 		{"no capture dir", func(c *modelproxy.Config) { c.Capture.Dir = "" }, "capture.dir"},
 		{"checkpoint without token", func(c *modelproxy.Config) { c.Checkpoint.Enabled = true }, "control_auth_token"},
 		{"bad level", func(c *modelproxy.Config) { c.LogLevel = "loud" }, "log_level"},
+		{"two workers", func(c *modelproxy.Config) { c.Upstream.BaseURLs = []string{"http://a:1/v1", "http://b:1/v1/"} }, ""},
+		{"base_url and base_urls", func(c *modelproxy.Config) {
+			c.Upstream.BaseURL, c.Upstream.BaseURLs = "http://a:1/v1", []string{"http://b:1/v1"}
+		}, "exclusive"},
+		{"bad worker url", func(c *modelproxy.Config) { c.Upstream.BaseURLs = []string{"http://a:1/v1", "b:1"} }, "upstream.base_urls[1]"},
+		{"worker listed twice", func(c *modelproxy.Config) { c.Upstream.BaseURLs = []string{"http://a:1/v1", "http://a:1/v1/"} }, "listed twice"},
+		{"too many workers", func(c *modelproxy.Config) {
+			for i := range 65 {
+				c.Upstream.BaseURLs = append(c.Upstream.BaseURLs, fmt.Sprintf("http://w%d:1/v1", i))
+			}
+		}, "more than 64"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

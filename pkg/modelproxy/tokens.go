@@ -155,7 +155,9 @@ func (s *Server) tokenize(ctx context.Context, up []byte) (codec.Ints, error) {
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.workerRoot()+"/tokenize", bytes.NewReader(b))
+	i, _ := s.acquire("", nil)
+	defer s.releaseWorker(i)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.workers[i].root+"/tokenize", bytes.NewReader(b))
 	if err != nil {
 		return nil, err
 	}

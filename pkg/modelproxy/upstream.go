@@ -52,12 +52,71 @@ func (s *Server) inferenceSpan(ctx context.Context, t *ticket, stream bool) (con
 }
 
 // callUpstream posts a chat request and returns the upstream response, whose
-// body the caller reads and closes. A non-2xx reply is read here and returned
-// as upstreamStatus.
+// body the caller reads and closes (which ends the call on its worker). A
+// non-2xx reply is read here and returned as upstreamStatus.
+//
+// With several workers a call the chosen worker provably never processed
+// (httpclient.NeverProcessed) goes to the next one, and so does a
+// continuation a worker refused (its staged prefix is on another worker, as
+// after a restore): neither can have generated anything. A worker that
+// failed otherwise is passed over for a while, but the call is not sent
+// again: it may have been generated.
 func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, stream bool) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.chatURL, bytes.NewReader(body))
+	client, err := s.upstream.client(ctx)
 	if err != nil {
-		return nil, apierror.Wrap(apierror.Internal, err)
+		return nil, transportError(ctx, err)
+	}
+	var tried []bool
+	if len(s.workers) > 1 {
+		tried = make([]bool, len(s.workers))
+	}
+	var lastErr error
+	for {
+		i, ok := s.acquire(t.captureKey, tried)
+		if !ok {
+			return nil, lastErr
+		}
+		t.worker.Store(int32(i))
+		resp, err := s.sendChat(ctx, client, i, t, body, stream)
+		if err == nil {
+			s.holdUntilClosed(resp, i)
+			return resp, nil
+		}
+		s.releaseWorker(i)
+		var us *upstreamStatus
+		isStatus := errors.As(err, &us)
+		if !isStatus {
+			unsent := httpclient.NeverProcessed(err)
+			err = transportError(ctx, s.upstream.callError(ctx, err))
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			s.workerFailed(i)
+			if tried == nil || !unsent {
+				return nil, err
+			}
+		} else {
+			if us.status >= 500 {
+				s.workerFailed(i)
+			}
+			refused := t.continueKey != "" && us.status >= 400 && us.status < 500 && !contextOverflow(err)
+			if tried == nil || !refused {
+				return nil, err
+			}
+		}
+		tried[i] = true
+		lastErr = err
+		s.workers[i].failovers.Inc()
+		s.log.WarnContext(ctx, "an inference worker did not take the call; trying another", "model_call_id", t.callID, "worker", s.workers[i].chatURL, "err", err)
+	}
+}
+
+// sendChat posts the call to worker i. A failure is an upstreamStatus or
+// the transport's error as it is (callUpstream reads whether it was sent).
+func (s *Server) sendChat(ctx context.Context, client *http.Client, i int, t *ticket, body []byte, stream bool) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.workers[i].chatURL, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
 	h := req.Header
 	h.Set("Content-Type", "application/json")
@@ -76,20 +135,16 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 	if t.continueKey != "" {
 		h.Set(HeaderContinueCut, t.continueKey)
 	}
-	client, err := s.upstream.client(ctx)
-	if err != nil {
-		return nil, transportError(ctx, err)
-	}
 	s.hooks.upstreamRunning(t, true)
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, transportError(ctx, s.upstream.callError(ctx, err))
+		return nil, err
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 		if rerr != nil {
-			return nil, transportError(ctx, rerr)
+			return nil, rerr
 		}
 		return nil, &upstreamStatus{status: resp.StatusCode, body: b}
 	}
@@ -313,7 +368,9 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		outcome = outcomeOf(err)
 		apierror.WriteOpenAI(w, r, s.log, err)
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, s.modelsURL, nil)
+	i, _ := s.acquire("", nil)
+	defer s.releaseWorker(i)
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, s.workers[i].modelsURL, nil)
 	if err != nil {
 		fail(apierror.Wrap(apierror.Internal, err))
 		return

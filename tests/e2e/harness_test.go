@@ -111,11 +111,12 @@ const token = "e2e-control-token"
 
 // Fleet is one test's fleet of real processes.
 type Fleet struct {
-	t      *testing.T
-	topo   fleet.Topology
-	Cfg    *fleet.Config
-	L      *fleet.Launcher
-	Fake   *fakeinference.Control
+	t    *testing.T
+	topo fleet.Topology
+	Cfg  *fleet.Config
+	L    *fleet.Launcher
+	// Fake drives every fakeinference worker at once.
+	Fake   fakes
 	client *http.Client
 	ctl    *http.Client
 	EnvURL string
@@ -128,6 +129,18 @@ type Fleet struct {
 func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	t.Helper()
 	return startFleetWith(t, fleetOptions{topo: mutate})
+}
+
+// startFleetOn is startFleet with the model server balancing over workers
+// fakeinference workers.
+func startFleetOn(t *testing.T, workers int, mutate func(*fleet.Topology)) *Fleet {
+	t.Helper()
+	return startFleetWith(t, fleetOptions{topo: func(tp *fleet.Topology) {
+		tp.InferenceWorkers = workers
+		if mutate != nil {
+			mutate(tp)
+		}
+	}})
 }
 
 // fleetOptions are what startFleetWith changes of the standard fleet.
@@ -176,8 +189,11 @@ func startFleetWith(t *testing.T, o fleetOptions) *Fleet {
 		ctl:     httpclient.New(httpclient.Options{H2C: true, HTTP: hc}),
 		CkptDir: filepath.Join(dir, "checkpoints"),
 	}
-	ep, _ := cfg.Endpoint("fakeinference")
-	f.Fake = fakeinference.NewControl(ep.URL, f.ctl)
+	for _, p := range cfg.Processes {
+		if p.Binary == "fakeinference" {
+			f.Fake = append(f.Fake, fakeinference.NewControl(p.Endpoints[0].URL, f.ctl))
+		}
+	}
 	env, _ := cfg.Endpoint("env")
 	f.EnvURL = env.URL
 	t.Cleanup(func() {
@@ -198,11 +214,12 @@ func startFleetWith(t *testing.T, o fleetOptions) *Fleet {
 	return f
 }
 
-// Crash kills every fleet process except fakeinference with SIGKILL.
+// Crash kills every fleet process except the fakeinference workers with
+// SIGKILL.
 func (f *Fleet) Crash() {
 	f.t.Helper()
 	for _, name := range f.Cfg.Names() {
-		if name == "fakeinference" {
+		if f.inferenceWorker(name) {
 			continue
 		}
 		if err := f.L.Kill(name); err != nil {
@@ -214,14 +231,20 @@ func (f *Fleet) Crash() {
 	f.ctl.CloseIdleConnections()
 }
 
-// Restart starts fresh processes for every fleet server but fakeinference,
-// on the same ports and configuration.
+// inferenceWorker reports whether the process is a fakeinference worker.
+func (f *Fleet) inferenceWorker(name string) bool {
+	p, ok := f.Cfg.Process(name)
+	return ok && p.Binary == "fakeinference"
+}
+
+// Restart starts fresh processes for every fleet server but the
+// fakeinference workers, on the same ports and configuration.
 func (f *Fleet) Restart() {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for _, name := range f.Cfg.Names() {
-		if name == "fakeinference" {
+		if f.inferenceWorker(name) {
 			continue
 		}
 		if err := f.L.Start(ctx, name); err != nil {

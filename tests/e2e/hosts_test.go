@@ -250,7 +250,7 @@ func startHostsFleet(t *testing.T, h *hostNet, place placement, dir, ckptRoot st
 		CkptDir: filepath.Join(ckptRoot, "checkpoints"),
 	}
 	fake, _ := cfg.Endpoint("fakeinference")
-	f.Fake = fakeinference.NewControl(fake.URL, f.ctl)
+	f.Fake = fakes{fakeinference.NewControl(fake.URL, f.ctl)}
 	env, _ := cfg.Endpoint("env")
 	f.EnvURL = env.URL
 	t.Cleanup(func() {

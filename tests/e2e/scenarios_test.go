@@ -20,9 +20,9 @@ import (
 // continueAfterCrash is scenarios 1 and 2: an episode whose second model
 // call is undelivered at the checkpoint continues from its last boundary
 // after every fleet process is killed; the delivered first call is never
-// repeated.
-func continueAfterCrash(t *testing.T, route string) {
-	f := startFleet(t, nil)
+// repeated. The model server balances over workers inference workers.
+func continueAfterCrash(t *testing.T, route string, workers int) {
+	f := startFleetOn(t, workers, nil)
 	f.HoldSecondCalls()
 	row := weatherRow("native-1", route, "Paris")
 	first := f.Start(row)
@@ -40,11 +40,11 @@ func continueAfterCrash(t *testing.T, route string) {
 }
 
 func TestScenario01_SingleAgentTurnContinuesAfterCrash(t *testing.T) {
-	continueAfterCrash(t, "weather_agent")
+	continueAfterCrash(t, "weather_agent", 1)
 }
 
 func TestScenario02_LegacyRunContinuesAfterCrash(t *testing.T) {
-	continueAfterCrash(t, "weather_agent_legacy")
+	continueAfterCrash(t, "weather_agent_legacy", 1)
 }
 
 // Scenario 3: the counter's state (4 after the first increment) must be
@@ -97,7 +97,11 @@ func TestScenario03_ResourcesStateIsRequired(t *testing.T) {
 // first call has the last delivered call as its parent, and the undelivered
 // call is not in the ledger.
 func TestScenario04_TokenLineageContinues(t *testing.T) {
-	f := startFleet(t, nil)
+	lineageContinues(t, 1)
+}
+
+func lineageContinues(t *testing.T, workers int) {
+	f := startFleetOn(t, workers, nil)
 	f.HoldSecondCalls()
 	row := counterRow("lineage-1", "counter_agent", 3, 1, 2)
 	f.Start(row)
@@ -127,7 +131,11 @@ func TestScenario04_TokenLineageContinues(t *testing.T) {
 // Scenario 5: an in-flight generation is cut at the checkpoint and the
 // re-issued call continues from the staged prefix.
 func TestScenario05_GenerationCutIsContinued(t *testing.T) {
-	f := startFleet(t, func(tp *fleet.Topology) { tp.TokensPerSecond = 40 })
+	generationCutContinued(t, 1)
+}
+
+func generationCutContinued(t *testing.T, workers int) {
+	f := startFleetOn(t, workers, func(tp *fleet.Topology) { tp.TokensPerSecond = 40 })
 	row := weatherRow("cut-1", "weather_agent", "Reykjavik")
 	f.Start(row)
 	f.WaitFor("call 1 generating with a prefix", time.Minute, func() bool {

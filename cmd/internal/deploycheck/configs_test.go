@@ -42,7 +42,7 @@ func servers() map[string]server {
 		"modelserver": {
 			load: func(path string, getenv func(string) string) (serverConfig, error) {
 				cfg, err := lifecycle.LoadConfig(configload.Flags{Config: path}, getenv, modelproxy.DefaultConfig(), nil)
-				return serverConfig{listens: []string{cfg.Listen}, peers: []string{cfg.Upstream.BaseURL}}, err
+				return serverConfig{listens: []string{cfg.Listen}, peers: cfg.Upstream.Workers()}, err
 			},
 			env: configload.EnvNames(new(modelproxy.Config)),
 		},

@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/rollout"
+)
+
+// The scenarios below run again with the model server balancing over two
+// fakeinference workers (issue 35): a rollout's calls stay on one worker,
+// holds and call logs are read across both (fakes), and a cut prefix staged
+// on one worker is continued there after a restore, whichever worker the
+// restarted model server tries first.
+
+func TestTwoWorkers_Scenario01_SingleAgentTurnContinuesAfterCrash(t *testing.T) {
+	continueAfterCrash(t, "weather_agent", 2)
+}
+
+func TestTwoWorkers_Scenario04_TokenLineageContinues(t *testing.T) {
+	lineageContinues(t, 2)
+}
+
+func TestTwoWorkers_Scenario05_GenerationCutIsContinued(t *testing.T) {
+	generationCutContinued(t, 2)
+}
+
+// workerOf maps each rollout id to the workers that saw its calls (the
+// rollouts here make one attempt each).
+func workerOf(t *testing.T, fs fakes) map[string][]int {
+	t.Helper()
+	out := map[string][]int{}
+	for i, w := range fs {
+		calls, err := w.Calls(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range calls {
+			if c.RolloutID != nil && !slices.Contains(out[*c.RolloutID], i) {
+				out[*c.RolloutID] = append(out[*c.RolloutID], i)
+			}
+		}
+	}
+	return out
+}
+
+// With two workers, concurrent rollouts use both, each attempt's calls stay
+// on one worker, and when a worker dies the rollouts go on on the other.
+func TestTwoWorkers_RolloutsSpreadStayAndFailOver(t *testing.T) {
+	f := startFleetOn(t, 2, func(tp *fleet.Topology) { tp.GenerationCuts = false })
+	runAll := func(prefix string) []string {
+		var wg sync.WaitGroup
+		var ids []string
+		for i := range 3 {
+			rows := []map[string]any{
+				weatherRow(fmt.Sprintf("%s-w%d", prefix, i), "weather_agent", "Paris"),
+				counterRow(fmt.Sprintf("%s-c%d", prefix, i), "counter_agent", 3, 1, 2),
+			}
+			for _, row := range rows {
+				ids = append(ids, row[rollout.FieldRolloutID].(string))
+				wg.Go(func() {
+					if rep := f.RunOK(row); rep.Reward() != 1.0 {
+						t.Errorf("%v: reward %v, want 1.0: %v", row[rollout.FieldRolloutID], rep.Reward(), rep.Body)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		return ids
+	}
+	ids := runAll("both")
+	on := workerOf(t, f.Fake)
+	used := map[int]bool{}
+	for _, id := range ids {
+		ws := on[id]
+		if len(ws) != 1 {
+			t.Fatalf("rollout %s's calls went to workers %v, want one", id, ws)
+		}
+		used[ws[0]] = true
+	}
+	if len(used) != 2 {
+		t.Fatalf("rollouts used workers %v, want both", used)
+	}
+
+	if err := f.L.Kill("fakeinference-1"); err != nil {
+		t.Fatal(err)
+	}
+	ids = runAll("one")
+	// Worker 1 is gone with its call log: every call of these rollouts
+	// must be on worker 0.
+	on = workerOf(t, f.Fake[:1])
+	for _, id := range ids {
+		if ws := on[id]; !slices.Equal(ws, []int{0}) {
+			t.Fatalf("with worker 1 dead, rollout %s's calls went to workers %v, want [0]", id, ws)
+		}
+	}
+	dead, _ := f.Cfg.Endpoint("fakeinference-1")
+	model, _ := f.Cfg.Endpoint("policy_model")
+	rep, err := httpclient.Do(context.Background(), f.ctl, http.MethodGet, model.URL+"/metrics", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := fmt.Sprintf(`gymfleet_model_worker_failovers_total{worker="%s/v1"} `, dead.URL)
+	var failovers float64
+	for _, line := range strings.Split(string(rep.Body), "\n") {
+		if v, ok := strings.CutPrefix(line, series); ok {
+			if _, err := fmt.Sscanf(v, "%g", &failovers); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+		}
+	}
+	if failovers < 1 {
+		t.Fatalf("no call failed over from the dead worker (%s 0): the test did not exercise failover", series)
+	}
+}
