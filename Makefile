@@ -20,7 +20,7 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-# The same binaries with the fault points compiled in (pkg/faultpoint), for
+# The same binaries with the fault points compiled in (pkg/infra/faultpoint), for
 # the crash sweep only: never deploy these.
 FAULT_BIN := $(BIN)/faults
 build-faults:
@@ -57,7 +57,7 @@ test-fuzz:
 
 # The process-level suite builds the binaries itself and kills real processes.
 # It runs twice at once, every process on each HTTP stack (lean, nethttp;
-# see pkg/httpconf), each pass on its own free ports and directories; each
+# see pkg/transport/httpconf), each pass on its own free ports and directories; each
 # pass's output is printed once both are done.
 E2E_STACKS := lean nethttp
 test-e2e: build
@@ -79,7 +79,7 @@ test-e2e: build
 SWEEP_PORTS ?= 16000-19999
 SWEEP       ?= full
 test-crashsweep: build build-faults
-	$(GO) test -count=1 -tags gymfleet_faults ./pkg/faultpoint
+	$(GO) test -count=1 -tags gymfleet_faults ./pkg/infra/faultpoint
 	cd tests/e2e && GYMFLEET_BIN=$(BIN) GYMFLEET_FAULT_BIN=$(FAULT_BIN) GYMFLEET_E2E_PORTS=$(SWEEP_PORTS) \
 		GYMFLEET_CRASHSWEEP=$(SWEEP) $(GO) test -count=1 -timeout 10m -run '^TestCrashSweep$$'
 

@@ -21,7 +21,7 @@ scripts/seaweedfs.sh start "$dir"
 . "$dir/env"
 
 echo "--- checkpoint store conformance suite against $GYMFLEET_S3_ENDPOINT"
-"$GO" test -race -count=1 -timeout 10m ./pkg/ckptstore/
+"$GO" test -race -count=1 -timeout 10m ./pkg/checkpoint/ckptstore/
 echo "--- process-level S3 scenarios"
 GYMFLEET_BIN=$BIN "$GO" test -count=1 -timeout 10m -v -run '^TestS3_' ./tests/e2e/ |
 	grep -E '^(=== RUN|--- |PASS|FAIL|ok)|s3_test.go' | tee "$dir/e2e.out"

@@ -15,9 +15,9 @@ import (
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 func noEnv(string) string { return "" }

@@ -1,5 +1,5 @@
 // Command fakeinference runs the deterministic vLLM stand-in (see
-// pkg/fakeinference): OpenAI-compatible chat completions with token ids,
+// pkg/servers/fakeinference): OpenAI-compatible chat completions with token ids,
 // test control routes, and the generation-cut worker route.
 package main
 
@@ -10,8 +10,8 @@ import (
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 )
 
 // name is the process's kind and instance name in logs and the address file.

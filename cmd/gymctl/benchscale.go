@@ -12,10 +12,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gymfleet/gymfleet/pkg/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
-	"github.com/gymfleet/gymfleet/pkg/scalebench"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/ops/scalebench"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // benchGCPercent is the servers' GC goal (runtimetune.ServerGCPercent, which
@@ -23,7 +23,7 @@ import (
 const benchGCPercent = 15
 
 // runBenchScale is `gymctl bench-scale`: the scale benchmark of the
-// checkpoint path (pkg/scalebench). It prints one table per HTTP stack
+// checkpoint path (pkg/ops/scalebench). It prints one table per HTTP stack
 // (--stacks), one after the other, then with several stacks their figures
 // side by side; with --json it writes the same figures for comparing runs
 // (with several stacks, one file per stack: --json's name with -<stack>

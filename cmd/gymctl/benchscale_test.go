@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
 )
 
 func TestBenchGCPercentIsTheServers(t *testing.T) {

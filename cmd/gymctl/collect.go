@@ -13,11 +13,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/collect"
-	"github.com/gymfleet/gymfleet/pkg/coordination"
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
-	"github.com/gymfleet/gymfleet/pkg/logging"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
+	"github.com/gymfleet/gymfleet/pkg/infra/logging"
+	"github.com/gymfleet/gymfleet/pkg/ops/collect"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // collectFlags are gymctl collect's flags.

@@ -14,10 +14,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/collect"
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/ops/collect"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // demoOptions are gymctl demo's flags.

@@ -21,9 +21,9 @@ func TestLinksNoServerCode(t *testing.T) {
 	deps := strings.Fields(string(out))
 	forbidden := []string{
 		"github.com/gymfleet/gymfleet/pkg/ctlplane",
-		"github.com/gymfleet/gymfleet/pkg/fakeinference",
-		"github.com/gymfleet/gymfleet/pkg/httpserver",
-		"github.com/gymfleet/gymfleet/pkg/h2server",
+		"github.com/gymfleet/gymfleet/pkg/servers/fakeinference",
+		"github.com/gymfleet/gymfleet/pkg/transport/httpserver",
+		"github.com/gymfleet/gymfleet/pkg/transport/h2server",
 		"github.com/gymfleet/gymfleet/cmd/internal/lifecycle",
 		"github.com/go-chi/chi/v5",
 		"github.com/prometheus/client_golang/prometheus",

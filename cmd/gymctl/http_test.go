@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/httpconf/tlstest"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf/tlstest"
 )
 
 // gymctl's clients speak the fleet file's http.stack, else the one

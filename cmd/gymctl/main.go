@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/gymfleet/gymfleet/pkg/collect"
+	"github.com/gymfleet/gymfleet/pkg/ops/collect"
 )
 
 // version is the build's (the Makefile sets it with -X main.version).

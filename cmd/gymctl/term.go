@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/gymfleet/gymfleet/pkg/tracing"
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 )
 
 // newTracer is gymctl's tracer provider, from the OTEL_* variables as the

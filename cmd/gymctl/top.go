@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 )
 
 func runTop(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

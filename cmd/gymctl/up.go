@@ -7,7 +7,7 @@ import (
 	"io"
 	"sync"
 
-	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 )
 
 func runUp(ctx context.Context, args []string, _ func(string) string, stdout, stderr io.Writer) error {

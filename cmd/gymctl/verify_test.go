@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 )
 
 // gymctl ckpt verify checks signatures with the fleet file's key (or

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 )
 
 // clearScreen moves the cursor home and clears the screen: a terminal

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 )
 
 // fakeTerminal is stdout as a terminal: each Write is one frame.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/modelproxy"
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
 )
 
 // version is the build's (the Makefile sets it with -X main.version).

@@ -17,8 +17,8 @@ import (
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/configtest"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 )
 
 // DefaultLeaseGrace is how long past a control call's deadline a participant

@@ -15,12 +15,12 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/gymfleet/gymfleet/pkg/apierror"
-	"github.com/gymfleet/gymfleet/pkg/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/faultpoint"
-	"github.com/gymfleet/gymfleet/pkg/logging"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
-	"github.com/gymfleet/gymfleet/pkg/tracing"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
+	"github.com/gymfleet/gymfleet/pkg/infra/logging"
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // ReadyRecheck bounds the time between readiness checks while a prepare
@@ -33,7 +33,7 @@ type Deps struct {
 	Logger   *slog.Logger
 	Registry prometheus.Registerer
 	// Tracer records the gym.checkpoint.<op> spans and their stages
-	// (pkg/tracing); nil records none.
+	// (pkg/infra/tracing); nil records none.
 	Tracer trace.TracerProvider
 	// Clock defaults to the wall clock.
 	Clock Clock

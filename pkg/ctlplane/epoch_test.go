@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // Ensure a restore into a later epoch fences the process it replaces: the

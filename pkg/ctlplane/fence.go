@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // Fence remembers, per rollout, the highest retired attempt. A request of

@@ -10,14 +10,14 @@ import (
 )
 
 // Ensure the control plane steers no runtime itself: GC settings and
-// memory advice are its Tuning's (pkg/runtimetune), reached only through
+// memory advice are its Tuning's (pkg/infra/runtimetune), reached only through
 // the interface.
 func TestImportsNoRuntimeSteering(t *testing.T) {
 	t.Parallel()
 	forbidden := map[string]bool{
 		"runtime/debug": true,
-		"github.com/gymfleet/gymfleet/pkg/hugepage":    true,
-		"github.com/gymfleet/gymfleet/pkg/runtimetune": true,
+		"github.com/gymfleet/gymfleet/pkg/infra/hugepage":    true,
+		"github.com/gymfleet/gymfleet/pkg/infra/runtimetune": true,
 	}
 	files, err := filepath.Glob("*.go")
 	if err != nil {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gymfleet/gymfleet/pkg/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 )
 
 type metrics struct {

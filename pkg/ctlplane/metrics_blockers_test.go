@@ -10,7 +10,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // gauge reads a label-less gauge from reg; absent is an error.

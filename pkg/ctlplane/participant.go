@@ -3,9 +3,9 @@ package ctlplane
 import (
 	"context"
 
-	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // Participant kinds (ctlwire's).

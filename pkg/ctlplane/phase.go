@@ -6,8 +6,8 @@
 package ctlplane
 
 import (
-	"github.com/gymfleet/gymfleet/pkg/apierror"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 )
 
 // Phase is where a participant is in a checkpoint; the type is the wire's

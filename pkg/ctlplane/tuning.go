@@ -1,7 +1,7 @@
 package ctlplane
 
 // Tuning is the process's runtime steering as the control plane drives it
-// (pkg/runtimetune's Tuner; Deps.Tuning). The controller only says where a
+// (pkg/infra/runtimetune's Tuner; Deps.Tuning). The controller only says where a
 // checkpoint stands; what, if anything, the runtime does about it is the
 // Tuning's to decide. One Tuning may serve every controller of a process,
 // so it counts its starts and finishes.

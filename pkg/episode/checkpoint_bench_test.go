@@ -8,9 +8,9 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/environment"
 	"github.com/gymfleet/gymfleet/pkg/episode"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // benchFleet is an environment's tracker at scale: every episode is a

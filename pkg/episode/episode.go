@@ -23,11 +23,11 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/gymfleet/gymfleet/pkg/apierror"
-	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
-	"github.com/gymfleet/gymfleet/pkg/faultpoint"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // Mode is how a step behaves when a checkpoint closes admission while it runs.

@@ -9,11 +9,11 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/gymfleet/gymfleet/pkg/apierror"
-	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/episode"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

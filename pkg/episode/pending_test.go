@@ -6,10 +6,10 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/episode"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 func record(t *testing.T, e rollout.EpisodeID) ctlplane.Record {

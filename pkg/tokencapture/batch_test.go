@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
 // readRowsAll collects what ReadRows reports for keys, and the order it

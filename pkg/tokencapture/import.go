@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
-	"github.com/gymfleet/gymfleet/pkg/faultpoint"
+	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
 // ImportRow is a Row as a restore imports it: its token arrays stay the

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
 // referenceImportRecord is how the ledger encoded an import record before

@@ -17,9 +17,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/gymfleet/gymfleet/pkg/atomicfile"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 const helperEnv = "GYMFLEET_LEDGER_HELPER_DIR"

@@ -12,9 +12,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gymfleet/gymfleet/pkg/atomicfile"
-	"github.com/gymfleet/gymfleet/pkg/codec"
-	"github.com/gymfleet/gymfleet/pkg/hugepage"
+	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/infra/hugepage"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
 // Record operations of the log.

@@ -19,8 +19,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/gymfleet/gymfleet/pkg/collect"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/ops/collect"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // The process-level collection suite (reference protocol.md §10.1

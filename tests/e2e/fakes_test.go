@@ -4,7 +4,7 @@ import (
 	"context"
 	"slices"
 
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 )
 
 // fakes drives every fakeinference worker of a fleet as one: holds go to

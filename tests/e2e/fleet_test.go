@@ -4,7 +4,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/fleet"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 )
 
 // TestFleet_RunsRolloutsAndSurvivesAKill runs both tasks through both

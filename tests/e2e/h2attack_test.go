@@ -25,12 +25,12 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // TestH2Attack makes the attacks of issue 33 on a model server (our HTTP/2
-// server, pkg/h2server) with clients built on x/net's Framer, one at a
+// server, pkg/transport/h2server) with clients built on x/net's Framer, one at a
 // time, and the same attacks on a net/http + x/net h2c server serving
 // comparable routes (testdata/h2baseline). Each attack asserts a bound on
 // the model server's peak RSS and that a well-behaved client is served

@@ -11,7 +11,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // TestH2spec runs the h2spec HTTP/2 conformance suite (the version pinned

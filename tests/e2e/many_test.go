@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // Scenario 13: many concurrent rollouts of both tasks, checkpointed at a

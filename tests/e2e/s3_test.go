@@ -14,9 +14,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/gymfleet/gymfleet/pkg/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // s3Root makes a bucket on the S3 server GYMFLEET_S3_ENDPOINT names and

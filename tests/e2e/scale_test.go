@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/scalebench"
+	"github.com/gymfleet/gymfleet/pkg/ops/scalebench"
 )
 
 // The scale bench (issue 6) at 1,000 rollouts, as a correctness check of

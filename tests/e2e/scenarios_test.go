@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/coordination"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // The scenarios of the crash suite (issue 4, reference protocol.md §10.1).

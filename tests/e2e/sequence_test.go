@@ -11,15 +11,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/apierror"
-	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // The random-sequence suite (reliability.md §1.6; protocol.md §10.2–10.3):

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // TestHTTPStack checks that every server of the fleet runs the pass's HTTP

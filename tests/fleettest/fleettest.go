@@ -14,14 +14,14 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/gymfleet/gymfleet/pkg/agent"
-	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
-	"github.com/gymfleet/gymfleet/pkg/modelproxy"
-	"github.com/gymfleet/gymfleet/pkg/resources"
+	"github.com/gymfleet/gymfleet/pkg/servers/agent"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/servers/resources"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // Server is what every fleet server provides.

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // CounterName is the config name of Gym's example counter server

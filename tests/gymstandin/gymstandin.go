@@ -1,6 +1,6 @@
 // Package gymstandin holds test stand-ins for NeMo Gym's servers at the
 // HTTP layer, shared by the tests that put our fleet next to Gym's
-// (pkg/agent, pkg/environment, pkg/httpclient, tests/inprocess,
+// (pkg/servers/agent, pkg/servers/environment, pkg/transport/httpclient, tests/inprocess,
 // tests/upstream). What each mimics, at NeMo Gym commit
 // 07d6b0d07b22fcf530b4c211dae2ee23100428e4:
 //
@@ -13,7 +13,7 @@
 //     the session middleware Gym installs (nemo_gym/server_utils.py 551-577)
 //     and RolloutContextMiddleware (nemo_gym/rollout_correlation.py 93-115).
 //
-// It imports no package of ours but pkg/rollout, so that pkg/httpclient's
+// It imports no package of ours but pkg/wire/rollout, so that pkg/transport/httpclient's
 // own tests can use it without an import cycle.
 package gymstandin
 

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/tests/fleettest"
 )
 

@@ -10,11 +10,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/agent"
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/resources"
+	"github.com/gymfleet/gymfleet/pkg/servers/agent"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/servers/resources"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/tests/fleettest"
 	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 )
 
 // withFields returns the row as a /run body with fields added (no rollout

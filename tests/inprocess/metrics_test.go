@@ -10,8 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
 
 // TestMetrics_EveryServerLintsClean scrapes /metrics of every server of

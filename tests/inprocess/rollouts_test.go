@@ -10,9 +10,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/collect"
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/ops/collect"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
 )
 
 // datasetRow is a row of data/*.jsonl with what a test expects of it.

@@ -15,12 +15,12 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/gymfleet/gymfleet/pkg/coordination"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
-	"github.com/gymfleet/gymfleet/pkg/tracing"
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 	"github.com/gymfleet/gymfleet/tests/fleettest"
 )
 

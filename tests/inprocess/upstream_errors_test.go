@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
 	"github.com/gymfleet/gymfleet/tests/fleettest"
 )
 

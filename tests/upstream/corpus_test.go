@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/environment"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
 	"github.com/gymfleet/gymfleet/tests/fleettest"
 	"github.com/gymfleet/gymfleet/tests/gymstandin"
 )

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/httpconf"
-	"github.com/gymfleet/gymfleet/pkg/httpconf/tlstest"
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpconf/tlstest"
 )
 
 // LoadSigningKeyFile loads a server's configuration with getenv as its

@@ -12,13 +12,13 @@ import (
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/agent"
-	"github.com/gymfleet/gymfleet/pkg/collect"
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/fleet"
-	"github.com/gymfleet/gymfleet/pkg/modelproxy"
-	"github.com/gymfleet/gymfleet/pkg/resources"
+	"github.com/gymfleet/gymfleet/pkg/ops/collect"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/servers/agent"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/servers/resources"
 )
 
 // serverConfig is what a loaded configuration says about its peers.

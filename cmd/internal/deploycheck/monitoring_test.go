@@ -21,11 +21,11 @@ import (
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/agent"
-	"github.com/gymfleet/gymfleet/pkg/environment"
-	"github.com/gymfleet/gymfleet/pkg/fakeinference"
-	"github.com/gymfleet/gymfleet/pkg/modelproxy"
-	"github.com/gymfleet/gymfleet/pkg/resources"
+	"github.com/gymfleet/gymfleet/pkg/servers/agent"
+	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/servers/resources"
 )
 
 // prometheusSeries are the series Prometheus itself adds to every target.

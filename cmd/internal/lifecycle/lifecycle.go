@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
 )
 
 // Server is what every fleet server type provides.

@@ -17,8 +17,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/lifecycle"
-	"github.com/gymfleet/gymfleet/pkg/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -14,9 +14,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/cmd/internal/configload"
-	"github.com/gymfleet/gymfleet/pkg/logging"
-	"github.com/gymfleet/gymfleet/pkg/runtimetune"
-	"github.com/gymfleet/gymfleet/pkg/tracing"
+	"github.com/gymfleet/gymfleet/pkg/infra/logging"
+	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 )
 
 // RunFunc is a server command's run: main is a shim over it, and the
@@ -109,9 +109,9 @@ type Runtime struct {
 	Level  slog.Level
 	Stderr io.Writer
 	// Tracer is the process's tracer provider: the no-op one unless the
-	// OTEL_* variables ask for an exporter (pkg/tracing).
+	// OTEL_* variables ask for an exporter (pkg/infra/tracing).
 	Tracer trace.TracerProvider
-	// Tuner is the process's one runtime steering (pkg/runtimetune), for
+	// Tuner is the process's one runtime steering (pkg/infra/runtimetune), for
 	// every server.
 	Tuner *runtimetune.Tuner
 }

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // The participant benchmarks (each participant's checkpoint_bench_test.go)

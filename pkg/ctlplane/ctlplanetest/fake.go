@@ -10,9 +10,9 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // Fake is a participant whose state is a set of episodes, each ready or

@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"unsafe"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // EpisodeIDs is the list of episodes a commit, restore or retire body

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // FuzzEpisodeIDs checks the list's fast read against the strict decoder:

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // Scope is the set of episodes a commit continues or a restore installs.

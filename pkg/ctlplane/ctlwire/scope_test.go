@@ -7,8 +7,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gymfleet/gymfleet/pkg/codec"
-	"github.com/gymfleet/gymfleet/pkg/rollout"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 func TestNewScope_SortsAndDropsDuplicatesWhateverTheOrder(t *testing.T) {

@@ -1,7 +1,7 @@
 // Package ctlwire is the wire contract of the checkpoint control API
 // (SPEC §3): its routes, requests, replies, phases, participant kinds,
 // episode lists and readiness reports. Servers (pkg/ctlplane) and
-// controllers (pkg/coordination, gymctl) both speak it; it holds no
+// controllers (pkg/checkpoint/coordination, gymctl) both speak it; it holds no
 // server code, so a controller links no HTTP server, router or metrics.
 package ctlwire
 
@@ -10,8 +10,8 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/gymfleet/gymfleet/pkg/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/codec"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
 // Route prefixes: our own, and the reference's, so its Python coordination

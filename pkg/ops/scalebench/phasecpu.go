@@ -1,0 +1,218 @@
+package scalebench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+)
+
+// PhaseCPU is the CPU time the machine's processes of the bench spent in
+// one timed phase: the servers, fakeinference and the bench itself. On a
+// shared 2-core machine the phase's wall time moves with other tenants'
+// load; its CPU is the work the phase cost, the steadier figure to
+// compare builds with.
+type PhaseCPU struct {
+	Phase string `json:"phase"`
+	// Seconds sums ByProcess.
+	Seconds float64 `json:"seconds"`
+	// ByProcess is each process's user and system CPU time in the phase,
+	// at the kernel's 10 ms tick.
+	ByProcess map[string]float64 `json:"by_process"`
+	// GCCycles is the garbage collections each server completed in the
+	// phase (its go_gc_duration_seconds_count), left out for a server that
+	// did not answer: at 100,000 rollouts one collection scans 200,000
+	// parked goroutines and costs a server seconds of CPU, so a phase that
+	// one fell into is slow for that reason and no other.
+	GCCycles map[string]int64 `json:"gc_cycles,omitempty"`
+	// MinorFaults is each process's minor page faults in the phase: on
+	// this VM a first touch of fresh memory costs ~14 us, so 10,000 of
+	// them are 0.14 CPU-s of the phase's work.
+	MinorFaults map[string]int64 `json:"minor_faults,omitempty"`
+}
+
+// cpuSnapshot is each process's CPU time and faults at the start of a
+// phase.
+type cpuSnapshot map[string]procTimes
+
+// snapshotCPU reads the CPU time and faults of every running fleet process
+// and the bench's own.
+func (b *bench) snapshotCPU() cpuSnapshot {
+	snap := cpuSnapshot{}
+	for _, t := range b.processes(b.fleetLabel) {
+		if st, err := readStat(t.pid); err == nil {
+			snap[t.name] = st
+		}
+	}
+	if st, err := readStat(0); err == nil {
+		snap["bench"] = st
+	}
+	return snap
+}
+
+// since is the CPU and faults of each process from before to now; a
+// process that could not be read at either end is left out.
+func (before cpuSnapshot) since(phase string, now cpuSnapshot) PhaseCPU {
+	pc := PhaseCPU{Phase: phase, ByProcess: map[string]float64{}, MinorFaults: map[string]int64{}}
+	for name, end := range now {
+		start, ok := before[name]
+		if !ok {
+			continue
+		}
+		s := (end.CPU - start.CPU).Seconds()
+		pc.ByProcess[name] = s
+		pc.Seconds += s
+		pc.MinorFaults[name] = end.MinorFaults - start.MinorFaults
+	}
+	return pc
+}
+
+// detail is the table's line: the total, then each process's share and
+// the collections it completed, when any.
+func (pc PhaseCPU) detail() string {
+	names := make([]string, 0, len(pc.ByProcess))
+	for n := range pc.ByProcess {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %.2f", n, pc.ByProcess[n])
+		var notes []string
+		if gc := pc.GCCycles[n]; gc > 0 {
+			notes = append(notes, fmt.Sprintf("%d GC", gc))
+		}
+		if f := pc.MinorFaults[n]; f >= faultsWorthNaming {
+			notes = append(notes, fmt.Sprintf("%dk faults", (f+500)/1000))
+		}
+		if len(notes) > 0 {
+			parts[i] += " (" + strings.Join(notes, ", ") + ")"
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// faultsWorthNaming is the fewest faults the table names for a process
+// in a phase: 1,000 are ~14 ms on this VM.
+const faultsWorthNaming = 1000
+
+// gcSnapshot is each server's count of completed collections.
+type gcSnapshot map[string]int64
+
+// gcScrapeTimeout bounds reading one server's /metrics at a phase's edge.
+const gcScrapeTimeout = 5 * time.Second
+
+// snapshotGC reads every running server's collection count from its
+// /metrics; a server that does not answer is left out.
+func (b *bench) snapshotGC(ctx context.Context) gcSnapshot {
+	snap := gcSnapshot{}
+	for _, r := range b.runtimeURLs() {
+		if n, err := b.scrapeGCCount(ctx, r.url+"/metrics"); err == nil {
+			snap[r.name] = n
+		}
+	}
+	return snap
+}
+
+func (b *bench) scrapeGCCount(ctx context.Context, url string) (int64, error) {
+	exposition, err := b.scrapeMetrics(ctx, url, gcScrapeTimeout)
+	if err != nil {
+		return 0, err
+	}
+	return gcCount(exposition)
+}
+
+// scrapeMetrics GETs a server's /metrics exposition within timeout.
+func (b *bench) scrapeMetrics(ctx context.Context, url string, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	reply, err := httpclient.Do(ctx, b.ctl, http.MethodGet, url, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := reply.Err("GET " + url); err != nil {
+		return nil, err
+	}
+	return reply.Body, nil
+}
+
+// gcCountMetric is the Go collector's count of completed collections.
+const gcCountMetric = "go_gc_duration_seconds_count"
+
+// gcCount finds the collection count in a Prometheus text exposition.
+func gcCount(exposition []byte) (int64, error) {
+	f, err := metricValue(exposition, gcCountMetric)
+	if err != nil {
+		return 0, err
+	}
+	if f < 0 {
+		return 0, fmt.Errorf("%s %v: not a count", gcCountMetric, f)
+	}
+	return int64(f), nil
+}
+
+// metricValue finds an unlabelled metric's value in a Prometheus text
+// exposition: a gauge, counter or untyped sample, or the _count or _sum of
+// a summary or histogram.
+func metricValue(exposition []byte, metric string) (float64, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(exposition))
+	if err != nil {
+		return 0, fmt.Errorf("reading the exposition for %s: %w", metric, err)
+	}
+	for _, m := range families[metric].GetMetric() {
+		if len(m.GetLabel()) > 0 {
+			continue
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), nil
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), nil
+		case m.Untyped != nil:
+			return m.GetUntyped().GetValue(), nil
+		}
+	}
+	for _, suffix := range []string{"_count", "_sum"} {
+		base, ok := strings.CutSuffix(metric, suffix)
+		if !ok {
+			continue
+		}
+		for _, m := range families[base].GetMetric() {
+			if len(m.GetLabel()) > 0 {
+				continue
+			}
+			switch {
+			case m.Summary != nil && suffix == "_count":
+				return float64(m.GetSummary().GetSampleCount()), nil
+			case m.Summary != nil:
+				return m.GetSummary().GetSampleSum(), nil
+			case m.Histogram != nil && suffix == "_count":
+				return float64(m.GetHistogram().GetSampleCount()), nil
+			case m.Histogram != nil:
+				return m.GetHistogram().GetSampleSum(), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no %s in the exposition", metric)
+}
+
+// since is the collections each server completed from before to now; a
+// server read at one end only is left out.
+func (before gcSnapshot) since(now gcSnapshot) map[string]int64 {
+	out := map[string]int64{}
+	for name, end := range now {
+		if start, ok := before[name]; ok {
+			out[name] = end - start
+		}
+	}
+	return out
+}

@@ -1,0 +1,327 @@
+package scalebench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
+)
+
+// Result is one run's figures. Times are in seconds, sizes in bytes; the
+// JSON form is for comparing runs.
+type Result struct {
+	Rollouts int `json:"rollouts"`
+	// Stack is the HTTP stack the fleet and the bench spoke (lean or
+	// nethttp, see pkg/transport/httpconf).
+	Stack string `json:"stack"`
+	// Tuning is the fleet's runtime.tuning (on or off, see
+	// pkg/infra/runtimetune).
+	Tuning    string    `json:"tuning"`
+	StartedAt time.Time `json:"started_at"`
+	Host      Host      `json:"host"`
+	// Profiled runs are slower: the servers record CPU profiles during
+	// prepare, commit and restore.
+	Profiled    bool   `json:"profiled"`
+	ProfilesDir string `json:"profiles_dir,omitempty"`
+	// Dir is the work directory when it was kept.
+	Dir string `json:"dir,omitempty"`
+	// Store is the object store root the fleet checkpointed to; empty for
+	// the local disk.
+	Store string `json:"store,omitempty"`
+
+	FleetStartSeconds float64 `json:"fleet_start_seconds"`
+	// DispatchSentSeconds is until every /run was written.
+	DispatchSentSeconds float64 `json:"dispatch_sent_seconds"`
+	// DispatchSeconds is until every rollout was held at its second call.
+	DispatchSeconds float64 `json:"dispatch_seconds"`
+	// InFlight is the rollouts held at the checkpoint.
+	InFlight int `json:"in_flight"`
+
+	Prepare Prepare `json:"prepare"`
+	Commit  Commit  `json:"commit"`
+	// Exported is how many rollouts the environment exported (the
+	// continued set).
+	Exported int `json:"exported"`
+
+	// KillToReadySeconds is from the first SIGKILL until every fresh
+	// process answers /readyz.
+	KillToReadySeconds float64 `json:"kill_to_ready_seconds"`
+	RestoreSeconds     float64 `json:"restore_seconds"`
+	// RestoreKinds splits the restore by participant kind.
+	RestoreKinds []RestoreKind `json:"restore_kinds"`
+	// Restored is how many episodes the environment restored.
+	Restored      int     `json:"restored"`
+	ResumeSeconds float64 `json:"resume_seconds"`
+	// ReplacementsSeconds is from the first replacement /run until the
+	// last one replied.
+	ReplacementsSeconds float64 `json:"replacements_seconds"`
+	Replacements        int     `json:"replacements"`
+	ReplacementFailures int     `json:"replacement_failures"`
+	RewardsNotOne       int     `json:"rewards_not_one"`
+	// Sessions is what the fresh fleet held open after the replacements.
+	Sessions Sessions `json:"sessions"`
+	// OriginalsReplied counts original /run calls that got any HTTP reply
+	// (the contract wants 0); OriginalsCutOff those the crash cut off.
+	OriginalsReplied int `json:"originals_replied"`
+	OriginalsCutOff  int `json:"originals_cut_off"`
+
+	// Processes are the fleet's servers: the first fleet's read just
+	// before the kill, the fresh fleet's (and fakeinference's) at the end.
+	Processes []ProcessStat `json:"processes"`
+	Bench     ProcessStat   `json:"bench"`
+	// PhaseCPU is the CPU time spent in prepare, commit and restore.
+	PhaseCPU []PhaseCPU `json:"phase_cpu"`
+
+	// Logs counts the warnings and errors each process logged (the fleet
+	// runs at log level warn), across both fleets.
+	Logs []LogSummary `json:"logs"`
+
+	// Violations of the controller contract; empty on a passing run.
+	Violations []string `json:"violations"`
+	// Error is the error the run ended with, if any.
+	Error string `json:"error,omitempty"`
+}
+
+// Host describes the machine a run measured.
+type Host struct {
+	Name      string `json:"name"`
+	CPUs      int    `json:"cpus"`
+	GoVersion string `json:"go_version"`
+	OS        string `json:"os"`
+	Arch      string `json:"arch"`
+	// LoadAverage is /proc/loadavg's 1, 5 and 15 minute averages when the
+	// run started: other work on the machine skews the figures.
+	LoadAverage string `json:"load_average"`
+}
+
+// Prepare is the coordinated prepare: one stage per participant kind.
+type Prepare struct {
+	Seconds  float64        `json:"seconds"`
+	Prepared bool           `json:"prepared"`
+	Stages   []PrepareStage `json:"stages"`
+}
+
+// PrepareStage is one stage of prepare (all its servers in parallel).
+type PrepareStage struct {
+	Kind     string   `json:"kind"`
+	Seconds  float64  `json:"seconds"`
+	Servers  int      `json:"servers"`
+	Blockers []string `json:"blockers,omitempty"`
+}
+
+// Commit is the commit of the whole scope.
+type Commit struct {
+	Seconds float64      `json:"seconds"`
+	Records int          `json:"records"`
+	Bytes   int64        `json:"bytes"`
+	Kinds   []CommitKind `json:"kinds"`
+}
+
+// CommitKind sums one participant kind's part of the checkpoint.
+type CommitKind struct {
+	Kind string `json:"kind"`
+	// Seconds is the slowest participant's export and write.
+	Seconds      float64 `json:"seconds"`
+	Participants int     `json:"participants"`
+	Records      int     `json:"records"`
+	Bytes        int64   `json:"bytes"`
+	// Exported is how many capture keys the kind's participants exported.
+	Exported int `json:"exported"`
+}
+
+// RestoreKind is one participant kind's part of the restore: its slowest
+// participant's read (and verify) of its records and install of them.
+type RestoreKind struct {
+	Kind           string  `json:"kind"`
+	ReadSeconds    float64 `json:"read_seconds"`
+	InstallSeconds float64 `json:"install_seconds"`
+	// CallSeconds is the restore call as the bench saw it, request sent
+	// to reply decoded: the rest is the request's and the reply's
+	// transfer and decoding, outside the participant's read and install.
+	CallSeconds float64 `json:"call_seconds"`
+}
+
+// LogSummary counts one process's warning and error lines.
+type LogSummary struct {
+	Process  string `json:"process"`
+	Warnings int    `json:"warnings"`
+	Errors   int    `json:"errors"`
+	// First is the first warning or error line, shortened.
+	First string `json:"first,omitempty"`
+}
+
+// ProcessStat is one process's peak resident memory and descriptors.
+type ProcessStat struct {
+	Name string `json:"name"`
+	// Fleet is "first" (before the crash), "fresh" (after it) or "kept"
+	// (fakeinference, which the crash spares).
+	Fleet        string `json:"fleet"`
+	PID          int    `json:"pid"`
+	PeakRSSBytes uint64 `json:"peak_rss_bytes"`
+	// PeakFDs is the most descriptors a sample saw; FDsAtBoundary the
+	// count with every rollout in flight (first fleet).
+	PeakFDs       int `json:"peak_fds"`
+	FDsAtBoundary int `json:"fds_at_boundary"`
+	// StackBytesAtBoundary and GoroutinesAtBoundary are the runtime's
+	// figures with every rollout in flight (first fleet): goroutine stacks
+	// are memory a heap profile leaves out.
+	StackBytesAtBoundary uint64 `json:"stack_bytes_at_boundary,omitempty"`
+	GoroutinesAtBoundary int    `json:"goroutines_at_boundary,omitempty"`
+	// CPUSeconds is the process's user and system CPU time over its life.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	Error      string  `json:"error,omitempty"`
+}
+
+// stacksAtBoundary is a process's goroutine stacks with every rollout in
+// flight, and per rollout in flight. The bench reads them only once every
+// rollout is held, so inFlight is then the rollouts.
+func stacksAtBoundary(p ProcessStat, inFlight int) string {
+	if p.StackBytesAtBoundary == 0 || inFlight == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s, %d goroutines (%.1f KiB per rollout)", fmtBytes(int64(p.StackBytesAtBoundary)), p.GoroutinesAtBoundary, float64(p.StackBytesAtBoundary)/float64(inFlight)/1024)
+}
+
+// FleetPeakRSS sums the peak resident memory of one fleet's processes
+// ("first" or "fresh"; fakeinference stands in for the inference servers
+// and is not counted). The processes peak at different moments, so the sum
+// bounds the fleet's peak from above.
+func (r *Result) FleetPeakRSS(fleetLabel string) uint64 {
+	var sum uint64
+	for _, p := range r.Processes {
+		if p.Fleet == fleetLabel {
+			sum += p.PeakRSSBytes
+		}
+	}
+	return sum
+}
+
+// WriteJSON writes the result as indented JSON to path, atomically.
+func (r *Result) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(atomicfile.OS, path, append(b, '\n'))
+}
+
+// WriteTable prints the result as one table of phases, then one of
+// processes.
+func (r *Result) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "scale bench: %d weather rollouts on single_agent_turn, checkpointing and generation cuts on, %s HTTP stack (%s, %d CPUs, %s, load %s), runtime tuning %s\n",
+		r.Rollouts, r.Stack, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage, r.Tuning)
+	if r.Profiled {
+		fmt.Fprintln(w, "profiled run: CPU profiling slows prepare, commit and restore")
+	}
+	if r.Store != "" {
+		fmt.Fprintln(w, "checkpoint in an object store:", r.Store)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(name string, secs float64, detail string) {
+		fmt.Fprintf(tw, "%s\t%9s\t%s\n", name, fmtSeconds(secs), detail)
+	}
+	fmt.Fprintf(tw, "phase\t%9s\tdetail\n", "seconds")
+	row("fleet start", r.FleetStartSeconds, "")
+	row("dispatch: every /run sent", r.DispatchSentSeconds, "")
+	row("dispatch: every rollout at its 2nd call", r.DispatchSeconds, fmt.Sprintf("%d in flight", r.InFlight))
+	for _, s := range r.Prepare.Stages {
+		detail := fmt.Sprintf("%d server(s)", s.Servers)
+		if len(s.Blockers) > 0 {
+			detail += "; NOT PREPARED: " + strings.Join(s.Blockers, "; ")
+		}
+		row("prepare "+s.Kind, s.Seconds, detail)
+	}
+	row("prepare total", r.Prepare.Seconds, prepared(r.Prepare.Prepared))
+	row("commit", r.Commit.Seconds, fmt.Sprintf("%d records, %s; the environment exported %d", r.Commit.Records, fmtBytes(r.Commit.Bytes), r.Exported))
+	for _, k := range r.Commit.Kinds {
+		row("  "+k.Kind, k.Seconds, fmt.Sprintf("%d records, %s, %d exported", k.Records, fmtBytes(k.Bytes), k.Exported))
+	}
+	row("kill to ready (fresh fleet)", r.KillToReadySeconds, "")
+	row("restore", r.RestoreSeconds, fmt.Sprintf("%d restored by the environment", r.Restored))
+	for _, k := range r.RestoreKinds {
+		row("  "+k.Kind, k.ReadSeconds+k.InstallSeconds, fmt.Sprintf("read and verify %s, install %s, replied after %s", fmtSeconds(k.ReadSeconds), fmtSeconds(k.InstallSeconds), fmtSeconds(k.CallSeconds)))
+	}
+	row("resume", r.ResumeSeconds, "")
+	row("replacements: every one finished", r.ReplacementsSeconds, fmt.Sprintf("%d sent, %d failed, %d reward != 1.0", r.Replacements, r.ReplacementFailures, r.RewardsNotOne))
+	row("sessions: every one closed", r.Sessions.Seconds, fmt.Sprintf("%d resources and %d agent sessions open; cleanup steps sent again: %d answered, %d abandoned, %d pending",
+		r.Sessions.ResourcesOpen, r.Sessions.AgentOpen, r.Sessions.RetriesDone, r.Sessions.RetriesAbandoned, r.Sessions.RetriesPending))
+	for _, pc := range r.PhaseCPU {
+		row("CPU in "+pc.Phase, pc.Seconds, pc.detail())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "originals: %d replied (want 0), %d cut off by the crash\n\n", r.OriginalsReplied, r.OriginalsCutOff)
+
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "process\tfleet\t%10s\t%15s\t%8s\t%11s\t%s\t\n", "peak RSS", "fds at boundary", "peak fds", "CPU seconds", "stacks at boundary")
+	for _, p := range append(append([]ProcessStat(nil), r.Processes...), r.Bench) {
+		if p.Name == "" {
+			continue
+		}
+		atBoundary := "-"
+		if p.Fleet != "fresh" && p.FDsAtBoundary > 0 {
+			atBoundary = fmt.Sprint(p.FDsAtBoundary)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t%s\n", p.Name, p.Fleet, fmtBytes(int64(p.PeakRSSBytes)), atBoundary, p.PeakFDs, p.CPUSeconds, stacksAtBoundary(p, r.InFlight), p.Error)
+	}
+	for _, f := range []string{"first", "fresh"} {
+		if sum := r.FleetPeakRSS(f); sum > 0 {
+			fmt.Fprintf(tw, "%s fleet, sum of peaks\t\t%10s\t\t\t\t\n", f, fmtBytes(int64(sum)))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, l := range r.Logs {
+		if l.Warnings+l.Errors > 0 {
+			fmt.Fprintf(w, "log of %s: %d warnings, %d errors; first: %s\n", l.Process, l.Warnings, l.Errors, l.First)
+		}
+	}
+	if len(r.Violations) == 0 && r.Error == "" {
+		fmt.Fprintln(w, "contract: every rollout was exported, none replied while prepared, every replacement finished with reward 1.0, every session closed")
+	}
+	for _, v := range r.Violations {
+		fmt.Fprintln(w, "CONTRACT VIOLATED:", v)
+	}
+	if r.Error != "" {
+		fmt.Fprintln(w, "ERROR:", r.Error)
+	}
+	if r.ProfilesDir != "" {
+		fmt.Fprintln(w, "profiles:", r.ProfilesDir)
+	}
+	if r.Dir != "" {
+		fmt.Fprintln(w, "work directory kept:", r.Dir)
+	}
+	return nil
+}
+
+func prepared(ok bool) string {
+	if ok {
+		return "every stage prepared"
+	}
+	return "NOT PREPARED"
+}
+
+func fmtSeconds(s float64) string {
+	if s == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", s)
+}
+
+func fmtBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,545 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
+	"github.com/gymfleet/gymfleet/pkg/transport/sse"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/openai"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
+)
+
+// LoopState is the turn loop's state, as NeMo Gym's SimpleAgentLoopState:
+// everything a loop needs to continue from a boundary. Its slices only grow,
+// which is what lets Snapshot pin them by length.
+type LoopState struct {
+	// Step counts model calls started by this activation (the max_steps unit).
+	Step int `json:"step"`
+	// PendingTools is set between a model response with function calls and
+	// the end of their tool round: a loop continued from such a state runs
+	// those calls before calling the model again.
+	PendingTools bool `json:"pending_tools"`
+	// NewOutputs is every item the loop produced: model output items and
+	// function_call_output items, in order. Not the original input.
+	NewOutputs []openai.Item `json:"new_outputs"`
+	// Usage is the sum of every model response's usage; nil until one has usage.
+	Usage             *openai.ResponseUsage `json:"usage"`
+	LastModelResponse *openai.Response      `json:"last_model_response"`
+	Turns             []Turn                `json:"turns"`
+	ToolRecords       []ToolRecord          `json:"tool_records"`
+	ModelCalls        int                   `json:"model_calls"`
+}
+
+// Turn records one model call of the loop.
+type Turn struct {
+	Step          int    `json:"step"`
+	ResponseID    string `json:"response_id"`
+	Status        string `json:"status"`
+	OutputItems   int    `json:"output_items"`
+	FunctionCalls int    `json:"function_calls"`
+}
+
+// ToolRecord records one function call the loop ran.
+type ToolRecord struct {
+	Step   int    `json:"step"`
+	CallID string `json:"call_id"`
+	Name   string `json:"name"`
+	// Status is the resources server's HTTP status; 0 when the call was not
+	// sent because its arguments were not JSON.
+	Status int `json:"status"`
+}
+
+// Snapshot returns a function that builds the state as it is now. It pins
+// the scalars and the current lengths of the append-only slices, so the
+// state it builds is exact even when called later, while the loop has moved
+// on. Call Snapshot from the goroutine running the loop; the returned
+// function may be called from any goroutine.
+func (st *LoopState) Snapshot() func() LoopState {
+	pinned := *st
+	pinned.NewOutputs = st.NewOutputs[:len(st.NewOutputs):len(st.NewOutputs)]
+	pinned.Turns = st.Turns[:len(st.Turns):len(st.Turns)]
+	pinned.ToolRecords = st.ToolRecords[:len(st.ToolRecords):len(st.ToolRecords)]
+	if st.Usage != nil {
+		// Add mutates the accumulated usage in place; copy its value now.
+		u := *st.Usage
+		pinned.Usage = &u
+	}
+	return func() LoopState { return pinned }
+}
+
+// Boundary names the three points of the loop where it is at a boundary.
+type Boundary int
+
+const (
+	// BoundaryBeforeModelCall is before each model call.
+	BoundaryBeforeModelCall Boundary = iota
+	// BoundaryPendingTools is after a model response whose function calls
+	// have not run yet (PendingTools is set).
+	BoundaryPendingTools
+	// BoundaryAfterToolRound is after every function call of a response ran.
+	BoundaryAfterToolRound
+)
+
+// String names the boundary.
+func (b Boundary) String() string {
+	switch b {
+	case BoundaryBeforeModelCall:
+		return "before_model_call"
+	case BoundaryPendingTools:
+		return "pending_tools"
+	case BoundaryAfterToolRound:
+		return "after_tool_round"
+	}
+	return fmt.Sprintf("boundary(%d)", int(b))
+}
+
+// activation is one run of the turn loop: one /v1/responses call on a
+// session, a stateless /v1/responses, or the loop stage of a legacy /run.
+type activation struct {
+	srv     *Server
+	episode rollout.EpisodeID
+	// resources is the resources session tool calls run in.
+	resources resourcesRef
+	// unprefixed sends the loop's calls without the /ng-rollout prefix: a
+	// stateless call that named no episode.
+	unprefixed bool
+	params     *openai.ResponsesRequest
+	// input is the original input as items; every model call sends input
+	// followed by the state's NewOutputs.
+	input []openai.Item
+	state *LoopState
+	// hooks take the activation through checkpoints: directLoop for a
+	// stateless call or with checkpointing off.
+	hooks loopHooks
+}
+
+// loopHooks is what a checkpoint participant does at the loop's boundaries.
+type loopHooks interface {
+	// atBoundary records st's boundary b (for a native session, as the
+	// encoding an export copies; for a legacy episode, as st.Snapshot(),
+	// built only if a checkpoint exports it) and, while a checkpoint is
+	// open, parks there until it reopens or ctx ends.
+	atBoundary(ctx context.Context, b Boundary, st *LoopState) error
+	// awaitModel makes a's next model call (a.callModel), right after a
+	// before-model-call boundary.
+	awaitModel(ctx context.Context, a *activation) (*openai.Response, error)
+}
+
+// resourcesRef names a resources session as a call carries it: our
+// header, and the cookies its /seed_session reply set, which is all a NeMo
+// Gym resources server reads (nemo_gym/server_utils.py, Gym 07d6b0d07b22).
+type resourcesRef struct {
+	// id is sent in X-Ng-Session-Id; empty sends no header.
+	id string
+	// cookies is the Cookie header to send; empty sends none.
+	cookies string
+}
+
+// header is the header a call in the session carries (nil for none).
+func (r resourcesRef) header() http.Header {
+	var h http.Header
+	if r.id != "" {
+		h = http.Header{ResourcesSessionHeader: {r.id}}
+	}
+	return sessioncookie.Header(h, r.cookies)
+}
+
+func (s *Server) newActivation(ep rollout.EpisodeID, resources resourcesRef, params *openai.ResponsesRequest, state *LoopState) *activation {
+	if state == nil {
+		state = &LoopState{}
+	}
+	return &activation{srv: s, episode: ep, resources: resources, params: params, input: params.Input.AsItems(), state: state, hooks: directLoop{}}
+}
+
+// RunLoop runs the turn loop of one activation outside any session: for
+// episode ep, with tool calls in resources session resourcesSessionID (empty
+// sends none), on params. A nil or zero state starts the loop afresh; a
+// state rebuilt from a boundary (LoopState's JSON) continues it, running
+// the pending tool calls first when PendingTools is set. state is updated
+// in place. The result is the last model response with output = every new
+// item and usage = the accumulated usage.
+func (s *Server) RunLoop(ctx context.Context, ep rollout.EpisodeID, resourcesSessionID string, params *openai.ResponsesRequest, state *LoopState) (*openai.Response, error) {
+	return s.runActivation(ctx, s.newActivation(ep, resourcesRef{id: resourcesSessionID}, params, state))
+}
+
+// runActivation runs a loop outside any session, counting its outcome.
+func (s *Server) runActivation(ctx context.Context, act *activation) (*openai.Response, error) {
+	resp, err := act.run(ctx)
+	if err != nil {
+		s.metrics.activations.WithLabelValues("failed").Inc()
+		return nil, err
+	}
+	s.metrics.activations.WithLabelValues("completed").Inc()
+	return resp, nil
+}
+
+// boundary marks that the loop is at b: with checkpointing on the hooks
+// record the state's snapshot and park while a checkpoint is open.
+func (a *activation) boundary(ctx context.Context, b Boundary) error {
+	return a.hooks.atBoundary(ctx, b, a.state)
+}
+
+// run runs the turn loop of gym-servers §3.2 from the activation's state: a
+// state with PendingTools first runs the last response's function calls.
+// It returns the last model response with output = NewOutputs and usage =
+// the accumulated usage.
+func (a *activation) run(ctx context.Context) (*openai.Response, error) {
+	st := a.state
+	if st.PendingTools {
+		if st.LastModelResponse == nil {
+			return nil, apierror.New(apierror.InvalidCheckpointState, "loop state has pending tools but no model response")
+		}
+		// A state restored at this boundary is at it again: an activation
+		// continued while a checkpoint is open parks before any tool runs.
+		if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
+			return nil, err
+		}
+		if err := a.runTools(ctx, openai.FunctionCalls(st.lastOutput())); err != nil {
+			return nil, err
+		}
+		st.PendingTools = false
+		if err := a.boundary(ctx, BoundaryAfterToolRound); err != nil {
+			return nil, err
+		}
+		if a.maxStepsReached() {
+			return a.result()
+		}
+	}
+	for {
+		if err := a.boundary(ctx, BoundaryBeforeModelCall); err != nil {
+			return nil, err
+		}
+		st.Step++
+		// A turn is a model call and the tool round it asks for.
+		tctx, turn := a.srv.tracer.Start(ctx, tracing.SpanTurn)
+		if turn.IsRecording() {
+			turn.SetAttributes(tracing.AttrStep.Int(st.Step))
+		}
+		done, err := a.turn(tctx)
+		tracing.Fail(turn, err)
+		turn.End()
+		if err != nil {
+			return nil, err
+		}
+		if done || a.maxStepsReached() {
+			break
+		}
+	}
+	return a.result()
+}
+
+// turn makes one model call and runs the tool calls it asks for; done
+// says the loop ends with it.
+func (a *activation) turn(ctx context.Context) (done bool, err error) {
+	st := a.state
+	resp, err := a.awaitModel(ctx)
+	if err != nil {
+		return false, err
+	}
+	calls := openai.FunctionCalls(resp.Output)
+	st.ModelCalls++
+	st.NewOutputs = append(st.NewOutputs, resp.Output...)
+	if resp.Usage != nil {
+		if st.Usage == nil {
+			u := *resp.Usage
+			st.Usage = &u
+		} else {
+			st.Usage.Add(resp.Usage)
+		}
+	}
+	// The response's items are in NewOutputs already; the state keeps
+	// the rest of it (ids, model, echoed parameters) for the reply, so a
+	// checkpoint does not carry every item twice.
+	last := *resp
+	last.Output = nil
+	st.LastModelResponse = &last
+	st.Turns = append(st.Turns, Turn{Step: st.Step, ResponseID: resp.ID, Status: resp.Status, OutputItems: len(resp.Output), FunctionCalls: len(calls)})
+	if resp.IncompleteDetails != nil {
+		return true, nil
+	}
+	if len(calls) == 0 && openai.HasAssistantMessage(resp.Output) {
+		return true, nil
+	}
+	if len(calls) > 0 {
+		st.PendingTools = true
+		if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
+			return false, err
+		}
+		if err := a.runTools(ctx, calls); err != nil {
+			return false, err
+		}
+		st.PendingTools = false
+		if err := a.boundary(ctx, BoundaryAfterToolRound); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// lastOutput is the last model response's output: the items of the last
+// turn, at the end of NewOutputs.
+func (st *LoopState) lastOutput() []openai.Item {
+	if len(st.Turns) == 0 {
+		return nil
+	}
+	n := st.Turns[len(st.Turns)-1].OutputItems
+	if n > len(st.NewOutputs) {
+		n = len(st.NewOutputs)
+	}
+	return st.NewOutputs[len(st.NewOutputs)-n:]
+}
+
+func (a *activation) maxStepsReached() bool {
+	return a.srv.cfg.MaxSteps > 0 && a.state.Step >= a.srv.cfg.MaxSteps
+}
+
+// result is the last model response with the loop's output and usage.
+func (a *activation) result() (*openai.Response, error) {
+	st := a.state
+	if st.LastModelResponse == nil {
+		return nil, apierror.New(apierror.Internal, "the loop ended without a model response")
+	}
+	out := *st.LastModelResponse
+	out.Output = slices.Clone(st.NewOutputs)
+	if out.Output == nil {
+		out.Output = []openai.Item{}
+	}
+	out.Usage = nil
+	if st.Usage != nil {
+		u := *st.Usage
+		out.Usage = &u
+	}
+	return &out, nil
+}
+
+// awaitModel makes the next model call through the hooks: while it waits
+// for the reply the loop is still at the boundary before the call.
+func (a *activation) awaitModel(ctx context.Context) (*openai.Response, error) {
+	return a.hooks.awaitModel(ctx, a)
+}
+
+// callModel sends the original input plus every new output to the model
+// server; every other parameter passes through unchanged.
+func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
+	req := *a.params
+	input := make([]openai.Item, 0, len(a.input)+len(a.state.NewOutputs))
+	input = append(append(input, a.input...), a.state.NewOutputs...)
+	req.Input = openai.Input{Items: input, IsItems: true}
+	req.Stream = nil
+	if a.srv.cfg.Stream {
+		stream := true
+		req.Stream = &stream
+	}
+	a.srv.metrics.modelCalls.Inc()
+	u := baseURL(a.srv.cfg.ModelServerURL) + a.path("/v1/responses")
+	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanModelCall)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrModel.String(req.Model))
+	}
+	defer span.End()
+	var resp *openai.Response
+	var err error
+	if a.srv.cfg.Stream {
+		resp, err = a.srv.postStreaming(ctx, u, &req)
+	} else {
+		resp = new(openai.Response)
+		_, err = httpclient.PostJSON(ctx, a.srv.client, u, nil, &req, resp)
+	}
+	if err != nil {
+		err = upstream(ctx, "model server", err)
+		tracing.Fail(span, err)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// runTools runs function calls one by one, in output order, appending each
+// one's function_call_output.
+//
+// The calls run on a goroutine of their own: the path to a tool call is
+// deeper than the path to a model call, and a stack it grows stays grown
+// while the next model call is held (freshstack).
+func (a *activation) runTools(ctx context.Context, calls []openai.Item) (err error) {
+	freshstack.Run(func() { err = a.runToolsHere(ctx, calls) })
+	return err
+}
+
+func (a *activation) runToolsHere(ctx context.Context, calls []openai.Item) error {
+	st := a.state
+	for _, call := range calls {
+		output, status, err := a.callTool(ctx, call)
+		if err != nil {
+			return err
+		}
+		st.NewOutputs = append(st.NewOutputs, openai.Item{Type: openai.ItemFunctionCallOutput, CallID: call.CallID, Output: openai.TextContent(output)})
+		st.ToolRecords = append(st.ToolRecords, ToolRecord{Step: st.Step, CallID: call.CallID, Name: call.Name, Status: status})
+	}
+	return nil
+}
+
+// path is p under the activation's /ng-rollout prefix, or p itself for an
+// unprefixed activation.
+func (a *activation) path(p string) string {
+	if a.unprefixed {
+		return p
+	}
+	return rollout.Path(a.episode, p)
+}
+
+// callTool posts a call's arguments to the resources server and returns the
+// reply body whatever its status: a tool error is the model's to read, not
+// a failure of the loop. Only a transport error fails it. The call carries
+// the session's cookies as /seed_session set them; a tool reply's
+// Set-Cookie is not followed: Gym's servers set the same session id on
+// every reply (its value re-signed), and the environment verifies with the
+// seed's cookies, which a checkpoint holds.
+func (a *activation) callTool(ctx context.Context, call openai.Item) (output string, status int, err error) {
+	a.srv.metrics.toolCalls.Inc()
+	if !codec.Valid([]byte(call.Arguments)) {
+		b, err := codec.Marshal(map[string]string{"error": "Invalid tool call arguments: " + call.Arguments})
+		if err != nil {
+			return "", 0, apierror.Wrap(apierror.Internal, err)
+		}
+		return string(b), 0, nil
+	}
+	u := baseURL(a.srv.cfg.ResourcesServerURL) + a.path("/"+url.PathEscape(call.Name))
+	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanToolCall)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrTool.String(call.Name))
+	}
+	defer span.End()
+	rep, err := httpclient.Do(ctx, a.srv.client, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
+	if err != nil {
+		err = upstream(ctx, "resources server", err)
+		tracing.Fail(span, err)
+		return "", 0, err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrStatus.Int(rep.Status))
+	}
+	// Our servers end a JSON reply with a newline; it is framing, not part
+	// of the tool's output, and NeMo Gym's tool outputs carry none.
+	return strings.TrimRight(string(rep.Body), "\r\n"), rep.Status, nil
+}
+
+// upstream turns a failed call into upstream_error, unless the activation's
+// own context ended, which is reported as its cause.
+func upstream(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	var e *apierror.Error
+	if errors.As(err, &e) {
+		return &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("%s answered %s: %s", what, e.Code, e.Detail)}
+	}
+	return &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("%s: %v", what, err)}
+}
+
+// postStreaming posts a streaming Responses request and reads the SSE reply
+// into the final Response.
+func (s *Server) postStreaming(ctx context.Context, u string, req *openai.ResponsesRequest) (*openai.Response, error) {
+	body, err := codec.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	resp, err := s.client.Do(hreq)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		rep := &httpclient.Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}
+		return nil, rep.Err(u)
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/json" {
+		// A server that ignores stream: true answers one JSON object.
+		var out openai.Response
+		b, err := httpclient.ReadReply(resp)
+		if err != nil {
+			return nil, err
+		}
+		if err := codec.Unmarshal(b, &out); err != nil {
+			return nil, fmt.Errorf("decoding reply: %w", err)
+		}
+		return &out, nil
+	}
+	return readResponseStream(resp.Body)
+}
+
+// readResponseStream reads a Responses SSE stream to its terminal event and
+// returns the response it carries. When that response lists no output, the
+// items of the output_item.done events stand in, in output_index order.
+func readResponseStream(r io.Reader) (*openai.Response, error) {
+	rd := sse.NewReader(r)
+	done := map[int]openai.Item{}
+	for {
+		ev, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("the Responses stream ended without response.completed")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the Responses stream: %w", err)
+		}
+		if len(bytes.TrimSpace(ev.Data)) == 0 || string(ev.Data) == sse.Done {
+			continue
+		}
+		var e openai.StreamEvent
+		if err := codec.Unmarshal(ev.Data, &e); err != nil {
+			return nil, fmt.Errorf("decoding a Responses stream event: %w", err)
+		}
+		typ := e.Type
+		if typ == "" {
+			typ = ev.Name
+		}
+		switch typ {
+		case openai.EventOutputItemDone:
+			if e.Item != nil && e.OutputIndex != nil {
+				done[*e.OutputIndex] = *e.Item
+			}
+		case openai.EventResponseCompleted, openai.EventResponseIncomplete:
+			if e.Response == nil {
+				return nil, fmt.Errorf("%s event carries no response", typ)
+			}
+			if len(e.Response.Output) == 0 && len(done) > 0 {
+				idx := make([]int, 0, len(done))
+				for i := range done {
+					idx = append(idx, i)
+				}
+				slices.Sort(idx)
+				for _, i := range idx {
+					e.Response.Output = append(e.Response.Output, done[i])
+				}
+			}
+			return e.Response, nil
+		case openai.EventResponseFailed:
+			detail := "response.failed"
+			if e.Response != nil && len(e.Response.Error) > 0 {
+				detail += ": " + string(e.Response.Error)
+			}
+			return nil, errors.New(detail)
+		case openai.EventResponseErrorGeneric:
+			return nil, fmt.Errorf("stream error %s: %s", e.Code, e.Message)
+		}
+	}
+}

@@ -1,0 +1,339 @@
+package environment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
+)
+
+// Headers of the single_agent_turn wire contract (docs/ARCHITECTURE.md).
+const (
+	HeaderSessionID        = "X-Ng-Session-Id"
+	HeaderAgentSession     = "X-Ng-Agent-Session"
+	HeaderActivation       = "X-Ng-Activation"
+	HeaderCheckpointVerify = "X-Ng-Checkpoint-Verify"
+	// HeaderCheckpointRestart on a seed reply says the resources server can
+	// only restart this session (restart_only).
+	HeaderCheckpointRestart = "X-Ng-Checkpoint-Restart"
+)
+
+// stageMode is each stage's declared mode (protocol.md §4.4). Seeding and the
+// agent activation are safe to replay (seeds are idempotent under
+// caller-assigned ids; the agent continues from its own boundaries); closing
+// the agent returns the observations exactly once, so it is waited for;
+// verification runs in whatever mode the resources server announced.
+func stageMode(b *Boundary) Mode {
+	switch b.Next {
+	case StageSeed, StageInvokeAgent:
+		return ModeReplay
+	case StageVerify:
+		return b.Handles.ResourcesVerify
+	default:
+		return ModeWait
+	}
+}
+
+// runSingleAgentTurn runs the stages from b until the return stage and
+// returns the /run reply. Final cleanup is the caller's.
+//
+// Boundaries go by pointer through the stages: a Boundary is 17 words, and
+// its copies in the frames of each function and closure on the way to the
+// agent's call made that path deeper than the 8 KB stack a /run parked in
+// it could otherwise keep (freshstack's package comment).
+func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b *Boundary) (codec.RawMessage, error) {
+	s.registerCleanup(ep, b)
+	if err := ep.recordBoundary(ctx, b); err != nil {
+		return nil, err
+	}
+	for b.Next != StageReturn {
+		next, err := s.runStage(ctx, ep, b)
+		if err != nil {
+			return nil, err
+		}
+		b = next
+		if err := ep.recordBoundary(ctx, b); err != nil {
+			return nil, err
+		}
+	}
+	return episodeReply(b.Result, ep.id, observationsOf(b.Observations))
+}
+
+// runStage runs the stage b names, in its mode, timing it.
+func (s *Server) runStage(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+	var fn func(context.Context, *episode, *Boundary) (*Boundary, error)
+	switch b.Next {
+	case StageSeed:
+		fn = s.seed
+	case StageInvokeAgent:
+		fn = s.invokeAgent
+	case StageCloseAgent:
+		fn = s.closeAgent
+	case StageVerify:
+		fn = s.verify
+	default:
+		return nil, apierror.New(apierror.Internal, "boundary names unknown stage %q", b.Next)
+	}
+	timer := s.metrics.stageTimer(b.Next)
+	defer timer()
+	ctx, span := s.tracer.Start(ctx, stageSpanName(b.Next))
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(ep.id.CaptureKey()))
+	}
+	out, err := ep.step(ctx, stageMode(b), func(ctx context.Context) (*Boundary, error) { return fn(ctx, ep, b) })
+	if err != nil {
+		tracing.Fail(span, err)
+		return nil, &stageError{stage: b.Next, err: err}
+	}
+	return out, nil
+}
+
+// stageSpanName is the span of a stage: gym.env.<stage>, spelled out so
+// that nothing is built per episode when tracing is off.
+func stageSpanName(st Stage) string {
+	switch st {
+	case StageSeed:
+		return "gym.env.seed"
+	case StageInvokeAgent:
+		return "gym.env.invoke_agent"
+	case StageCloseAgent:
+		return "gym.env.close_agent"
+	case StageVerify:
+		return "gym.env.verify"
+	}
+	return "gym.env.stage"
+}
+
+// registerCleanup registers the episode's final cleanup before any stage
+// runs, so that a lost seed reply cannot hide the caller-assigned session
+// ids. An episode that starts past seed (a restored boundary) has its agent
+// session open already, and closed already once past close_agent.
+func (s *Server) registerCleanup(ep *episode, b *Boundary) {
+	switch b.Next {
+	case StageInvokeAgent, StageCloseAgent:
+		ep.setAgentOpened()
+	case StageVerify, StageReturn:
+		ep.setAgentOpened()
+		ep.setAgentClosed()
+	}
+	h := b.Handles
+	ep.setResourcesCookies(h.ResourcesCookies)
+	ep.cleanup.push("close resources session", func(ctx context.Context) error {
+		h := h
+		h.ResourcesCookies = ep.resourcesCookiesNow()
+		return s.closeResources(ctx, ep, h)
+	})
+	ep.cleanup.push("close agent session", func(ctx context.Context) error {
+		if !ep.agentNeedsClose() {
+			return nil
+		}
+		_, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: h.AgentSessionID})
+		return err
+	})
+}
+
+// seed seeds the resources session, reading the verify mode the resources
+// server announces, and opens the agent session bound to it.
+func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+	h := b.Handles
+	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/seed_session", resourcesHeader(h), ep.req.Row)
+	if err != nil {
+		return nil, err
+	}
+	// A NeMo Gym resources server names the session by the cookie it sets,
+	// and reads nothing else; the agent's tool calls and the verify carry it.
+	cookies, err := sessioncookie.FromSetCookie(rep.Header)
+	if err != nil {
+		return nil, apierror.New(apierror.UpstreamError, "resources /seed_session: %v", err)
+	}
+	if cookies != "" {
+		h.ResourcesCookies = cookies
+		ep.setResourcesCookies(cookies)
+	}
+	h.ResourcesVerify = verifyMode(rep.Header.Get(HeaderCheckpointVerify))
+	if rep.Header.Get(HeaderCheckpointRestart) == "1" {
+		// The resources server cannot capture this session: the episode
+		// never blocks or is exported, and starts over after a crash.
+		if err := ep.tracked.MarkRestart(ctx); err != nil {
+			return nil, err
+		}
+	}
+
+	ep.setAgentOpened()
+	if _, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions", nil, openAgentSession{
+		SessionID:          h.AgentSessionID,
+		ResourcesSessionID: h.ResourcesSessionID,
+		ResourcesCookies:   h.ResourcesCookies,
+		Request:            ep.req.Row,
+	}); err != nil {
+		return nil, err
+	}
+	return &Boundary{Next: StageInvokeAgent, Handles: h}, nil
+}
+
+// invokeAgent runs activation 1 of the agent session on the row's
+// responses_create_params.
+func (s *Server) invokeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+	rep, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/responses", http.Header{
+		HeaderAgentSession: {b.Handles.AgentSessionID},
+		HeaderActivation:   {"1"},
+	}, ep.req.Params)
+	if err != nil {
+		return nil, err
+	}
+	if !isObject(rep.Body) {
+		return nil, apierror.New(apierror.UpstreamError, "agent /v1/responses answered a body that is not a JSON object")
+	}
+	return &Boundary{Next: StageCloseAgent, Handles: b.Handles, Response: rep.Body}, nil
+}
+
+// closeAgent closes the agent session and keeps its observations.
+func (s *Server) closeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+	rep, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: b.Handles.AgentSessionID})
+	if err != nil {
+		return nil, err
+	}
+	ep.setAgentClosed()
+	obs := rep.Body
+	if !codec.Valid(obs) {
+		obs = nil
+	}
+	return &Boundary{Next: StageVerify, Handles: b.Handles, Response: b.Response, Observations: obs}, nil
+}
+
+// verify asks the resources server for the reward: the row plus the agent's
+// response.
+func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/verify",
+		resourcesHeader(b.Handles), ep.req.Row.with("response", b.Response))
+	if err != nil {
+		return nil, err
+	}
+	if !isObject(rep.Body) {
+		return nil, apierror.New(apierror.UpstreamError, "resources /verify answered a body that is not a JSON object")
+	}
+	return &Boundary{Next: StageReturn, Handles: b.Handles, Observations: b.Observations, Result: rep.Body}, nil
+}
+
+func (s *Server) closeResources(ctx context.Context, ep *episode, h Handles) error {
+	_, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/close_session", resourcesHeader(h), codec.RawMessage("{}"))
+	var up *upstreamError
+	if errors.As(err, &up) && up.status == http.StatusNotFound {
+		// A NeMo Gym resources server has no /close_session (its sessions
+		// are never closed): nothing is left to close.
+		return nil
+	}
+	return err
+}
+
+// resourcesHeader names the resources session of h on a call: our header,
+// and the cookies its seed reply set.
+func resourcesHeader(h Handles) http.Header {
+	return sessioncookie.Header(http.Header{HeaderSessionID: {h.ResourcesSessionID}}, h.ResourcesCookies)
+}
+
+// verifyMode reads X-Ng-Checkpoint-Verify: replay only when announced.
+func verifyMode(v string) Mode {
+	if strings.EqualFold(strings.TrimSpace(v), string(ModeReplay)) {
+		return ModeReplay
+	}
+	return ModeWait
+}
+
+type openAgentSession struct {
+	SessionID          string `json:"session_id"`
+	ResourcesSessionID string `json:"resources_session_id"`
+	ResourcesCookies   string `json:"resources_cookies,omitempty"`
+	Request            Row    `json:"request"`
+}
+
+type agentSessionRef struct {
+	SessionID string `json:"session_id"`
+}
+
+// call POSTs body to base + /ng-rollout/<capture_key> + path and returns the
+// 2xx reply; any other outcome is an upstream error naming the server.
+func (s *Server) call(ctx context.Context, kind, base string, id rollout.EpisodeID, path string, header http.Header, body any) (*httpclient.Reply, error) {
+	return s.post(ctx, kind, base, rollout.Path(id, path), header, body)
+}
+
+// post POSTs body to base + path and returns the 2xx reply as call does.
+func (s *Server) post(ctx context.Context, kind, base, path string, header http.Header, body any) (*httpclient.Reply, error) {
+	url := base + path
+	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, url, header, body)
+	if err != nil {
+		return nil, fmt.Errorf("%s POST %s: %w", kind, url, err)
+	}
+	if err := rep.Err(kind + " POST " + url); err != nil {
+		return nil, &upstreamError{kind: kind, url: url, status: rep.Status, err: err}
+	}
+	return rep, nil
+}
+
+// upstreamError is a non-2xx reply of a server an episode called.
+type upstreamError struct {
+	kind   string
+	url    string
+	status int
+	err    error
+}
+
+func (e *upstreamError) Error() string {
+	return fmt.Sprintf("%s POST %s answered %d: %v", e.kind, e.url, e.status, e.err)
+}
+
+func (e *upstreamError) Unwrap() error { return e.err }
+
+// stageError is a stage's failure, naming the stage.
+type stageError struct {
+	stage Stage
+	err   error
+}
+
+func (e *stageError) Error() string { return fmt.Sprintf("stage %s: %v", e.stage, e.err) }
+func (e *stageError) Unwrap() error { return e.err }
+
+// episodeReply is the /run reply: the JSON object result with "episode_id"
+// set and, when result lacks one and observations is not empty,
+// "observations" (the agent's summary of the episode: model calls, tool
+// calls, usage), so a collector can report them.
+func episodeReply(result codec.RawMessage, id rollout.EpisodeID, observations codec.RawMessage) (codec.RawMessage, error) {
+	var obj map[string]codec.RawMessage
+	if err := codec.Unmarshal(result, &obj); err != nil || obj == nil {
+		return nil, apierror.New(apierror.UpstreamError, "reply to return is not a JSON object")
+	}
+	eid, err := codec.Marshal(id)
+	if err != nil {
+		return nil, err
+	}
+	obj["episode_id"] = eid
+	if _, has := obj["observations"]; !has && len(observations) > 0 && !isNull(observations) {
+		obj["observations"] = observations
+	}
+	return codec.Marshal(obj)
+}
+
+// observationsOf picks the observations out of the agent's close reply
+// ({"session_id","closed","observations":{...}}); a reply without that field
+// is taken whole.
+func observationsOf(closeReply codec.RawMessage) codec.RawMessage {
+	if !isObject(closeReply) {
+		return nil
+	}
+	var r struct {
+		Observations codec.RawMessage `json:"observations"`
+	}
+	if err := codec.Unmarshal(closeReply, &r); err == nil && r.Observations != nil {
+		return r.Observations
+	}
+	return closeReply
+}

@@ -1,0 +1,539 @@
+package modelproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/transport/sse"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/openai"
+)
+
+// chatFields is a Chat Completions body decoded one level deep: fields the
+// server does not know are forwarded byte for byte.
+type chatFields map[string]codec.RawMessage
+
+// decodeChatRequest reads a pass-through body: a JSON object with a
+// messages array and, if present, a boolean stream.
+func decodeChatRequest(body []byte) (chatFields, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, apierror.New(apierror.InvalidRequest, "request body is empty; expected a Chat Completions request")
+	}
+	// The fields are forwarded verbatim, so the whole body must be valid
+	// JSON, not only what the lenient decoder looked at.
+	if !codec.Valid(body) {
+		return nil, apierror.New(apierror.InvalidRequest, "request body is not valid JSON")
+	}
+	var f chatFields
+	if err := codec.Unmarshal(body, &f); err != nil || f == nil {
+		return nil, apierror.New(apierror.InvalidRequest, "request body must be a JSON object")
+	}
+	msgs := bytes.TrimSpace(f["messages"])
+	if len(msgs) == 0 || msgs[0] != '[' {
+		return nil, apierror.New(apierror.InvalidRequest, "messages must be an array of chat messages")
+	}
+	if v, ok := f["stream"]; ok {
+		switch string(bytes.TrimSpace(v)) {
+		case "true", "false", "null":
+		default:
+			return nil, apierror.New(apierror.InvalidRequest, "stream must be a boolean")
+		}
+	}
+	return f, nil
+}
+
+// streaming reports whether the body asks for SSE.
+func (f chatFields) streaming() bool { return string(bytes.TrimSpace(f["stream"])) == "true" }
+
+// wantsLogprobs reports whether the client asked for log-probs itself.
+func (f chatFields) wantsLogprobs() bool { return string(bytes.TrimSpace(f["logprobs"])) == "true" }
+
+// prepareChat sets the upstream model, the request extras (extras.go)
+// and, with return_token_ids, vLLM's token-id parameters, and returns the
+// body to send.
+//
+// A client that asks for logprobs gets them as vLLM answers them (token
+// strings, its top_logprobs): the generated ids then come from
+// return_token_ids alone, not from return_tokens_as_token_ids, which would
+// turn its tokens into "token_id:N".
+func (s *Server) prepareChat(f chatFields, clientLogprobs bool) ([]byte, error) {
+	model, err := codec.MarshalStable(s.cfg.Upstream.Model)
+	if err != nil {
+		return nil, apierror.Wrap(apierror.Internal, err)
+	}
+	f["model"] = model
+	var extra map[string]codec.RawMessage
+	if md, ok := f["metadata"]; ok || s.extraBody != nil || s.chatTemplateKwargs != nil {
+		metaBody, metaKwargs, err := chatMetadataExtras(md)
+		if err != nil {
+			return nil, err
+		}
+		var kwargs map[string]codec.RawMessage
+		if extra, kwargs, err = s.requestExtras(metaBody, metaKwargs); err != nil {
+			return nil, err
+		}
+		if len(kwargs) > 0 {
+			if f["chat_template_kwargs"], err = withKwargs(kwargs, f["chat_template_kwargs"]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if s.cfg.ReturnTokenIDs {
+		if n, ok := f["n"]; ok {
+			switch string(bytes.TrimSpace(n)) {
+			case "1", "null":
+			default:
+				return nil, apierror.New(apierror.InvalidRequest, "n must be 1: token ids are captured for one choice")
+			}
+		}
+		if clientLogprobs {
+			// vLLM reads a null top_logprobs as no log-probs at all.
+			if tl := string(bytes.TrimSpace(f["top_logprobs"])); tl == "" || tl == "null" {
+				f["top_logprobs"] = codec.RawMessage("0")
+			}
+		} else {
+			f["logprobs"] = codec.RawMessage("true")
+			f["top_logprobs"] = codec.RawMessage("0")
+			f["return_tokens_as_token_ids"] = codec.RawMessage("true")
+		}
+		f["return_token_ids"] = codec.RawMessage("true")
+	}
+	underBody(f, extra)
+	return encodeObject(f)
+}
+
+// encodeObject writes raw fields as one JSON object, keys sorted.
+func encodeObject(f map[string]codec.RawMessage) ([]byte, error) {
+	keys := make([]string, 0, len(f))
+	size := 2
+	for k, v := range f {
+		keys = append(keys, k)
+		size += len(k) + len(v) + 4
+	}
+	slices.Sort(keys)
+	b := make([]byte, 0, size)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		kb, err := codec.MarshalStable(k)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, kb...)
+		b = append(b, ':')
+		v := f[k]
+		if len(v) == 0 {
+			v = codec.RawMessage("null")
+		}
+		b = append(b, v...)
+	}
+	return append(b, '}'), nil
+}
+
+// requestDigest is sha256 over the canonical JSON (encoding/json, sorted
+// keys, numbers as written) of the upstream request's messages and tools.
+// The same conversation sent again, through either API, after a restore
+// digests the same. It runs on a goroutine of its own: encoding/json
+// recurses a frame per level, and the caller then waits in the upstream
+// call (freshstack).
+func requestDigest(messages, tools []byte) (string, error) {
+	return freshstack.Call(func() (string, error) { return digestRequest(messages, tools) })
+}
+
+func digestRequest(messages, tools []byte) (string, error) {
+	m, err := canonical(messages)
+	if err != nil {
+		return "", err
+	}
+	t, err := canonical(tools)
+	if err != nil {
+		return "", err
+	}
+	if arr, ok := t.([]any); ok && len(arr) == 0 {
+		t = nil // no tools, however spelled
+	}
+	b, err := codec.MarshalStable(struct {
+		Messages any `json:"messages"`
+		Tools    any `json:"tools"`
+	}{m, t})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+func canonical(raw []byte) (any, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// handleChat serves POST /v1/chat/completions as a pass-through.
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	t, r, ok := s.admit(w, r, routeChat)
+	if !ok {
+		return
+	}
+	defer s.hooks.release(w, r, t)
+	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		fail(err)
+		return
+	}
+	f, err := decodeChatRequest(body)
+	if err != nil {
+		fail(err)
+		return
+	}
+	var digest string
+	if t.captureKey != "" {
+		if digest, err = requestDigest(f["messages"], f["tools"]); err != nil {
+			fail(apierror.New(apierror.InvalidRequest, "messages: %v", err))
+			return
+		}
+	}
+	stream := f.streaming()
+	// Before prepareChat adds the token parameters: what the client asked.
+	s.hooks.describeChat(t, digest, f)
+	clientLogprobs := f.wantsLogprobs()
+	up, err := s.prepareChat(f, clientLogprobs)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if stream {
+		s.streamChat(w, r, t, up, digest)
+		return
+	}
+	s.finish(w, r, t, s.chatOnce(r.Context(), t, up, digest, clientLogprobs))
+}
+
+// chatOnce makes a non-streaming call and builds its reply.
+func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest string, clientLogprobs bool) reply {
+	b, err := s.completeUpstream(ctx, t, up)
+	if err != nil {
+		if contextOverflow(err) {
+			body, merr := codec.Marshal(syntheticOverflow(s.cfg.Upstream.Model))
+			if merr != nil {
+				return reply{err: apierror.Wrap(apierror.Internal, merr), outcome: outcomeUpstreamError}
+			}
+			return reply{body: body, outcome: outcomeOverflow,
+				capture: &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens}}
+		}
+		err = asAPIError(err)
+		return reply{err: err, outcome: outcomeOf(err)}
+	}
+	var c openai.ChatCompletion
+	if err := codec.Unmarshal(b, &c); err != nil {
+		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
+	}
+	tf, terr := s.completeTokens(ctx, &c, up)
+	s.countTokens(c.Usage, tf)
+	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(&c), err: terr}
+	if !s.cfg.ReturnTokenIDs {
+		return reply{body: bytes.TrimSpace(b), capture: capt, outcome: outcomeOK}
+	}
+	out, err := rewriteChatReply(b, tf, terr == nil, clientLogprobs)
+	if err != nil {
+		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
+	}
+	return reply{body: out, capture: capt, outcome: outcomeOK}
+}
+
+func finishReason(c *openai.ChatCompletion) string {
+	if len(c.Choices) == 0 {
+		return ""
+	}
+	return c.Choices[0].FinishReason
+}
+
+// rewriteChatReply removes vLLM's transport fields (top-level
+// prompt_token_ids, each choice's token_ids, and logprobs unless the client
+// asked for them) and, when the tokens are usable, puts the training token
+// fields on choices[0].message, with vLLM's choice-level routed_experts.
+// Every other field passes through.
+func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
+	var top map[string]codec.RawMessage
+	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	delete(top, "prompt_token_ids")
+	var choices []map[string]codec.RawMessage
+	if err := codec.Unmarshal(top["choices"], &choices); err != nil {
+		return nil, errors.New("choices is not an array of objects")
+	}
+	for _, c := range choices {
+		delete(c, "token_ids")
+		if !keepLogprobs {
+			delete(c, "logprobs")
+		}
+	}
+	var routed codec.RawMessage
+	if len(choices) > 0 && choices[0] != nil {
+		if re := bytes.TrimSpace(choices[0]["routed_experts"]); len(re) > 0 && string(re) != "null" {
+			routed = re
+		}
+	}
+	if (withTokens || routed != nil) && len(choices) > 0 && choices[0] != nil {
+		var msg map[string]codec.RawMessage
+		if err := codec.Unmarshal(choices[0]["message"], &msg); err != nil || msg == nil {
+			return nil, errors.New("choices[0].message is not an object")
+		}
+		var err error
+		if withTokens {
+			if msg["prompt_token_ids"], err = codec.Marshal(tf.PromptTokenIDs); err != nil {
+				return nil, err
+			}
+			if msg["generation_token_ids"], err = codec.Marshal(tf.GenerationTokenIDs); err != nil {
+				return nil, err
+			}
+			if msg["generation_log_probs"], err = codec.Marshal(tf.GenerationLogProbs); err != nil {
+				return nil, err
+			}
+		}
+		if routed != nil {
+			// vLLM's choice-level routing moves to the message, beside the
+			// token fields, where NeMo Gym's consumers read it.
+			msg["routed_experts"] = routed
+			delete(choices[0], "routed_experts")
+		}
+		if choices[0]["message"], err = encodeObject(msg); err != nil {
+			return nil, err
+		}
+	}
+	arr := []byte{'['}
+	for i, c := range choices {
+		if i > 0 {
+			arr = append(arr, ',')
+		}
+		if c == nil {
+			arr = append(arr, "null"...)
+			continue
+		}
+		b, err := encodeObject(c)
+		if err != nil {
+			return nil, err
+		}
+		arr = append(arr, b...)
+	}
+	top["choices"] = append(arr, ']')
+	return encodeObject(top)
+}
+
+// eventSink writes a call's SSE events; the first one passes the delivery
+// gate.
+type eventSink struct {
+	s         *Server
+	t         *ticket
+	ctx       context.Context
+	w         *sse.Writer
+	seq       int
+	delivered bool
+}
+
+func newEventSink(s *Server, t *ticket, r *http.Request, w http.ResponseWriter) *eventSink {
+	return &eventSink{s: s, t: t, ctx: r.Context(), w: sse.NewWriter(w)}
+}
+
+// started reports whether the stream passed the delivery gate.
+func (e *eventSink) started() bool { return e.delivered }
+
+// open passes the delivery gate once, before the stream's first byte.
+func (e *eventSink) open() error {
+	if e.delivered {
+		return nil
+	}
+	if err := e.s.deliver(e.ctx, e.t); err != nil {
+		return err
+	}
+	e.delivered = true
+	return nil
+}
+
+// raw writes one event as is.
+func (e *eventSink) raw(name string, data []byte) error {
+	if err := e.open(); err != nil {
+		return err
+	}
+	return e.w.Event(name, data)
+}
+
+// send writes one Responses event with the next sequence number.
+func (e *eventSink) send(ev *openai.StreamEvent) error {
+	ev.SequenceNumber = e.seq
+	e.seq++
+	b, err := codec.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return e.raw(ev.Type, b)
+}
+
+// streamError is the data of the event that ends a chat stream the upstream
+// broke: OpenAI's error object with our stable code, as vLLM ends a failed
+// stream (data: {"error": {...}}, then data: [DONE]).
+func streamError(err error) []byte {
+	b, _ := codec.MarshalStable(apierror.OpenAIEnvelopeOf(apierror.From(streamFailure(err))))
+	return b
+}
+
+// streamFailure is the error a stream that already started reports: an
+// upstream error event keeps vLLM's message, type and param under our
+// upstream_error code.
+func streamFailure(err error) error {
+	var us *upstreamStatus
+	if !errors.As(err, &us) {
+		return err
+	}
+	e := &apierror.Error{Code: apierror.UpstreamError, Detail: us.Error()}
+	if ue, ok := parseUpstreamError(us.body); ok {
+		e.Detail, e.Type = ue.Message, ue.Type
+		if p, isText := ue.Param.(string); isText {
+			e.Param = p
+		}
+	}
+	return e
+}
+
+// unfinished is the failure of an upstream stream that ended, with [DONE]
+// or without, before choice 0 had a finish_reason: the generation is
+// truncated, and nothing downstream may score or train on it.
+func unfinished(sawDone bool) error {
+	if sawDone {
+		return apierror.New(apierror.UpstreamError, "the upstream ended the stream with [DONE] before the completion had a finish_reason")
+	}
+	return apierror.New(apierror.UpstreamError, "the upstream stream ended before the completion finished")
+}
+
+// streamChat relays an upstream SSE stream chunk by chunk. The final
+// [DONE] is held until the ledger row is staged. A stream that fails (an
+// upstream error event, a [DONE] or EOF before a finish_reason, a broken
+// connection) is a failed call: no ledger row, a capture failure recorded,
+// and, once the client's stream started, an error event and [DONE].
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string) {
+	ctx, span := s.inferenceSpan(r.Context(), t, true)
+	defer span.End()
+	start := time.Now()
+	defer s.hooks.upstreamRunning(t, false)
+	resp, err := s.callUpstream(ctx, t, up, true)
+	if err != nil {
+		if contextOverflow(err) {
+			s.overflowChatStream(w, r, t, digest)
+			return
+		}
+		err = asAPIError(err)
+		s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
+		return
+	}
+	defer resp.Body.Close()
+	out := newEventSink(s, t, r, w)
+	var acc openai.ChatAccumulator
+	rd := sse.NewReader(resp.Body)
+	sawDone := false
+	var upErr error
+	for {
+		ev, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			upErr = transportError(ctx, err)
+			break
+		}
+		if string(bytes.TrimSpace(ev.Data)) == sse.Done {
+			sawDone = true
+			break
+		}
+		var ch openai.ChatChunk
+		if codec.Unmarshal(ev.Data, &ch) == nil {
+			if upErr = eventError(ch.Error, ev.Data); upErr != nil {
+				break
+			}
+			acc.Add(&ch)
+		}
+		if err := out.raw(ev.Name, ev.Data); err != nil {
+			s.done(t, outcomeCanceled)
+			return
+		}
+	}
+	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
+	c := acc.Completion()
+	if upErr == nil && finishReason(c) == "" {
+		upErr = unfinished(sawDone)
+	}
+	if upErr != nil {
+		if !out.started() {
+			err := asAPIError(upErr)
+			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
+			return
+		}
+		if t.captureKey != "" {
+			s.captureFailed(ctx, t, upErr)
+		}
+		s.log.WarnContext(ctx, "the upstream stream failed after the reply started", "model_call_id", t.callID, "err", upErr)
+		if out.raw("", streamError(upErr)) == nil {
+			_ = out.raw("", []byte(sse.Done))
+		}
+		s.done(t, outcomeStreamError)
+		return
+	}
+	tf, terr := s.completeTokens(ctx, c, up)
+	s.countTokens(c.Usage, tf)
+	if err := out.open(); err != nil {
+		s.done(t, outcomeCanceled)
+		return
+	}
+	s.stage(ctx, t, &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr})
+	if err := out.raw("", []byte(sse.Done)); err != nil {
+		s.done(t, outcomeCanceled)
+		return
+	}
+	s.done(t, outcomeOK)
+}
+
+// overflowChatStream answers a streaming call the upstream refused for its
+// length with the synthetic empty completion as one chunk.
+func (s *Server) overflowChatStream(w http.ResponseWriter, r *http.Request, t *ticket, digest string) {
+	c := syntheticOverflow(s.cfg.Upstream.Model)
+	role, finish := "assistant", openai.FinishLength
+	chunk := openai.ChatChunk{ID: c.ID, Object: "chat.completion.chunk", Created: c.Created, Model: c.Model,
+		Choices: []openai.ChunkChoice{{Index: 0, Delta: openai.ChunkDelta{Role: role}, FinishReason: &finish}}}
+	b, err := codec.Marshal(chunk)
+	if err != nil {
+		s.finish(w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
+		return
+	}
+	out := newEventSink(s, t, r, w)
+	if err := out.open(); err != nil {
+		s.done(t, outcomeCanceled)
+		return
+	}
+	s.stage(r.Context(), t, &captured{model: s.cfg.Upstream.Model, requestDigest: digest, finishReason: openai.FinishLength, err: errOverflowNoTokens})
+	if out.raw("", b) != nil || out.raw("", []byte(sse.Done)) != nil {
+		s.done(t, outcomeCanceled)
+		return
+	}
+	s.done(t, outcomeOverflow)
+}

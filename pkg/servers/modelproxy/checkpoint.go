@@ -1,0 +1,910 @@
+package modelproxy
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
+	"github.com/gymfleet/gymfleet/pkg/infra/parallel"
+	"github.com/gymfleet/gymfleet/pkg/tokencapture"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/openai"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
+)
+
+// participant is the model server's side of checkpoints (SPEC §6, "Policy
+// model"). It keeps a ticket per admitted call, indexed by call id and by
+// rollout id; while a checkpoint holds admission closed it holds responses
+// that have not started at deliver(), waits only for responses already
+// streaming, and asks the inference worker to cut generations in flight.
+// Its records are the ledger rows of delivered calls plus at most one cut
+// per episode.
+type participant struct {
+	s       *Server
+	log     *slog.Logger
+	metrics *ckptMetrics
+	// cutURLs are each worker's cut route; nil with cuts off.
+	cutURLs []string
+	// ctl is the server's controller: its fence (re-checked when a call
+	// registers) and phase (to name cut rounds and refuse ledger removal).
+	ctl *ctlplane.Controller
+
+	// ctx is cancelled by close; cut rounds derive from it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// shutdown is closed when the server starts closing: held calls give up.
+	shutdown     chan struct{}
+	shutdownOnce sync.Once
+
+	mu       sync.Mutex
+	closed   bool
+	reopened chan struct{}
+	changed  chan struct{}
+	calls    map[string]*ticket
+	// byRollout indexes captured tickets by rollout id (retire and export
+	// visit one rollout's calls, never every call).
+	byRollout map[string][]*ticket
+	// unsettled holds captured responses that started and have not staged
+	// their row: what a prepare waits for.
+	unsettled  map[*ticket]struct{}
+	held       int
+	cutRunning bool
+	round      roundCounts
+	admitted   int64
+	delivered  int64
+	// restored holds what the last Install put under each next attempt,
+	// by rollout id (one attempt per rollout is restored).
+	restored     map[string]*restoredEpisode
+	restoredOnce bool
+	// incomplete holds rollouts whose last retire did not finish.
+	incomplete map[string]struct{}
+}
+
+// roundCounts are the cut outcomes of the latest checkpoint.
+type roundCounts struct{ cut, failed, skipped int }
+
+// restoredEpisode is an attempt Install created.
+type restoredEpisode struct {
+	id rollout.EpisodeID
+	// used is set when a call of the attempt arrives; until then the
+	// attempt is pending and a commit that leaves it out deletes it.
+	used bool
+	// cut is the restored generation cut, kept until a call of the attempt
+	// delivers, so a re-issue undelivered again still continues it.
+	cut *GenerationCut
+}
+
+type ckptMetrics struct {
+	held prometheus.Gauge
+	cuts *prometheus.CounterVec
+}
+
+func newCkptMetrics(reg prometheus.Registerer) *ckptMetrics {
+	m := &ckptMetrics{
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gymfleet_model_held_calls",
+			Help: "Model calls waiting for a checkpoint to reopen admission before they deliver.",
+		}),
+		cuts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gymfleet_model_generation_cuts_total",
+			Help: "Generation cuts by disposition (durable_prefix, durable_failure, skipped).",
+		}, []string{"disposition"}),
+	}
+	reg.MustRegister(m.held, m.cuts)
+	return m
+}
+
+// errShuttingDown ends held calls when the server closes.
+var errShuttingDown = errors.New("the model server is shutting down")
+
+func newParticipant(s *Server, reg prometheus.Registerer) *participant {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &participant{
+		s: s, log: s.log.With("component", "model_participant"), metrics: newCkptMetrics(reg),
+		ctx: ctx, cancel: cancel, shutdown: make(chan struct{}),
+		changed: make(chan struct{}), calls: map[string]*ticket{}, byRollout: map[string][]*ticket{},
+		unsettled: map[*ticket]struct{}{}, restored: map[string]*restoredEpisode{}, incomplete: map[string]struct{}{},
+	}
+	if s.cfg.cutsOn() {
+		for _, w := range s.workers {
+			p.cutURLs = append(p.cutURLs, w.root+GenerationCutPath)
+		}
+	}
+	return p
+}
+
+// beginShutdown wakes held calls: nothing held is delivered once the
+// server is closing.
+func (p *participant) beginShutdown() {
+	p.shutdownOnce.Do(func() { close(p.shutdown) })
+}
+
+// close closes the control plane, then stops a cut round and waits for it.
+func (p *participant) close() {
+	p.ctl.Close()
+	p.beginShutdown()
+	p.cancel()
+	p.wg.Wait()
+}
+
+func (p *participant) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// ---- the call path -------------------------------------------------------
+
+// admit registers a call: it is refused if its attempt was retired (the
+// fence is re-checked under the lock a retire takes to list calls, so a
+// call is either listed and stopped or refused), and its work derives from
+// the returned request's context, which a retire cancels.
+func (p *participant) admit(r *http.Request, t *ticket) (*http.Request, error) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t.captureKey != "" && p.ctl.Fence().Refuses(t.episode) {
+		cancel(nil)
+		return nil, apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired", t.episode.Attempt, t.episode.RolloutID)
+	}
+	t.cancel, t.done = cancel, make(chan struct{})
+	p.calls[t.callID] = t
+	p.admitted++
+	if t.captureKey != "" {
+		p.byRollout[t.episode.RolloutID] = append(p.byRollout[t.episode.RolloutID], t)
+		if r := p.restoredOf(t.episode); r != nil {
+			r.used = true
+		}
+	}
+	return r.WithContext(ctx), nil
+}
+
+// shuttingDown reports whether the server has started closing.
+func (p *participant) shuttingDown() bool {
+	select {
+	case <-p.shutdown:
+		return true
+	default:
+		return false
+	}
+}
+
+// release ends a call's registration when its handler returns. A call
+// that never started its response was stopped by a retire (it is answered
+// stale_attempt, before the retire that waits for it returns) or by a
+// shutdown while held (its stream is reset, as a crash would leave it: it
+// was never delivered).
+func (p *participant) release(w http.ResponseWriter, r *http.Request, t *ticket) {
+	abort := false
+	if !t.started.Load() {
+		if cause := context.Cause(r.Context()); apierror.HasCode(cause, apierror.StaleAttempt) {
+			apierror.WriteOpenAI(w, r, p.s.log, cause)
+		} else {
+			abort = p.shuttingDown()
+		}
+	}
+	p.unregister(t)
+	if abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// unregister forgets a call whose handler is returning; a retire waiting
+// for it may then go on.
+func (p *participant) unregister(t *ticket) {
+	p.mu.Lock()
+	delete(p.calls, t.callID)
+	if t.captureKey != "" {
+		rid := t.episode.RolloutID
+		if rest := slices.DeleteFunc(p.byRollout[rid], func(o *ticket) bool { return o == t }); len(rest) > 0 {
+			p.byRollout[rid] = rest
+		} else {
+			delete(p.byRollout, rid)
+		}
+	}
+	p.unholdLocked(t)
+	p.settleLocked(t)
+	close(t.done)
+	p.mu.Unlock()
+	t.cancel(nil)
+}
+
+// describeChat describes a Chat Completions call.
+func (p *participant) describeChat(t *ticket, digest string, f chatFields) {
+	p.describe(t, digest, f.streaming(), constrainedChat(f))
+}
+
+// describeResponses describes a Responses call.
+func (p *participant) describeResponses(t *ticket, digest string, req *openai.ResponsesRequest, chat *openai.ChatRequest) {
+	p.describe(t, digest, req.Streaming(), constrainedResponses(req, chat))
+}
+
+// describe records the request's digest and kind; a call whose capture key
+// and digest match a restored generation cut continues its prefix.
+func (p *participant) describe(t *ticket, digest string, stream, constrained bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.digest, t.stream, t.constrained = digest, stream, constrained
+	if t.captureKey == "" || t.continueKey != "" {
+		return
+	}
+	if r := p.restoredOf(t.episode); r != nil && r.cut != nil && r.cut.RequestDigest == digest {
+		t.continueKey = r.cut.Continuation.StagingKeys[0]
+	}
+}
+
+func (p *participant) upstreamRunning(t *ticket, running bool) {
+	p.mu.Lock()
+	t.running = running
+	p.mu.Unlock()
+}
+
+// deliver lets a response start, holding it while admission is closed.
+func (p *participant) deliver(ctx context.Context, t *ticket) error {
+	return p.waitOpen(ctx, t, func() {
+		t.started.Store(true)
+		p.delivered++
+		if t.captureKey != "" {
+			t.unsettled = true
+			p.unsettled[t] = struct{}{}
+		}
+	})
+}
+
+// awaitResume waits, holding a cut call, until admission is open.
+func (p *participant) awaitResume(ctx context.Context, t *ticket) error {
+	return p.waitOpen(ctx, t, func() {})
+}
+
+// waitOpen runs onOpen under the lock once admission is open, counting the
+// call as held while it waits.
+func (p *participant) waitOpen(ctx context.Context, t *ticket, onOpen func()) error {
+	for {
+		p.mu.Lock()
+		if !p.closed {
+			p.unholdLocked(t)
+			onOpen()
+			p.mu.Unlock()
+			return nil
+		}
+		if !t.held {
+			t.held = true
+			p.held++
+			p.metrics.held.Inc()
+		}
+		reopened := p.reopened
+		p.mu.Unlock()
+		select {
+		case <-reopened:
+		case <-ctx.Done():
+			p.unhold(t)
+			return ctx.Err()
+		case <-p.shutdown:
+			p.unhold(t)
+			return errShuttingDown
+		}
+	}
+}
+
+func (p *participant) unhold(t *ticket) {
+	p.mu.Lock()
+	p.unholdLocked(t)
+	p.mu.Unlock()
+}
+
+func (p *participant) unholdLocked(t *ticket) {
+	if t.held {
+		t.held = false
+		p.held--
+		p.metrics.held.Dec()
+	}
+}
+
+// settle notes that a started response staged its row (or has none), so a
+// checkpoint may capture it; a delivered completion consumes the restored
+// cut of its attempt (the episode has moved past the call it named).
+func (p *participant) settle(t *ticket, completion bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if completion && t.captureKey != "" {
+		if r := p.restoredOf(t.episode); r != nil {
+			r.cut = nil
+		}
+	}
+	p.settleLocked(t)
+}
+
+func (p *participant) settleLocked(t *ticket) {
+	if !t.unsettled {
+		return
+	}
+	t.unsettled = false
+	delete(p.unsettled, t)
+	if len(p.unsettled) == 0 && !p.cutRunning {
+		p.notifyLocked()
+	}
+}
+
+// ---- ctlplane.Participant -------------------------------------------------
+
+// Kind implements ctlplane.Participant.
+func (p *participant) Kind() string { return ctlplane.KindModel }
+
+// Instance implements ctlplane.Participant.
+func (p *participant) Instance() string { return p.s.cfg.Name }
+
+// CloseAdmission holds responses from now on and starts one cut round over
+// calls generating upstream that have not started their response. Streaming
+// and constrained calls are skipped. The round's budget is half the time
+// left to the operation's deadline: a cut is optional and later stages need
+// time.
+func (p *participant) CloseAdmission(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	p.reopened = make(chan struct{})
+	p.round = roundCounts{}
+	if len(p.cutURLs) == 0 || p.cutRunning {
+		return nil
+	}
+	var listed []*ticket
+	for _, t := range p.calls {
+		if t.captureKey == "" || !t.running || t.started.Load() {
+			continue
+		}
+		if t.stream || t.constrained {
+			p.round.skipped++
+			continue
+		}
+		listed = append(listed, t)
+	}
+	p.metrics.cuts.WithLabelValues(DispositionSkipped).Add(float64(p.round.skipped))
+	if len(listed) == 0 {
+		return nil
+	}
+	slices.SortFunc(listed, func(a, b *ticket) int { return cmp.Compare(a.callID, b.callID) })
+	budget := defaultCutBudget
+	if dl, ok := ctx.Deadline(); ok {
+		budget = time.Until(dl) / 2
+	}
+	if budget <= 0 {
+		p.round.failed += len(listed)
+		p.metrics.cuts.WithLabelValues(DispositionDurableFailure).Add(float64(len(listed)))
+		return nil
+	}
+	// The participant's context (the round outlives the call), carrying
+	// the prepare's span so the cut is a stage of the checkpoint's trace.
+	rctx, cancel := context.WithTimeout(trace.ContextWithSpan(p.ctx, trace.SpanFromContext(ctx)), budget)
+	p.cutRunning = true
+	p.wg.Add(1)
+	go p.cutRound(rctx, cancel, listed)
+	return nil
+}
+
+// OpenAdmission releases held responses and cut calls.
+func (p *participant) OpenAdmission() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		p.closed = false
+		close(p.reopened)
+	}
+}
+
+// Ready: no started response is still streaming, and the cut round (if
+// any) finished.
+func (p *participant) Ready() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.unsettled) == 0 && !p.cutRunning
+}
+
+// ReadyChanged implements ctlplane.Participant.
+func (p *participant) ReadyChanged() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.changed
+}
+
+// Report lists the capture keys of responses still streaming.
+func (p *participant) Report(limit int) ctlplane.Report {
+	p.mu.Lock()
+	seen := make(map[string]struct{}, len(p.unsettled))
+	keys := make([]string, 0, len(p.unsettled))
+	for t := range p.unsettled {
+		if _, dup := seen[t.captureKey]; !dup {
+			seen[t.captureKey] = struct{}{}
+			keys = append(keys, t.captureKey)
+		}
+	}
+	counts := map[string]int{
+		"inflight": len(p.calls), "held": p.held, "streaming": len(p.unsettled),
+		"cut": p.round.cut, "cut_failed": p.round.failed, "cut_skipped": p.round.skipped,
+	}
+	ready := len(p.unsettled) == 0 && !p.cutRunning
+	p.mu.Unlock()
+	listed, n := ctlplane.Blockers(keys, limit)
+	return ctlplane.Report{Ready: ready, Blockers: listed, BlockerCount: n, Counts: counts, Restarts: []string{}}
+}
+
+// restoredOf is the restored state of exactly this attempt, if any. p.mu
+// is held.
+func (p *participant) restoredOf(id rollout.EpisodeID) *restoredEpisode {
+	if r := p.restored[id.RolloutID]; r != nil && r.id == id {
+		return r
+	}
+	return nil
+}
+
+// episodeCut is the one generation cut an episode's record carries: the
+// latest admitted undelivered call of the attempt that the worker cut, or
+// else the restored cut no call has consumed.
+func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
+	key := id.CaptureKey()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var latest *ticket
+	for _, t := range p.byRollout[id.RolloutID] {
+		if t.captureKey != key || t.cut == nil || t.started.Load() {
+			continue
+		}
+		if latest == nil || t.admittedAt.After(latest.admittedAt) {
+			latest = t
+		}
+	}
+	if latest != nil {
+		return &GenerationCut{
+			ModelCallID: latest.callID, RequestDigest: latest.digest,
+			Continuation: Continuation{
+				SourceCaptureKey: key, SourceModelCallID: latest.callID, StagingKeys: []string{latest.cut.stagingKey},
+				PrefixTokenCount: latest.cut.tokenCount, PrefixDigest: latest.cut.digest,
+			},
+		}
+	}
+	if r := p.restoredOf(id); r != nil && r.cut != nil {
+		c := *r.cut
+		return &c
+	}
+	return nil
+}
+
+// Export writes one record per scope episode that has delivered rows or a
+// cut. Rows are appended only when a response is delivered, so a held
+// call has none: the restored agent re-issues it.
+//
+// Records are assembled on a goroutine of their own, a batch at a time,
+// while the caller's goroutine emits the batch before (the store's checks,
+// hash and writes): in one goroutine a 100,000-episode export took the
+// model server 2.7 s for 1.5 CPU-s, the longest stage of a commit.
+func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
+	ids := scope.IDs()
+	emit = faultpoint.AfterFirst(faultpoint.ModelExportPartial, emit)
+	captureKeys := make([]string, len(ids))
+	for i, id := range ids {
+		captureKeys[i] = id.CaptureKey()
+	}
+	stop := make(chan struct{})
+	full := make(chan *recordBatch)
+	free := make(chan *recordBatch, 2)
+	free <- &recordBatch{}
+	free <- &recordBatch{}
+	var a assembly
+	go func() {
+		// Closing full ends the loop below once a's fields are set.
+		defer close(full)
+		a.run(ctx, p, ids, captureKeys, stop, free, full)
+	}()
+	var emitErr error
+	for b := range full {
+		if emitErr == nil {
+			emitErr = b.emit(emit)
+			if emitErr != nil {
+				close(stop)
+			}
+		}
+		free <- b
+	}
+	if emitErr != nil {
+		return ctlplane.Extras{}, emitErr
+	}
+	if a.err != nil {
+		return ctlplane.Extras{}, a.err
+	}
+	keys := make([]string, 0, len(a.all))
+	for k := range a.all {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return ctlplane.Extras{Reply: map[string]any{"staging_keys": keys, "staging_keys_by_episode": a.byEpisode}}, nil
+}
+
+func dedupeSorted(ss []string) []string {
+	slices.Sort(ss)
+	return slices.Compact(ss)
+}
+
+// errExportStopped ends an export's ledger read when the caller could not
+// emit; the caller's error is the export's.
+var errExportStopped = errors.New("export stopped")
+
+// recordBatchBytes is how much record data a batch of an export holds
+// before it is handed over to be emitted: two batches are in use at once.
+const recordBatchBytes = 1 << 20
+
+// recordBatch is records an export assembled, in order, for the caller to
+// emit: their data back to back, where each ends, and whose they are.
+type recordBatch struct {
+	data []byte
+	ends []int
+	ids  []rollout.EpisodeID
+}
+
+func (b *recordBatch) reset() {
+	b.data, b.ends, b.ids = b.data[:0], b.ends[:0], b.ids[:0]
+}
+
+// emit emits the batch's records in order; emit copies each record's data
+// (ctlplane.Participant.Export), so the batch can be filled again after.
+func (b *recordBatch) emit(emit func(ctlplane.Record) error) error {
+	start := 0
+	for i, end := range b.ends {
+		if err := emit(ctlplane.Record{EpisodeID: b.ids[i], Data: b.data[start:end]}); err != nil {
+			return err
+		}
+		start = end
+	}
+	return nil
+}
+
+// assembly is the goroutine of an export that reads the ledgers and
+// assembles the records; its fields are read once it has ended.
+type assembly struct {
+	err       error
+	all       map[string]struct{}
+	byEpisode map[string][]string
+}
+
+// run assembles the records of ids into batches taken from free, handing
+// each over on full once it holds recordBatchBytes, until every key is read,
+// ctx ends, stop is closed (the caller could not emit) or a record fails.
+// The ledger reads the rows of every key in one sequential pass, in
+// batches, and hands them over in the order they lie in its log (adjacent
+// records are read at once), encoded: a record is assembled from them as
+// they are rather than decoded and encoded again. That order depends only
+// on the ledger, so an export of the same state writes the same records.
+func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.EpisodeID, captureKeys []string, stop <-chan struct{}, free <-chan *recordBatch, full chan<- *recordBatch) {
+	a.all, a.byEpisode = map[string]struct{}{}, map[string][]string{}
+	b := <-free
+	b.reset()
+	handOver := func() bool {
+		select {
+		case full <- b:
+		case <-stop:
+			return false
+		}
+		select {
+		case b = <-free:
+		case <-stop:
+			return false
+		}
+		b.reset()
+		return true
+	}
+	var stopped error
+	err := p.s.ledger.ReadRawRows(captureKeys, func(i int, rows []codec.RawMessage, err error) error {
+		if err := ctx.Err(); err != nil {
+			stopped = err
+			return err
+		}
+		id, key := ids[i], captureKeys[i]
+		if err != nil && !errors.Is(err, tokencapture.ErrRetired) {
+			stopped = fmt.Errorf("reading the ledger of %s: %w", key, err)
+			return stopped
+		}
+		cut := p.episodeCut(id)
+		if len(rows) == 0 && cut == nil {
+			return nil
+		}
+		var staging []string
+		b.data, staging, err = appendModelRecord(b.data, rows, cut)
+		if err != nil {
+			stopped = fmt.Errorf("the record of %s: %w", key, err)
+			return stopped
+		}
+		b.ends, b.ids = append(b.ends, len(b.data)), append(b.ids, id)
+		if keys := dedupeSorted(staging); len(keys) > 0 {
+			a.byEpisode[key] = keys
+			for _, k := range keys {
+				a.all[k] = struct{}{}
+			}
+		}
+		if len(b.data) >= recordBatchBytes && !handOver() {
+			return errExportStopped
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errExportStopped):
+		// The caller's error is the export's.
+	case err != nil && stopped != nil:
+		a.err = stopped
+	case err != nil:
+		a.err = fmt.Errorf("reading the ledgers: %w", err)
+	case len(b.ends) > 0:
+		select {
+		case full <- b:
+		case <-stop:
+		}
+	}
+}
+
+// Committed deletes (without a fence) the ledgers of restored attempts the
+// scope leaves out and no call has used: the controller will not continue
+// them, and they may be started afresh.
+func (p *participant) Committed(_ context.Context, scope ctlplane.Scope, _ bool) error {
+	p.mu.Lock()
+	var drop []string
+	for rid, r := range p.restored {
+		if !r.used && !scope.Has(r.id) {
+			drop = append(drop, r.id.CaptureKey())
+			delete(p.restored, rid)
+		}
+	}
+	p.mu.Unlock()
+	if len(drop) == 0 {
+		return nil
+	}
+	_, _, err := p.s.ledger.Delete(drop)
+	return err
+}
+
+// Fresh refuses a process that has admitted a model call or restored.
+func (p *participant) Fresh() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.admitted > 0 || p.restoredOnce {
+		return errors.New("requires a freshly started model server; this one has served calls")
+	}
+	return nil
+}
+
+// Install validates every record, then, for every scope episode E, replaces
+// the ledger of E.Next() with E's rows (empty without a record: a dead
+// execution's rows must not survive), deletes ledgers of later attempts,
+// and retires (fences) the ledgers of attempts 0..E.Attempt, which nothing
+// writes again. Restored cuts wait for their re-issued call.
+func (p *participant) Install(ctx context.Context, records []ctlplane.Record, scope ctlplane.Scope, _ ctlplane.Extras) ([]rollout.EpisodeID, error) {
+	ids := scope.IDs()
+	seenRollout := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		if seenRollout[id.RolloutID] {
+			return nil, apierror.New(apierror.InvalidRequest, "the scope names rollout %s twice; a restore continues one attempt per rollout", id.RolloutID)
+		}
+		seenRollout[id.RolloutID] = true
+	}
+	// The rows' token arrays are validated, not decoded, and may refer to
+	// the records' bytes (a buffer of the checkpoint store's) until the
+	// ledger copies them into its import records: nothing of decoded
+	// outlives Install but the generation cuts, which are copies.
+	// Records are decoded on every core (each is independent; at 100,000
+	// episodes the serial decode was a fifth of the model's restore), then
+	// checked in order, so the first invalid record is the one reported.
+	each := make([]*importRecord, len(records))
+	errs := make([]error, len(records))
+	parallel.For(len(records), runtime.GOMAXPROCS(0), func(_, i int) {
+		each[i], errs[i] = decodeImportRecord(records[i].Data)
+	})
+	// decoded[i] is the record of the scope's i-th episode, if it has one.
+	decoded := make([]*importRecord, len(ids))
+	imports := make([]tokencapture.Import, 0, len(ids))
+	for i, r := range records {
+		if err := r.EpisodeID.Validate(); err != nil {
+			return nil, fmt.Errorf("record episode: %w", err)
+		}
+		at, inScope := scope.Index(r.EpisodeID)
+		if !inScope {
+			return nil, fmt.Errorf("record of %s is outside the scope", r.EpisodeID)
+		}
+		if decoded[at] != nil {
+			return nil, fmt.Errorf("two records of %s", r.EpisodeID)
+		}
+		if errs[i] != nil {
+			return nil, fmt.Errorf("record of %s: %w", r.EpisodeID, errs[i])
+		}
+		decoded[at] = each[i]
+		// Ledgers with rows are imported in the records' order: their rows
+		// are slices of the records buffer, which the import then copies
+		// from start to end rather than in scope order (an export writes
+		// its records in the order of its own log).
+		imports = append(imports, tokencapture.Import{Key: r.EpisodeID.Next().CaptureKey(), Rows: each[i].Rows})
+	}
+
+	next := make([]rollout.EpisodeID, 0, len(ids))
+	restored := make(map[string]*restoredEpisode, len(ids))
+	for i, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n := id.Next()
+		r := &restoredEpisode{id: n}
+		if m := decoded[i]; m != nil {
+			if len(m.GenerationCuts) == 1 {
+				c := m.GenerationCuts[0]
+				r.cut = &c
+			}
+		} else {
+			// Without a record the next attempt's ledger starts empty.
+			imports = append(imports, tokencapture.Import{Key: n.CaptureKey()})
+		}
+		next = append(next, n)
+		restored[n.RolloutID] = r
+	}
+	// One batch of writes for every ledger rather than one write each.
+	if err := p.s.ledger.ImportMany(imports); err != nil {
+		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("importing the ledgers of the next attempts: %w", err))
+	}
+	faultpoint.Hit(faultpoint.ModelInstallImported)
+	var later, sources []string
+	for _, id := range ids {
+		n := id.Next()
+		sources = append(sources, id.CaptureKey())
+		for _, k := range p.s.ledger.RolloutKeys(id.RolloutID) {
+			e, err := rollout.ParseCaptureKey(k)
+			if err != nil || e.RolloutID != id.RolloutID {
+				continue
+			}
+			switch {
+			case e.Attempt > n.Attempt:
+				later = append(later, k)
+			case e.Attempt < id.Attempt:
+				sources = append(sources, k)
+			}
+		}
+	}
+	if _, _, err := p.s.ledger.Delete(later); err != nil {
+		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("deleting ledgers of later attempts: %w", err))
+	}
+	faultpoint.Hit(faultpoint.ModelInstallDeleted)
+	if _, _, err := p.s.ledger.Retire(sources); err != nil {
+		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("retiring the source attempts' ledgers: %w", err))
+	}
+	p.mu.Lock()
+	p.restored = restored
+	p.restoredOnce = true
+	p.mu.Unlock()
+	p.log.InfoContext(ctx, "restored model ledgers", "episodes", len(next), "records", len(records))
+	return next, nil
+}
+
+// Retire cancels the calls of the covered attempts (same rollout, attempt
+// up to the named one), waits until their handlers returned, then retires
+// (fences) their ledgers so no late row recreates one.
+func (p *participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error {
+	cause := func(id rollout.EpisodeID) error {
+		return apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired while this call ran", id.Attempt, id.RolloutID)
+	}
+	var waits []chan struct{}
+	p.mu.Lock()
+	for _, id := range ids {
+		p.incomplete[id.RolloutID] = struct{}{}
+		for _, t := range p.byRollout[id.RolloutID] {
+			if t.episode.Attempt <= id.Attempt {
+				t.cancel(cause(t.episode))
+				waits = append(waits, t.done)
+			}
+		}
+		if r := p.restored[id.RolloutID]; r != nil && r.id.Attempt <= id.Attempt {
+			delete(p.restored, id.RolloutID)
+		}
+	}
+	p.mu.Unlock()
+	for _, done := range waits {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	var keys []string
+	for _, id := range ids {
+		keys = append(keys, id.CaptureKey())
+		for _, k := range p.s.ledger.RolloutKeys(id.RolloutID) {
+			if e, err := rollout.ParseCaptureKey(k); err == nil && e.RolloutID == id.RolloutID && e.Attempt <= id.Attempt {
+				keys = append(keys, k)
+			}
+		}
+	}
+	if _, _, err := p.s.ledger.Retire(keys); err != nil {
+		return apierror.Wrap(apierror.Internal, fmt.Errorf("retiring ledgers: %w", err))
+	}
+	p.mu.Lock()
+	for _, id := range ids {
+		delete(p.incomplete, id.RolloutID)
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// Forget clears the ledger fences of the rollouts, unless a retire of one
+// of them has not finished.
+func (p *participant) Forget(_ context.Context, rolloutIDs []string) error {
+	p.mu.Lock()
+	for _, r := range rolloutIDs {
+		if _, ok := p.incomplete[r]; ok {
+			p.mu.Unlock()
+			return apierror.New(apierror.RetireIncomplete, "a retire of rollout %s has not finished; retry the retire first", r)
+		}
+	}
+	p.mu.Unlock()
+	var keys []string
+	for _, r := range rolloutIDs {
+		for _, k := range p.s.ledger.RolloutKeys(r) {
+			if p.s.ledger.Retired(k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	if _, _, err := p.s.ledger.Delete(keys); err != nil {
+		return apierror.Wrap(apierror.Internal, fmt.Errorf("clearing ledger fences: %w", err))
+	}
+	return nil
+}
+
+// StatusExtra adds restored cuts and attempts, and the call counts.
+func (p *participant) StatusExtra() map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cuts := 0
+	pending := []string{}
+	for _, r := range p.restored {
+		if r.cut != nil {
+			cuts++
+		}
+		if !r.used {
+			pending = append(pending, r.id.CaptureKey())
+		}
+	}
+	slices.Sort(pending)
+	return map[string]any{
+		"restored_generation_cuts": cuts, "restored_pending": pending,
+		"served": p.delivered, "inflight": len(p.calls), "held": p.held,
+	}
+}
+
+// refuseRemoval answers 409 checkpoint_open while a checkpoint is open: a
+// ledger removed then would be missing from (or resurrected by) its export
+// or install.
+func (p *participant) refuseRemoval() error {
+	if p.checkpointOpen() {
+		return apierror.New(apierror.CheckpointOpen, "a checkpoint is open on this model server; retry ledger retire and delete after it resumes")
+	}
+	return nil
+}
+
+// checkpointOpen reports whether a checkpoint is open: its phase is not
+// idle, or admission is closed.
+func (p *participant) checkpointOpen() bool {
+	if phase, _ := p.ctl.Phase(); phase != ctlplane.PhaseIdle {
+		return true
+	}
+	closed, _ := p.ctl.AdmissionClosed()
+	return closed
+}
+
+var (
+	_ ctlplane.Participant = (*participant)(nil)
+	_ callHooks            = (*participant)(nil)
+)

@@ -1,0 +1,239 @@
+package modelproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/gencut"
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/openai"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
+)
+
+// GenerationCutPath is the worker's cut route, under its root URL.
+const GenerationCutPath = gencut.Path
+
+// Dispositions of a cut receipt entry, and of the cuts metric.
+const (
+	DispositionDurablePrefix  = gencut.DispositionDurablePrefix
+	DispositionDurableFailure = gencut.DispositionDurableFailure
+	// DispositionSkipped counts calls a round did not ask for: streaming or
+	// constrained decoding (their prefix cannot be continued as is).
+	DispositionSkipped = "skipped"
+)
+
+// defaultCutBudget bounds a cut round whose operation has no deadline.
+const defaultCutBudget = 30 * time.Second
+
+// maxReceiptBytes bounds a cut receipt (about 300 bytes per call).
+const maxReceiptBytes = 64 << 20
+
+// cutPrefix is a staged prefix of one call, as a checkpoint records it.
+type cutPrefix struct {
+	stagingKey string
+	tokenCount int
+	digest     string
+}
+
+func validStagingKey(k string) bool { return gencut.ValidStagingKey(k) }
+func validCallID(id string) bool    { return gencut.ValidCallID(id) }
+
+// DecodeCutReceipt decodes a worker's receipt for listed calls and checks
+// every entry's shape.
+func DecodeCutReceipt(body []byte, listed int) (*gencut.Receipt, error) {
+	return gencut.DecodeReceipt(body, listed)
+}
+
+// cutRound asks every worker holding listed calls to cut its calls, all
+// at once, and records each call's outcome from the merged receipts. It
+// runs on the participant's goroutine; any failure of a worker's request
+// (transport, refusal, timeout, a malformed receipt) marks that worker's
+// calls failed: a cut only saves regeneration, so it never fails the
+// checkpoint.
+func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, listed []*ticket) {
+	defer p.wg.Done()
+	defer cancel()
+	ctx, span := p.s.tracer.Start(ctx, tracing.SpanGenerationCut)
+	defer span.End()
+	id := p.checkpointID()
+	reqs := make([]gencut.Request, len(p.cutURLs))
+	for _, t := range listed {
+		w := int(t.worker.Load())
+		if reqs[w].CheckpointID == "" {
+			reqs[w] = gencut.Request{CheckpointID: id, ServerName: p.s.cfg.Name}
+		}
+		reqs[w].Active = append(reqs[w].Active, gencut.ActiveCall{ModelCallID: t.callID, CaptureKey: t.captureKey})
+	}
+	receipts := make([]*gencut.Receipt, len(reqs))
+	var wg sync.WaitGroup
+	for w := range reqs {
+		if len(reqs[w].Active) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			rc, err := p.postCut(ctx, p.cutURLs[w], reqs[w])
+			if err != nil {
+				p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", id, "worker", p.cutURLs[w], "calls", len(reqs[w].Active), "err", err)
+				return
+			}
+			receipts[w] = rc
+		})
+	}
+	wg.Wait()
+	outcome := make(map[string]*gencut.Prefix, len(listed))
+	for _, rc := range receipts {
+		if rc == nil {
+			continue
+		}
+		for i := range rc.Prefixes {
+			it := &rc.Prefixes[i]
+			outcome[it.ModelCallID] = it
+		}
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cut, failed := 0, 0
+	for _, t := range listed {
+		it := outcome[t.callID]
+		if it == nil || it.CaptureKey != t.captureKey || it.Disposition != DispositionDurablePrefix {
+			failed++
+			continue
+		}
+		t.cut = &cutPrefix{stagingKey: it.StagingKey, tokenCount: it.PrefixTokenCount, digest: it.PrefixDigest}
+		cut++
+	}
+	p.round.cut += cut
+	p.round.failed += failed
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCheckpointID.String(id), tracing.AttrCalls.Int(len(listed)),
+			attribute.Int("nemo.gym.checkpoint.cut_"+DispositionDurablePrefix, cut),
+			attribute.Int("nemo.gym.checkpoint.cut_"+DispositionDurableFailure, failed))
+	}
+	p.metrics.cuts.WithLabelValues(DispositionDurablePrefix).Add(float64(cut))
+	p.metrics.cuts.WithLabelValues(DispositionDurableFailure).Add(float64(failed))
+	p.log.InfoContext(ctx, "generation cut round finished", "checkpoint_id", id, "listed", len(listed), "cut", cut, "failed", failed)
+	p.cutRunning = false
+	p.notifyLocked()
+}
+
+// postCut sends one cut request to a worker's cut route on the control
+// client.
+func (p *participant) postCut(ctx context.Context, cutURL string, req gencut.Request) (*gencut.Receipt, error) {
+	body := gencut.EncodeRequest(req)
+	h := http.Header{"Authorization": {"Bearer " + p.s.cfg.GenerationCuts.ControlAuthToken}}
+	c, err := p.s.upstream.cutClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := httpclient.Do(ctx, c, http.MethodPost, cutURL, h, body)
+	if err != nil {
+		return nil, err
+	}
+	if err := rep.Err("the worker's generation cut"); err != nil {
+		return nil, err
+	}
+	if len(rep.Body) > maxReceiptBytes {
+		return nil, fmt.Errorf("the cut receipt is %d bytes, more than %d", len(rep.Body), maxReceiptBytes)
+	}
+	return DecodeCutReceipt(rep.Body, len(req.Active))
+}
+
+// checkpointID names the round after the checkpoint being prepared. The
+// Controller holds its lock while it closes admission, so this runs on the
+// round's goroutine, after CloseAdmission returned; a checkpoint already
+// gone gets a generated id.
+func (p *participant) checkpointID() string {
+	if p.ctl != nil {
+		if _, id := p.ctl.Phase(); id != "" {
+			return id
+		}
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "cut-" + hex.EncodeToString(b[:])
+}
+
+// constrainedChat reports constrained decoding in a Chat Completions body: a
+// forced or named tool choice, a non-text response format, or vLLM's
+// guided decoding. Such a call is not cut (its prefix could not be
+// continued under the same constraint) and simply regenerates.
+func constrainedChat(f chatFields) bool {
+	if constrainedToolChoice(f["tool_choice"]) || constrainedFormat(f["response_format"]) {
+		return true
+	}
+	for _, k := range []string{"guided_choice", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern", "structural_tag", "structured_outputs"} {
+		if v := bytes.TrimSpace(f[k]); len(v) > 0 && string(v) != "null" {
+			return true
+		}
+	}
+	return false
+}
+
+// constrainedResponses is constrainedChat for a Responses call: its tool
+// choice, or a text.format other than text.
+func constrainedResponses(req *openai.ResponsesRequest, chat *openai.ChatRequest) bool {
+	if constrainedToolChoice(chat.ToolChoice) || constrainedFormat(chat.ResponseFormat) {
+		return true
+	}
+	var text struct {
+		Format codec.RawMessage `json:"format"`
+	}
+	if len(bytes.TrimSpace(req.Text)) > 0 && codec.Unmarshal(req.Text, &text) == nil {
+		return constrainedFormat(text.Format)
+	}
+	return false
+}
+
+// constrainedToolChoice: anything but absent, null, "auto" or "none".
+func constrainedToolChoice(raw []byte) bool {
+	switch strings.TrimSpace(string(raw)) {
+	case "", "null", `"auto"`, `"none"`:
+		return false
+	}
+	return true
+}
+
+// constrainedFormat: anything but absent, null or {"type":"text"}.
+func constrainedFormat(raw []byte) bool {
+	v := bytes.TrimSpace(raw)
+	if len(v) == 0 || string(v) == "null" {
+		return false
+	}
+	var f map[string]codec.RawMessage
+	if codec.Unmarshal(v, &f) != nil {
+		return true
+	}
+	keys := make([]string, 0, len(f))
+	for k := range f {
+		keys = append(keys, k)
+	}
+	return !slices.Equal(keys, []string{"type"}) || strings.TrimSpace(string(f["type"])) != `"text"`
+}
+
+// validRequestDigest: a sha256 in hex, as requestDigest makes.
+func validRequestDigest(d string) bool {
+	if len(d) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(d)
+	return err == nil
+}
+
+// validSourceKey: a capture key.
+func validSourceKey(k string) bool {
+	_, err := rollout.ParseCaptureKey(k)
+	return err == nil
+}

@@ -1,0 +1,216 @@
+package modelproxy_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
+	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
+)
+
+// startModelOn serves a model server in front of several workers.
+func startModelOn(t *testing.T, dir string, ck ctlplane.Config, urls ...string) *model {
+	t.Helper()
+	return startModel(t, "unused", dir, ck, func(c *modelproxy.Config) {
+		c.Upstream.BaseURL = ""
+		for _, u := range urls {
+			c.Upstream.BaseURLs = append(c.Upstream.BaseURLs, u+"/v1")
+		}
+	})
+}
+
+// workerMetric reads a per-worker series of the model server's /metrics.
+func workerMetric(t *testing.T, m *model, name, worker string) float64 {
+	t.Helper()
+	status, body := m.get(t, "/metrics")
+	if status != http.StatusOK {
+		t.Fatalf("/metrics: %d", status)
+	}
+	prefix := fmt.Sprintf(`%s{worker="%s/v1"} `, name, worker)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			var f float64
+			if _, err := fmt.Sscanf(v, "%g", &f); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// keysOf is the set of capture keys a worker saw.
+func keysOf(t *testing.T, w *worker) map[string]int {
+	out := map[string]int{}
+	for _, c := range w.calls(t) {
+		if c.CaptureKey != nil {
+			out[*c.CaptureKey]++
+		}
+	}
+	return out
+}
+
+// Every call of a rollout goes to one worker, and rollouts spread over
+// both workers.
+func TestWorkers_RolloutStaysOnItsWorkerAndLoadSpreads(t *testing.T) {
+	t.Parallel()
+	w0, w1 := startWorker(t, 0), startWorker(t, 0)
+	m := startModelOn(t, t.TempDir(), ctlplane.Config{}, w0.url, w1.url)
+	keys := []string{"spread-0", "spread-1", "spread-2", "spread-3"}
+	for round := range 3 {
+		for _, k := range keys {
+			m.mustCall(t, k, chatPath, chatRequest(fmt.Sprintf("%s call %d", k, round), "ok"))
+		}
+	}
+	on0, on1 := keysOf(t, w0), keysOf(t, w1)
+	for _, k := range keys {
+		if on0[k]+on1[k] != 3 || (on0[k] != 0 && on1[k] != 0) {
+			t.Fatalf("rollout %s: %d calls on worker 0, %d on worker 1; want all 3 on one", k, on0[k], on1[k])
+		}
+	}
+	if len(on0) == 0 || len(on1) == 0 {
+		t.Fatalf("rollouts on worker 0 %v, on worker 1 %v: want both used", on0, on1)
+	}
+	for _, w := range []*worker{w0, w1} {
+		if got := workerMetric(t, m, "gymfleet_model_worker_outstanding_calls", w.url); got != 0 {
+			t.Fatalf("outstanding calls on %s after every call ended: %g", w.url, got)
+		}
+	}
+}
+
+// deadURL is the URL of a port nothing listens on.
+func deadURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return "http://" + addr
+}
+
+// A worker that refuses connections never loses a call: the call, which it
+// provably never processed, goes to the live worker, and so do the
+// rollout's later calls. The server stays ready.
+func TestWorkers_FailsOverFromADeadWorker(t *testing.T) {
+	t.Parallel()
+	dead, live := deadURL(t), startWorker(t, 0)
+	m := startModelOn(t, t.TempDir(), ctlplane.Config{}, dead, live.url)
+	keys := []string{"fo-0", "fo-1", "fo-2"}
+	for _, k := range keys {
+		m.mustCall(t, k, chatPath, chatRequest(k+" first", "ok"))
+		m.mustCall(t, k, chatPath, chatRequest(k+" second", "ok"))
+	}
+	got := keysOf(t, live)
+	for _, k := range keys {
+		if got[k] != 2 {
+			t.Fatalf("live worker saw %d calls of %s, want 2: %v", got[k], k, got)
+		}
+	}
+	if n := workerMetric(t, m, "gymfleet_model_worker_failures_total", dead); n < 1 {
+		t.Fatalf("failures of the dead worker = %g, want at least 1", n)
+	}
+	if n := workerMetric(t, m, "gymfleet_model_worker_failovers_total", dead); n < 1 {
+		t.Fatalf("failovers from the dead worker = %g, want at least 1", n)
+	}
+	if st, body := m.get(t, "/readyz"); st != http.StatusOK {
+		t.Fatalf("/readyz with one live worker: %d %s", st, body)
+	}
+}
+
+// A checkpoint asks each worker to cut the calls generating on it (one
+// request per worker), and each cut call continues on the worker that
+// staged its prefix.
+func TestWorkers_GenerationCutAsksEveryWorker(t *testing.T) {
+	t.Parallel()
+	w0, w1 := startWorker(t, cutTPS), startWorker(t, cutTPS)
+	m := startModelOn(t, t.TempDir(), ctlplanetest.Config(), w0.url, w1.url)
+	body := chatRequest("tell me a long story", words(30))
+	a := m.callAsync("cuta", chatPath, body)
+	b := m.callAsync("cutb", chatPath, body)
+	generating := func(w *worker) string {
+		for _, c := range w.calls(t) {
+			if c.Status == fakeinference.StatusGenerating && c.CompletionTokens >= 3 {
+				return c.CallID
+			}
+		}
+		return ""
+	}
+	waitFor(t, "a call generating on each worker", func() bool { return generating(w0) != "" && generating(w1) != "" })
+	cut0, cut1 := generating(w0), generating(w1)
+	prep := m.mustOp(t, "prepare", ckReq("cut1"))
+	rep, _ := prep["report"].(map[string]any)
+	counts, _ := rep["counts"].(map[string]any)
+	if prep["phase"] != "prepared" || counts["cut"] != float64(2) || counts["cut_failed"] != float64(0) {
+		t.Fatalf("prepare = %v, want prepared with two cuts", prep)
+	}
+	for i, want := range []struct {
+		w    *worker
+		call string
+	}{{w0, cut0}, {w1, cut1}} {
+		rounds, err := want.w.ctl.Cuts(context.Background())
+		if err != nil || len(rounds) != 1 || !slices.Equal(rounds[0], []string{want.call}) {
+			t.Fatalf("worker %d cut rounds = %v %v, want [[%s]]", i, rounds, err, want.call)
+		}
+	}
+	m.mustOp(t, "resume", ckReq("cut1"))
+	for _, ch := range []<-chan result{a, b} {
+		if r := await(t, "a cut call", ch); r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("cut call: %d %s %v", r.status, r.body, r.err)
+		}
+	}
+	for i, want := range []struct {
+		w    *worker
+		call string
+	}{{w0, cut0}, {w1, cut1}} {
+		calls := want.w.calls(t)
+		last := calls[len(calls)-1]
+		if len(calls) != 2 || last.ContinuedFrom == nil || *last.ContinuedFrom != want.call {
+			t.Fatalf("worker %d: %d calls, last continued from %v; want the cut %s continued there", i, len(calls), last.ContinuedFrom, want.call)
+		}
+	}
+}
+
+// After a crash, a restored cut's continuation may first go to a worker
+// that does not hold its prefix: that worker refuses it (nothing is
+// generated), and the call goes on to the worker that staged the prefix,
+// where it continues instead of regenerating.
+func TestWorkers_RestoredCutContinuesOnTheWorkerHoldingIt(t *testing.T) {
+	t.Parallel()
+	f := newCutFixture(t, "wcut-1")
+	_, prefix := f.check(t)
+	f.m.stop()
+	await(t, "the cut call", f.pending)
+	await(t, "the constrained call", f.other)
+
+	other := startWorker(t, 0)
+	// The worker without the prefix is listed first: a fresh picker tries
+	// it first.
+	m2 := startModelOn(t, f.dir, ctlplanetest.Config(), other.url, f.w.url)
+	m2.mustOp(t, "restore", restoreReq("cut1", f.dir, f.key))
+	m2.mustOp(t, "resume", ckReq("cut1"))
+	m2.mustCall(t, "wcut-1-a1", chatPath, f.body)
+	calls := f.w.callsOf(t, "wcut-1-a1")
+	if len(calls) != 1 || calls[0].ContinuedFrom == nil || *calls[0].ContinuedFrom != f.cutCall.CallID || calls[0].ReusedPrefixTokens != prefix {
+		t.Fatalf("calls on the prefix's worker = %+v, want one continuing %s", calls, f.cutCall.CallID)
+	}
+	if got := other.callsOf(t, "wcut-1-a1"); len(got) != 0 {
+		t.Fatalf("the other worker generated %+v", got)
+	}
+	if n := workerMetric(t, m2, "gymfleet_model_worker_failures_total", other.url); n != 0 {
+		t.Fatalf("a refused continuation counted as a worker failure: %g", n)
+	}
+	if n := workerMetric(t, m2, "gymfleet_model_worker_failovers_total", other.url); n != 1 {
+		t.Fatalf("failovers from the worker without the prefix = %g, want 1 (it refused the continuation)", n)
+	}
+}
