@@ -60,11 +60,15 @@ test-fuzz:
 # see pkg/transport/httpconf), each pass on its own free ports and directories; each
 # pass's output is printed once both are done.
 E2E_STACKS := lean nethttp
+# Each stack's port block (tests/e2e harness_test.go); override both to run
+# two checkouts' suites side by side.
+E2E_PORTS_lean    ?= 20000-25999
+E2E_PORTS_nethttp ?= 26000-31999
 test-e2e: build
 	@$(call need,curl,curl)
 	@logs=$$(mktemp -d); pids=; \
 	for s in $(E2E_STACKS); do \
-		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s $(GO) test -count=1 -timeout 10m -skip '^(TestCrashSweep|TestHosts)$$' ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \
+		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s GYMFLEET_E2E_PORTS=$$(case $$s in (lean) echo $(E2E_PORTS_lean);; (*) echo $(E2E_PORTS_nethttp);; esac) $(GO) test -count=1 -timeout 10m -skip '^(TestCrashSweep|TestHosts)$$' ./tests/e2e/... >$$logs/$$s.log 2>&1 & pids="$$pids $$!"; \
 	done; \
 	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for s in $(E2E_STACKS); do echo "--- e2e on the $$s HTTP stack"; cat $$logs/$$s.log; done; \
