@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
+.PHONY: all check-commits build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -143,6 +143,10 @@ STACKS ?= lean,nethttp
 TUNING ?=
 bench-scale: build
 	$(BIN)/gymctl bench-scale --rollouts $(N) --stacks $(STACKS) $(if $(TUNING),--tuning $(TUNING)) --json bench-scale-$(N).json
+
+# The commits this branch adds: subjects of at most 72 characters.
+check-commits:
+	scripts/check-commits.sh $(BASE)
 
 lint: vet
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

@@ -327,30 +327,19 @@ func printStatus(w io.Writer, members []coordination.Member, st map[string]map[s
 			fmt.Fprintf(tw, "%s\t%s\t%s\tunreachable\t\t\t\t\t\t\n", m.Name, m.Kind, m.Instance)
 			continue
 		}
-		lease := "-"
-		if v, ok := s["lease_expires_at"].(float64); ok {
-			lease = time.Until(time.Unix(0, int64(v*1e9))).Round(time.Second).String()
-		}
-		ckpt := "-"
-		if v, ok := s["checkpoint_id"].(string); ok {
-			ckpt = v
-		}
-		ready, blockers, counts := "-", "-", ""
-		if rep, ok := s["report"].(map[string]any); ok {
-			ready = fmt.Sprint(rep["ready"])
-			blockers = fmt.Sprint(rep["blocker_count"])
-			if cm, ok := rep["counts"].(map[string]any); ok {
-				keys := make([]string, 0, len(cm))
-				for k := range cm {
-					keys = append(keys, k)
-				}
-				sort.Strings(keys)
-				for _, k := range keys {
-					counts += fmt.Sprintf("%s=%v ", k, cm[k])
-				}
+		c := statusCellsOf(s, time.Now())
+		counts := ""
+		if cm, ok := c.report["counts"].(map[string]any); ok {
+			keys := make([]string, 0, len(cm))
+			for k := range cm {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				counts += fmt.Sprintf("%s=%v ", k, cm[k])
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%v\t%s\n", m.Name, m.Kind, m.Instance, s["phase"], ckpt, lease, ready, blockers, s["retired_rollouts"], strings.TrimSpace(counts))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%v\t%s\n", m.Name, m.Kind, m.Instance, s["phase"], c.checkpoint, c.lease, c.ready, c.blockers, s["retired_rollouts"], strings.TrimSpace(counts))
 	}
 	tw.Flush()
 }

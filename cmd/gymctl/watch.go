@@ -51,6 +51,32 @@ func watchLoop(ctx context.Context, w io.Writer, tty bool, tick <-chan time.Time
 	}
 }
 
+// statusCells are the cells of a participant's status that ckpt status
+// and its --watch frame both show, "-" where the status has none.
+type statusCells struct {
+	checkpoint, lease, ready, blockers string
+	// report is the participant's report, nil when it sent none.
+	report map[string]any
+}
+
+// statusCellsOf reads the cells from one participant's GET /_ckpt/status
+// reply; the lease is the time left at now.
+func statusCellsOf(s map[string]any, now time.Time) statusCells {
+	c := statusCells{checkpoint: "-", lease: "-", ready: "-", blockers: "-"}
+	if v, ok := s["lease_expires_at"].(float64); ok {
+		c.lease = time.Unix(0, int64(v*1e9)).Sub(now).Round(time.Second).String()
+	}
+	if v, ok := s["checkpoint_id"].(string); ok {
+		c.checkpoint = v
+	}
+	if rep, ok := s["report"].(map[string]any); ok {
+		c.report = rep
+		c.ready = fmt.Sprint(rep["ready"])
+		c.blockers = fmt.Sprint(rep["blocker_count"])
+	}
+	return c
+}
+
 // maxListedBlockers is how many blocker ids a watch row shows.
 const maxListedBlockers = 3
 
@@ -66,33 +92,22 @@ func statusFrame(members []coordination.Member, st map[string]map[string]any, er
 			fmt.Fprintf(tw, "%s\t%s\tunreachable\t-\t-\t-\t-\t-\n", m.Name, m.Kind)
 			continue
 		}
-		lease := "-"
-		if v, ok := s["lease_expires_at"].(float64); ok {
-			lease = time.Unix(0, int64(v*1e9)).Sub(now).Round(time.Second).String()
-		}
-		ckpt := "-"
-		if v, ok := s["checkpoint_id"].(string); ok {
-			ckpt = v
-		}
-		ready, count, first := "-", "-", "-"
-		if rep, ok := s["report"].(map[string]any); ok {
-			ready = fmt.Sprint(rep["ready"])
-			count = fmt.Sprint(rep["blocker_count"])
-			if bl, ok := rep["blockers"].([]any); ok && len(bl) > 0 {
-				var ids []string
-				for _, v := range bl {
-					if len(ids) == maxListedBlockers {
-						break
-					}
-					ids = append(ids, fmt.Sprint(v))
+		c := statusCellsOf(s, now)
+		first := "-"
+		if bl, ok := c.report["blockers"].([]any); ok && len(bl) > 0 {
+			var ids []string
+			for _, v := range bl {
+				if len(ids) == maxListedBlockers {
+					break
 				}
-				first = strings.Join(ids, ",")
-				if len(bl) > maxListedBlockers {
-					first += ",…"
-				}
+				ids = append(ids, fmt.Sprint(v))
+			}
+			first = strings.Join(ids, ",")
+			if len(bl) > maxListedBlockers {
+				first += ",…"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.Kind, s["phase"], ckpt, lease, ready, count, first)
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.Kind, s["phase"], c.checkpoint, c.lease, c.ready, c.blockers, first)
 	}
 	tw.Flush()
 	if err != nil {

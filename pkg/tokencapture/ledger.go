@@ -161,9 +161,8 @@ type Ledger struct {
 	// byRollout indexes keys (with a ledger or a fence) by rollout id, so
 	// the attempts of one rollout are found without a scan of every key.
 	// A rollout has a key or two (an attempt, the fence of the one
-	// before), so each is a short list, not a set: a map per rollout cost
-	// ~200 bytes and an allocation, and a fifth of the model's restore CPU
-	// went to keeping and reading the index (16,000 rollouts, perf).
+	// before), so each is a short list, not a set: a map per rollout is an
+	// allocation of its own for every rollout a restore installs.
 	byRollout  map[string][]string
 	segs       map[uint64]*os.File
 	active     *os.File
@@ -497,9 +496,8 @@ func readRows[T any](l *Ledger, keys []string, decode func(line []byte, e extent
 // them: keys without records first, as given, then the others by where
 // their first record lies in the log. A checkpoint lists its keys sorted,
 // and each key's rows were written as its calls finished, so in that
-// order a batch's records lay scattered over the log: at 100,000 keys
-// reading them took 80,000 reads (and 0.44 of the model's 1.77 CPU-s in a
-// commit); in log order consecutive keys' records are adjacent and a read
+// order a batch's records lay scattered over the log, a read or so per
+// key; in log order consecutive keys' records are adjacent and a read
 // takes hundreds of them. The order depends only on the log, which is
 // appended to and compacted only when opened, so the same state is always
 // read in the same order.

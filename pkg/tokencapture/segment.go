@@ -332,8 +332,8 @@ type rawRecord struct {
 // rawRowReader reads the rows of record lines as codec.Marshal encodes
 // each Row, into one buffer that every batch of keys reuses: a checkpoint
 // export reads 100,000 keys' rows, and while a checkpoint holds the
-// collector off every fresh byte is a page the kernel must fault in (14 us
-// each under the scale bench's hypervisor), where a reused one is not.
+// collector off every fresh byte is a page the kernel must fault in (dear
+// under a hypervisor, pkg/infra/hugepage), where a reused one is not.
 type rawRowReader struct {
 	// chunks are filled in order within a batch; next is the one being
 	// filled.

@@ -278,6 +278,32 @@ var sweepWant = map[string][]int{"sw-w": {2, 4, 4}, "sw-l": {2, 4, 4}, "sw-k": {
 // imported, then its own calls.
 var sweepLedgerRows = map[string]int{"sw-w": 2, "sw-l": 2, "sw-k": 3}
 
+// holdSweep holds the second model call of every rollout on f and
+// returns the sweep's rows, their rollout ids and the scope naming their
+// first attempts.
+func holdSweep(f *Fleet) (rows []map[string]any, ids []string, scope []rollout.EpisodeID) {
+	rows = sweepRows()
+	for _, r := range rows {
+		id := r[rollout.FieldRolloutID].(string)
+		ids, scope = append(ids, id), append(scope, ep(id, 0))
+	}
+	f.HoldSecondCalls()
+	return rows, ids, scope
+}
+
+// startHeld starts every row and returns once each rollout's second model
+// call is held.
+func startHeld(f *Fleet, rows []map[string]any, ids []string) []*Run {
+	var runs []*Run
+	for _, r := range rows {
+		runs = append(runs, f.Start(r))
+	}
+	for _, id := range ids {
+		f.WaitHeld(id, 2)
+	}
+	return runs
+}
+
 func runSweepCase(t *testing.T, bin string, c sweepCase, note func(string, ...any)) {
 	arm := filepath.Join(t.TempDir(), "arm")
 	armEnv := faultpoint.EnvFile + "=" + arm
@@ -298,14 +324,7 @@ func runSweepCase(t *testing.T, bin string, c sweepCase, note func(string, ...an
 			t.Fatal(err)
 		}
 	}
-	rows := sweepRows()
-	ids := make([]string, len(rows))
-	scope := make([]rollout.EpisodeID, len(rows))
-	for i, r := range rows {
-		ids[i] = r[rollout.FieldRolloutID].(string)
-		scope[i] = ep(ids[i], 0)
-	}
-	f.HoldSecondCalls()
+	rows, ids, scope := holdSweep(f)
 	ctx := context.Background()
 
 	if c.flow == flowCollect {
@@ -313,13 +332,7 @@ func runSweepCase(t *testing.T, bin string, c sweepCase, note func(string, ...an
 		return
 	}
 
-	var firsts []*Run
-	for _, r := range rows {
-		firsts = append(firsts, f.Start(r))
-	}
-	for _, id := range ids {
-		f.WaitHeld(id, 2)
-	}
+	firsts := startHeld(f, rows, ids)
 	coord := f.Coord()
 	f.Checkpoint(coord, "c1", scope...)
 	switch c.flow {

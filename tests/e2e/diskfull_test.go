@@ -16,7 +16,6 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
-	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // mountSmallDisk mounts a tmpfs of size at a new directory and unmounts it
@@ -78,21 +77,8 @@ func TestDiskFullDuringCommit(t *testing.T) {
 	f := startFleetWith(t, fleetOptions{topo: func(tp *fleet.Topology) { tp.CheckpointRoot = disk }})
 	f.CkptDir = filepath.Join(disk, "checkpoints")
 	ctx := context.Background()
-	rows := sweepRows()
-	var ids []string
-	var scope []rollout.EpisodeID
-	for _, r := range rows {
-		id := r[rollout.FieldRolloutID].(string)
-		ids, scope = append(ids, id), append(scope, ep(id, 0))
-	}
-	f.HoldSecondCalls()
-	var runs []*Run
-	for _, r := range rows {
-		runs = append(runs, f.Start(r))
-	}
-	for _, id := range ids {
-		f.WaitHeld(id, 2)
-	}
+	rows, ids, scope := holdSweep(f)
+	runs := startHeld(f, rows, ids)
 	c := f.Coord()
 	f.Checkpoint(c, "c1", scope...)
 	f.Resume(c, "c1")

@@ -62,6 +62,29 @@ func startS3Fleet(t *testing.T, root, endpoint string) *Fleet {
 	return f
 }
 
+// s3CheckpointHeld starts an S3 fleet, holds the second model call of a
+// weather rollout named id, and commits checkpoint c1 of it there. It
+// returns the fleet, the rollout's row and its first attempt, in flight.
+func s3CheckpointHeld(t *testing.T, root, endpoint, id string) (*Fleet, map[string]any, *Run) {
+	t.Helper()
+	f := startS3Fleet(t, root, endpoint)
+	f.HoldSecondCalls()
+	row := weatherRow(id, "weather_agent", "Paris")
+	first := f.Start(row)
+	f.WaitHeld(id, 2)
+	f.Checkpoint(f.Coord(), "c1", ep(id, 0))
+	return f, row, first
+}
+
+// notAcrossCrash fails the test if first, an attempt in flight when its
+// fleet's processes were killed, replied as if it had finished.
+func notAcrossCrash(t *testing.T, first *Run) {
+	t.Helper()
+	if rep := first.Wait(t, 30*time.Second); rep.Status == http.StatusOK {
+		t.Fatalf("the first attempt replied across the crash: %v", rep.Body)
+	}
+}
+
 // TestS3_CheckpointRestoredByAnotherFleet: a fleet commits a checkpoint of
 // an episode in flight to S3 and dies whole (its inference server too, as
 // a lost host would); a second fleet, other processes on other ports that
@@ -70,12 +93,7 @@ func startS3Fleet(t *testing.T, root, endpoint string) *Fleet {
 // made again.
 func TestS3_CheckpointRestoredByAnotherFleet(t *testing.T) {
 	root, endpoint := s3Root(t)
-	a := startS3Fleet(t, root, endpoint)
-	a.HoldSecondCalls()
-	row := weatherRow("s3-native-1", "weather_agent", "Paris")
-	first := a.Start(row)
-	a.WaitHeld("s3-native-1", 2)
-	a.Checkpoint(a.Coord(), "c1", ep("s3-native-1", 0))
+	a, row, first := s3CheckpointHeld(t, root, endpoint, "s3-native-1")
 	// Every participant's part verifies where it was written.
 	ms, err := a.Coord().VerifyWith(context.Background(), a.Dir("c1"), "c1", ckptstore.Options{S3: ckptstore.S3Options{Endpoint: endpoint, PathStyle: true}})
 	if err != nil || len(ms) == 0 {
@@ -84,9 +102,7 @@ func TestS3_CheckpointRestoredByAnotherFleet(t *testing.T) {
 	if err := a.L.KillAll(); err != nil {
 		t.Fatal(err)
 	}
-	if rep := first.Wait(t, 30*time.Second); rep.Status == http.StatusOK {
-		t.Fatalf("the first attempt replied across the crash: %v", rep.Body)
-	}
+	notAcrossCrash(t, first)
 
 	b := startS3Fleet(t, root, endpoint)
 	c := b.Coord()
@@ -108,16 +124,9 @@ func TestS3_CheckpointRestoredByAnotherFleet(t *testing.T) {
 // ports restore from the bucket.
 func TestS3_ContinueAfterCrash(t *testing.T) {
 	root, endpoint := s3Root(t)
-	f := startS3Fleet(t, root, endpoint)
-	f.HoldSecondCalls()
-	row := weatherRow("s3-native-2", "weather_agent", "Paris")
-	first := f.Start(row)
-	f.WaitHeld("s3-native-2", 2)
-	f.Checkpoint(f.Coord(), "c1", ep("s3-native-2", 0))
+	f, row, first := s3CheckpointHeld(t, root, endpoint, "s3-native-2")
 	f.CrashAndRestore("c1", ep("s3-native-2", 0))
-	if rep := first.Wait(t, 30*time.Second); rep.Status == http.StatusOK {
-		t.Fatalf("the first attempt replied across a crash: %v", rep.Body)
-	}
+	notAcrossCrash(t, first)
 	f.Release()
 	assertReward(t, f.RunOK(withAttempt(row, 1)), 1.0)
 	if got, want := f.MessageCounts("s3-native-2"), []int{2, 4, 4}; !slices.Equal(got, want) {

@@ -110,57 +110,54 @@ func flagValue(args []string, name string) (string, bool) {
 // URL a Service port of the same rendering.
 func TestManifests_ServerConfigsLoad(t *testing.T) {
 	srv := servers()
-	for _, dir := range kustomizations {
-		t.Run(dir, func(t *testing.T) {
-			o := render(t, dir)
-			loaded := map[string]bool{}
-			for _, p := range o.pods() {
-				for _, c := range p.spec.Containers {
-					if len(c.Command) == 0 {
-						continue
-					}
-					s, ok := srv[c.Command[0]]
-					if !ok {
-						continue
-					}
-					where := p.where + " container " + c.Name
-					path, ok := flagValue(c.Args, "config")
-					if !ok {
-						t.Errorf("%s: no --config", where)
-						continue
-					}
-					content, ok := mountedFile(t, o, p, c, path)
-					if !ok {
-						t.Errorf("%s: --config %s is in no mounted ConfigMap", where, path)
-						continue
-					}
-					env := containerEnv(t, o, p, c)
-					for name := range env {
-						if strings.HasPrefix(name, configload.EnvPrefix+"_") && !slices.Contains(s.env, name) {
-							t.Errorf("%s: env %s is no key of %s: it would be ignored", where, name, c.Command[0])
-						}
-					}
-					sc, err := s.load(writeTemp(t, "config.yaml", content), func(k string) string { return env[k] })
-					if err != nil {
-						t.Errorf("%s: %s does not load: %v", where, path, err)
-						continue
-					}
-					loaded[c.Command[0]] = true
-					for _, l := range sc.listens {
-						checkListen(t, where, l, c)
-					}
-					for _, u := range sc.peers {
-						checkURL(t, o, where, u)
+	eachRendering(t, func(t *testing.T, dir string, o *objects) {
+		loaded := map[string]bool{}
+		for _, p := range o.pods() {
+			for _, c := range p.spec.Containers {
+				if len(c.Command) == 0 {
+					continue
+				}
+				s, ok := srv[c.Command[0]]
+				if !ok {
+					continue
+				}
+				where := p.where + " container " + c.Name
+				path, ok := flagValue(c.Args, "config")
+				if !ok {
+					t.Errorf("%s: no --config", where)
+					continue
+				}
+				content, ok := mountedFile(t, o, p, c, path)
+				if !ok {
+					t.Errorf("%s: --config %s is in no mounted ConfigMap", where, path)
+					continue
+				}
+				env := containerEnv(t, o, p, c)
+				for name := range env {
+					if strings.HasPrefix(name, configload.EnvPrefix+"_") && !slices.Contains(s.env, name) {
+						t.Errorf("%s: env %s is no key of %s: it would be ignored", where, name, c.Command[0])
 					}
 				}
-			}
-			for _, name := range []string{"modelserver", "agentserver", "resourceserver", "envserver"} {
-				if !loaded[name] {
-					t.Errorf("no %s container's configuration was loaded", name)
+				sc, err := s.load(writeTemp(t, "config.yaml", content), func(k string) string { return env[k] })
+				if err != nil {
+					t.Errorf("%s: %s does not load: %v", where, path, err)
+					continue
+				}
+				loaded[c.Command[0]] = true
+				for _, l := range sc.listens {
+					checkListen(t, where, l, c)
+				}
+				for _, u := range sc.peers {
+					checkURL(t, o, where, u)
 				}
 			}
-		})
-	}
+		}
+		for _, name := range []string{"modelserver", "agentserver", "resourceserver", "envserver"} {
+			if !loaded[name] {
+				t.Errorf("no %s container's configuration was loaded", name)
+			}
+		}
+	})
 }
 
 // TestManifests_LoaderRefusesUnknownKeys shows the check above has teeth:
@@ -187,67 +184,64 @@ func TestManifests_LoaderRefusesUnknownKeys(t *testing.T) {
 // gymctl does, and checks that its token is the servers' and that each
 // endpoint is a pod's stable DNS name and port.
 func TestManifests_CollectorFleetFile(t *testing.T) {
-	for _, dir := range kustomizations {
-		t.Run(dir, func(t *testing.T) {
-			o := render(t, dir)
-			job := o.jobs["collect"]
-			if job == nil {
-				t.Fatal("no collect Job")
+	eachRendering(t, func(t *testing.T, dir string, o *objects) {
+		job := o.jobs["collect"]
+		if job == nil {
+			t.Fatal("no collect Job")
+		}
+		p := pod{where: "Job collect", spec: job.Spec.Template.Spec}
+		c := p.spec.Containers[0]
+		script := strings.Join(append(append([]string{}, c.Command...), c.Args...), " ")
+		path, ok := flagValue(strings.Fields(script), "config")
+		if !ok || !strings.Contains(script, "gymctl collect") {
+			t.Fatalf("the Job runs %q: want gymctl collect --config", script)
+		}
+		content, ok := mountedFile(t, o, p, c, path)
+		if !ok {
+			t.Fatalf("--config %s is in no mounted volume", path)
+		}
+		cfg, err := fleet.Decode(strings.NewReader(content))
+		if err != nil {
+			t.Fatalf("fleet file: %v", err)
+		}
+		if tok := o.secrets["gymfleet-control"].StringData["token"]; cfg.Checkpoint.ControlAuthToken != tok {
+			t.Errorf("fleet file token %q, servers' token %q: the collector's control calls would be refused", cfg.Checkpoint.ControlAuthToken, tok)
+		}
+		ckdir, _ := flagValue(strings.Fields(script), "checkpoint-dir")
+		if !strings.HasPrefix(ckdir, cfg.Checkpoint.Root+"/") {
+			t.Errorf("--checkpoint-dir %s is not beneath the fleet's checkpoint root %s", ckdir, cfg.Checkpoint.Root)
+		}
+		kinds := map[string]int{}
+		for _, e := range cfg.Endpoints("") {
+			kinds[e.Kind]++
+			checkURL(t, o, "fleet endpoint "+e.Name, e.URL)
+		}
+		for _, k := range []string{fleet.KindModel, fleet.KindAgent, fleet.KindResources, fleet.KindEnvironment} {
+			if kinds[k] == 0 {
+				t.Errorf("the fleet file has no %s endpoint: checkpoints would leave it out", k)
 			}
-			p := pod{where: "Job collect", spec: job.Spec.Template.Spec}
-			c := p.spec.Containers[0]
-			script := strings.Join(append(append([]string{}, c.Command...), c.Args...), " ")
-			path, ok := flagValue(strings.Fields(script), "config")
-			if !ok || !strings.Contains(script, "gymctl collect") {
-				t.Fatalf("the Job runs %q: want gymctl collect --config", script)
-			}
-			content, ok := mountedFile(t, o, p, c, path)
-			if !ok {
-				t.Fatalf("--config %s is in no mounted volume", path)
-			}
-			cfg, err := fleet.Decode(strings.NewReader(content))
-			if err != nil {
-				t.Fatalf("fleet file: %v", err)
-			}
-			if tok := o.secrets["gymfleet-control"].StringData["token"]; cfg.Checkpoint.ControlAuthToken != tok {
-				t.Errorf("fleet file token %q, servers' token %q: the collector's control calls would be refused", cfg.Checkpoint.ControlAuthToken, tok)
-			}
-			ckdir, _ := flagValue(strings.Fields(script), "checkpoint-dir")
-			if !strings.HasPrefix(ckdir, cfg.Checkpoint.Root+"/") {
-				t.Errorf("--checkpoint-dir %s is not beneath the fleet's checkpoint root %s", ckdir, cfg.Checkpoint.Root)
-			}
-			kinds := map[string]int{}
-			for _, e := range cfg.Endpoints("") {
-				kinds[e.Kind]++
-				checkURL(t, o, "fleet endpoint "+e.Name, e.URL)
-			}
-			for _, k := range []string{fleet.KindModel, fleet.KindAgent, fleet.KindResources, fleet.KindEnvironment} {
-				if kinds[k] == 0 {
-					t.Errorf("the fleet file has no %s endpoint: checkpoints would leave it out", k)
+		}
+		// The init container waits for every endpoint of the file, by
+		// URLs that name Services of the rendering.
+		var waited []string
+		for _, ic := range p.spec.InitContainers {
+			for _, w := range strings.Fields(strings.Join(ic.Args, " ")) {
+				if strings.HasPrefix(w, "http://") {
+					checkURL(t, o, "init container "+ic.Name, w)
+					waited = append(waited, w)
 				}
 			}
-			// The init container waits for every endpoint of the file, by
-			// URLs that name Services of the rendering.
-			var waited []string
-			for _, ic := range p.spec.InitContainers {
-				for _, w := range strings.Fields(strings.Join(ic.Args, " ")) {
-					if strings.HasPrefix(w, "http://") {
-						checkURL(t, o, "init container "+ic.Name, w)
-						waited = append(waited, w)
-					}
-				}
+		}
+		for _, e := range cfg.Endpoints("") {
+			if !slices.Contains(waited, e.URL) {
+				t.Errorf("the Job does not wait for %s (%s) before collecting", e.Name, e.URL)
 			}
-			for _, e := range cfg.Endpoints("") {
-				if !slices.Contains(waited, e.URL) {
-					t.Errorf("the Job does not wait for %s (%s) before collecting", e.Name, e.URL)
-				}
-			}
-			// Every participant listener of the rendering is in the file.
-			if want := listenerCount(t, o); len(cfg.Endpoints("")) != want {
-				t.Errorf("the fleet file has %d endpoints, the StatefulSets' pods %d listeners", len(cfg.Endpoints("")), want)
-			}
-		})
-	}
+		}
+		// Every participant listener of the rendering is in the file.
+		if want := listenerCount(t, o); len(cfg.Endpoints("")) != want {
+			t.Errorf("the fleet file has %d endpoints, the StatefulSets' pods %d listeners", len(cfg.Endpoints("")), want)
+		}
+	})
 }
 
 // listenerCount counts the container ports of every StatefulSet pod.

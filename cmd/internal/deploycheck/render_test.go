@@ -67,26 +67,12 @@ func render(t *testing.T, dir string) *objects {
 		}
 		kind, api, name := r.GetKind(), r.GetApiVersion(), r.GetName()
 		where := fmt.Sprintf("%s: %s %s", dir, kind, name)
-		var obj any
-		switch api + "/" + kind {
-		case "v1/ConfigMap":
-			obj = add(o.configMaps, name)
-		case "v1/Secret":
-			obj = add(o.secrets, name)
-		case "v1/Service":
-			obj = add(o.services, name)
-		case "v1/PersistentVolumeClaim":
-			obj = add(o.pvcs, name)
-		case "apps/v1/Deployment":
-			obj = add(o.deployments, name)
-		case "apps/v1/StatefulSet":
-			obj = add(o.statefulSets, name)
-		case "batch/v1/Job":
-			obj = add(o.jobs, name)
-		default:
+		slot, ok := slots[api+"/"+kind]
+		if !ok {
 			t.Errorf("%s: apiVersion %s kind %s is not one this check knows", where, api, kind)
 			continue
 		}
+		obj := slot(o, name)
 		if err := yaml.UnmarshalStrict(b, obj); err != nil {
 			t.Errorf("%s does not decode strictly as %s: %v", where, kind, err)
 		}
@@ -98,10 +84,31 @@ func render(t *testing.T, dir string) *objects {
 	return o
 }
 
+// slots are where render decodes an object of each apiVersion/kind: a
+// new entry of name in its map of o.
+var slots = map[string]func(o *objects, name string) any{
+	"v1/ConfigMap":             func(o *objects, n string) any { return add(o.configMaps, n) },
+	"v1/Secret":                func(o *objects, n string) any { return add(o.secrets, n) },
+	"v1/Service":               func(o *objects, n string) any { return add(o.services, n) },
+	"v1/PersistentVolumeClaim": func(o *objects, n string) any { return add(o.pvcs, n) },
+	"apps/v1/Deployment":       func(o *objects, n string) any { return add(o.deployments, n) },
+	"apps/v1/StatefulSet":      func(o *objects, n string) any { return add(o.statefulSets, n) },
+	"batch/v1/Job":             func(o *objects, n string) any { return add(o.jobs, n) },
+}
+
 func add[T any](m map[string]*T, name string) *T {
 	v := new(T)
 	m[name] = v
 	return v
+}
+
+// eachRendering renders every kustomization and runs check on it in a
+// subtest of its own.
+func eachRendering(t *testing.T, check func(t *testing.T, dir string, o *objects)) {
+	t.Helper()
+	for _, dir := range kustomizations {
+		t.Run(dir, func(t *testing.T) { check(t, dir, render(t, dir)) })
+	}
 }
 
 // pod is a workload's pod template and the name of its first pod.
@@ -126,98 +133,92 @@ func (o *objects) pods() []pod {
 }
 
 func TestManifests_RenderAndDecodeStrictly(t *testing.T) {
-	for _, dir := range kustomizations {
-		t.Run(dir, func(t *testing.T) {
-			o := render(t, dir)
-			if len(o.statefulSets) != 4 || len(o.jobs) != 1 || len(o.pvcs) != 1 {
-				t.Errorf("%d StatefulSets, %d Jobs, %d PVCs; want the four participants' StatefulSets, the collector's Job and the shared claim",
-					len(o.statefulSets), len(o.jobs), len(o.pvcs))
-			}
-			if dir != "base" && (len(o.namespaces) != 1 || o.namespaces[""]) {
-				t.Errorf("namespaces %v: an overlay puts everything in one namespace", o.namespaces)
-			}
-		})
-	}
+	eachRendering(t, func(t *testing.T, dir string, o *objects) {
+		if len(o.statefulSets) != 4 || len(o.jobs) != 1 || len(o.pvcs) != 1 {
+			t.Errorf("%d StatefulSets, %d Jobs, %d PVCs; want the four participants' StatefulSets, the collector's Job and the shared claim",
+				len(o.statefulSets), len(o.jobs), len(o.pvcs))
+		}
+		if dir != "base" && (len(o.namespaces) != 1 || o.namespaces[""]) {
+			t.Errorf("namespaces %v: an overlay puts everything in one namespace", o.namespaces)
+		}
+	})
 }
 
 // TestManifests_ReferencesResolve checks that what a pod names exists in
 // the same rendering: ConfigMaps, Secrets and their keys, claims, the
 // headless Service of each StatefulSet, and a Service with pods behind it.
 func TestManifests_ReferencesResolve(t *testing.T) {
-	for _, dir := range kustomizations {
-		t.Run(dir, func(t *testing.T) {
-			o := render(t, dir)
-			for _, p := range o.pods() {
-				claims := map[string]bool{}
-				for _, v := range p.spec.Volumes {
-					switch {
-					case v.ConfigMap != nil:
-						if o.configMaps[v.ConfigMap.Name] == nil {
-							t.Errorf("%s: volume %s: no ConfigMap %s", p.where, v.Name, v.ConfigMap.Name)
-						}
-					case v.Secret != nil:
-						s := o.secrets[v.Secret.SecretName]
-						if s == nil {
-							t.Errorf("%s: volume %s: no Secret %s", p.where, v.Name, v.Secret.SecretName)
-							continue
-						}
-						for _, it := range v.Secret.Items {
-							if _, ok := s.StringData[it.Key]; !ok {
-								t.Errorf("%s: volume %s: Secret %s has no key %s", p.where, v.Name, s.Name, it.Key)
-							}
-						}
-					case v.PersistentVolumeClaim != nil:
-						claims[v.Name] = true
-						if o.pvcs[v.PersistentVolumeClaim.ClaimName] == nil {
-							t.Errorf("%s: volume %s: no claim %s", p.where, v.Name, v.PersistentVolumeClaim.ClaimName)
+	eachRendering(t, func(t *testing.T, dir string, o *objects) {
+		for _, p := range o.pods() {
+			claims := map[string]bool{}
+			for _, v := range p.spec.Volumes {
+				switch {
+				case v.ConfigMap != nil:
+					if o.configMaps[v.ConfigMap.Name] == nil {
+						t.Errorf("%s: volume %s: no ConfigMap %s", p.where, v.Name, v.ConfigMap.Name)
+					}
+				case v.Secret != nil:
+					s := o.secrets[v.Secret.SecretName]
+					if s == nil {
+						t.Errorf("%s: volume %s: no Secret %s", p.where, v.Name, v.Secret.SecretName)
+						continue
+					}
+					for _, it := range v.Secret.Items {
+						if _, ok := s.StringData[it.Key]; !ok {
+							t.Errorf("%s: volume %s: Secret %s has no key %s", p.where, v.Name, s.Name, it.Key)
 						}
 					}
-				}
-				for _, c := range p.spec.Containers {
-					for _, e := range c.Env {
-						if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
-							continue
-						}
-						ref := e.ValueFrom.SecretKeyRef
-						if s := o.secrets[ref.Name]; s == nil {
-							t.Errorf("%s: env %s: no Secret %s", p.where, e.Name, ref.Name)
-						} else if _, ok := s.StringData[ref.Key]; !ok {
-							t.Errorf("%s: env %s: Secret %s has no key %s", p.where, e.Name, ref.Name, ref.Key)
-						}
-					}
-					for _, port := range c.Ports {
-						for _, msg := range validation.IsValidPortName(port.Name) {
-							t.Errorf("%s: port %s: %s", p.where, port.Name, msg)
-						}
-					}
-					for what, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
-						if probe != nil && probe.HTTPGet != nil && !hasPort(c, probe.HTTPGet.Port.String()) {
-							t.Errorf("%s container %s: %s probe on port %s, which the container does not declare", p.where, c.Name, what, probe.HTTPGet.Port.String())
-						}
+				case v.PersistentVolumeClaim != nil:
+					claims[v.Name] = true
+					if o.pvcs[v.PersistentVolumeClaim.ClaimName] == nil {
+						t.Errorf("%s: volume %s: no claim %s", p.where, v.Name, v.PersistentVolumeClaim.ClaimName)
 					}
 				}
 			}
-			for n, s := range o.statefulSets {
-				svc := o.services[s.Spec.ServiceName]
-				if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone {
-					t.Errorf("StatefulSet %s: serviceName %s is not a headless Service: its pods would have no stable DNS names", n, s.Spec.ServiceName)
+			for _, c := range p.spec.Containers {
+				for _, e := range c.Env {
+					if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+						continue
+					}
+					ref := e.ValueFrom.SecretKeyRef
+					if s := o.secrets[ref.Name]; s == nil {
+						t.Errorf("%s: env %s: no Secret %s", p.where, e.Name, ref.Name)
+					} else if _, ok := s.StringData[ref.Key]; !ok {
+						t.Errorf("%s: env %s: Secret %s has no key %s", p.where, e.Name, ref.Name, ref.Key)
+					}
 				}
-			}
-			for n, svc := range o.services {
-				pods := podsSelectedBy(o, svc.Spec.Selector)
-				if len(pods) == 0 {
-					t.Errorf("Service %s selects no pods (selector %v)", n, svc.Spec.Selector)
+				for _, port := range c.Ports {
+					for _, msg := range validation.IsValidPortName(port.Name) {
+						t.Errorf("%s: port %s: %s", p.where, port.Name, msg)
+					}
 				}
-				for _, sp := range svc.Spec.Ports {
-					for _, p := range pods {
-						if !slices.ContainsFunc(p.spec.Containers, func(c corev1.Container) bool { return hasPort(c, sp.TargetPort.String()) }) {
-							t.Errorf("Service %s port %s: %s has no container port %s", n, sp.Name, p.where, sp.TargetPort.String())
-						}
+				for what, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+					if probe != nil && probe.HTTPGet != nil && !hasPort(c, probe.HTTPGet.Port.String()) {
+						t.Errorf("%s container %s: %s probe on port %s, which the container does not declare", p.where, c.Name, what, probe.HTTPGet.Port.String())
 					}
 				}
 			}
-		})
-	}
+		}
+		for n, s := range o.statefulSets {
+			svc := o.services[s.Spec.ServiceName]
+			if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone {
+				t.Errorf("StatefulSet %s: serviceName %s is not a headless Service: its pods would have no stable DNS names", n, s.Spec.ServiceName)
+			}
+		}
+		for n, svc := range o.services {
+			pods := podsSelectedBy(o, svc.Spec.Selector)
+			if len(pods) == 0 {
+				t.Errorf("Service %s selects no pods (selector %v)", n, svc.Spec.Selector)
+			}
+			for _, sp := range svc.Spec.Ports {
+				for _, p := range pods {
+					if !slices.ContainsFunc(p.spec.Containers, func(c corev1.Container) bool { return hasPort(c, sp.TargetPort.String()) }) {
+						t.Errorf("Service %s port %s: %s has no container port %s", n, sp.Name, p.where, sp.TargetPort.String())
+					}
+				}
+			}
+		}
+	})
 }
 
 // hasPort reports whether c declares port, by name or number.

@@ -215,7 +215,7 @@ type localRecords struct {
 // writebacks started in the background. The kernel starts writing dirty
 // pages back only past dirty_background_ratio (gigabytes here), so a commit
 // waited at its fsync for the whole file to reach the disk after writing
-// it: 179 MB at 180 MB/s for the agent at 50,000 rollouts. Started as the
+// it. Started as the
 // records are written, the writes to disk overlap the encoding, and the
 // commit's own fsync finds little left.
 const writebackEvery = 8 << 20

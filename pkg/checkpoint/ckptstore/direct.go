@@ -17,10 +17,8 @@ import (
 // Why: a commit fsyncs every byte it writes, so the page cache only adds a
 // copy, and on the VMs the scale bench runs on a copy into page cache is
 // dear. Their balloon device reports free guest memory to the host, which
-// drops it, so every page the cache takes is faulted in by the host first:
-// writing 358 MB through the cache cost 0.79 s of kernel CPU with the
-// fleet's memory in use (0.05 s direct), and the agent's commit at 100,000
-// rollouts spent 0.99 of its 3.71 CPU-s in write(2). A restore then reads
+// drops it, so every page the cache takes is faulted in by the host first
+// (docs/scale-log.md). A restore then reads
 // what the commit never put in the cache; reading it direct, in parallel,
 // keeps it out of the cache too.
 const (
@@ -66,9 +64,8 @@ func newDirectWriter(f *os.File) *directWriter {
 
 // writeChunks returns a direct writer's two chunks, cut from one buffer of
 // whole huge pages (so aligned for direct I/O too). A commit runs with
-// collections held, so its buffers are fresh memory: in 4 KiB pages the
-// two chunks were 2,048 faults, ~28 ms of a participant's commit on the
-// VMs the scale bench runs on (pkg/infra/hugepage).
+// collections held, so its buffers are fresh memory, which faults once
+// per 4 KiB page otherwise (pkg/infra/hugepage).
 func writeChunks() [2][]byte {
 	b := hugepage.MakePages(2 * directChunk)
 	return [2][]byte{b[:directChunk:directChunk], b[directChunk : 2*directChunk : 2*directChunk]}

@@ -615,8 +615,7 @@ func (s *Store) ReadWith(ctx context.Context, t Target, o ReadOptions) (Manifest
 		return m, nil, 0, t.unverified("the records file cannot be read", fmt.Errorf("%s/%s: %w", dir, m.RecordsFile, err))
 	}
 	// The digest and the parse are independent passes over the buffer: on
-	// a restore's critical path (the agent's 358 MB at 100,000 rollouts)
-	// they run side by side. The parse does not check each record is one
+	// a restore's critical path they run side by side. The parse does not check each record is one
 	// JSON value (readCanonical): the records are returned only once the
 	// digest matches, which proves every line is one Write wrote, and
 	// Write checked each record as it wrote it.
@@ -739,9 +738,8 @@ func readAll(r io.Reader, onSize func(int64)) ([]byte, error) {
 //
 // It does not check the record is one JSON value: Read returns records
 // only from a file whose digest matches its manifest, so every line is one
-// Write wrote, and Write checked each record. Checking again cost the
-// agent's restore 13% of its CPU (BenchmarkInstall, 10,000 sessions: 16
-// of 119 CPU-ms).
+// Write wrote, and Write checked each record; checking again would be a
+// visible share of a restore's CPU (BenchmarkInstall).
 func readCanonical(line []byte) (rec Record, ok bool) {
 	rest, ok := bytes.CutPrefix(line, []byte(`{"episode_id":`))
 	if !ok {

@@ -255,10 +255,8 @@ func (c *Coordinator) call(ctx context.Context, m Member, op string, deadline ti
 }
 
 // encodeOnce encodes a request sent to every member, so that a body naming
-// 100,000 episodes is encoded once rather than once per member: the bench
-// (the controller) spent 0.29 of its 0.89 CPU-s in a 100,000 commit
-// encoding the same body four times, on the cores the participants were
-// committing on.
+// 100,000 episodes is encoded once rather than once per member, on the
+// cores the participants are committing on.
 func encodeOnce(body any) ([]byte, error) {
 	b, err := codec.Marshal(body)
 	if err != nil {

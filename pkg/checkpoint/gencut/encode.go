@@ -6,13 +6,12 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
-// A cut round lists every call in flight: 100,000 entries, ~9 MB of
-// request and ~14 MB of receipt at 100,000 rollouts. codec.Marshal grows
+// A cut round lists every call in flight, megabytes of request and of
+// receipt. codec.Marshal grows
 // its buffer by doubling and then copies the result out; during a
 // prepare, with the process's collections held, each of those buffers is
-// fresh memory, and the copies and their page faults were most of the
-// encoding's CPU in the model server and the worker (a 50,000-rollout
-// profile). These encoders write the same bytes into one buffer sized for
+// fresh memory, and the copies and their page faults are most of the
+// encoding's CPU. These encoders write the same bytes into one buffer sized for
 // them.
 
 // EncodeRequest is req's JSON, byte for byte as codec.Marshal writes it.

@@ -115,7 +115,7 @@ func ParseRequest(body []byte) (Request, error) {
 		return req, invalid("request body is empty; expected a JSON object")
 	}
 	// The fast strict decoder: a cut round lists every call in flight, and
-	// at 100,000 encoding/json took ~110 ms of the worker's prepare to read it.
+	// the worker reads it inside a prepare.
 	if err := codec.UnmarshalStrictFast(body, &req); err != nil {
 		return req, invalid("%s", codec.DescribeError(err))
 	}
@@ -152,8 +152,8 @@ var ErrMalformedReceipt = errors.New("malformed generation-cut receipt")
 // positive token count and a digest; a durable_failure carries none of
 // them. Which entries answer which calls is the caller's to check. listed
 // is how many calls the request named, one entry each: the entries are
-// decoded into room made for that many (a 100,000-call receipt decoded a
-// third as fast into a slice grown as they came).
+// decoded into room made for that many rather than a slice grown as they
+// come.
 func DecodeReceipt(body []byte, listed int) (*Receipt, error) {
 	rc := Receipt{Prefixes: make([]Prefix, 0, min(max(listed, 0), MaxActive))}
 	if err := codec.Unmarshal(body, &rc); err != nil {

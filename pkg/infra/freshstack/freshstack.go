@@ -14,7 +14,7 @@
 // stacks at 100,000 rollouts in flight, and half as much again of heap the
 // collector lets grow (its goal counts stacks).
 //
-// Run costs a goroutine start and two switches: 0.6 us, 3 us when the work
+// Run costs a goroutine start and two switches, more when the work
 // grows the new goroutine's stack to 16 KB, which it then gives back
 // (BenchmarkRun). Use it on the request path of servers whose requests
 // park, around encoding and decoding whose depth depends on the data, not

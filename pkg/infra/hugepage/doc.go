@@ -2,11 +2,10 @@
 // transparent huge pages, where the kernel offers them on request.
 //
 // The first write to a fresh 4 KiB page is a fault, and a fault is dear
-// where the kernel runs under a hypervisor that shadows page tables: 14 us
-// each on the 2-core VMs the scale bench runs on (285 MB/s of fresh
-// memory, against 15 GB/s once backed). A restore runs in fresh processes
-// and allocates hundreds of MB in each, so at 100,000 rollouts the faults
-// were a large part of the CPU a restore cost. With THP in "madvise" mode
+// where the kernel runs under a hypervisor that shadows page tables
+// (docs/scale-log.md has the figures). A restore runs in fresh processes
+// and allocates hundreds of MB in each, so the faults are a large part of
+// the CPU a restore costs. With THP in "madvise" mode
 // (the common default) memory advised as huge pages faults once per 2 MiB.
 //
 // Advice only changes how pages are backed, never what they hold: where
@@ -21,8 +20,7 @@ const Size = 2 << 20
 
 // MakeBuffer returns a zeroed buffer of n bytes, its 2 MiB-aligned
 // interior advised as huge pages (see Advise). For a buffer read or written
-// whole soon after, such as a records file: a restore's 22 MB records file
-// was read in 20-30 ms instead of 98.
+// whole soon after, such as a records file.
 func MakeBuffer(n int) []byte {
 	buf := make([]byte, n)
 	Advise(buf)

@@ -29,13 +29,13 @@ type PhaseCPU struct {
 	ByProcess map[string]float64 `json:"by_process"`
 	// GCCycles is the garbage collections each server completed in the
 	// phase (its go_gc_duration_seconds_count), left out for a server that
-	// did not answer: at 100,000 rollouts one collection scans 200,000
-	// parked goroutines and costs a server seconds of CPU, so a phase that
-	// one fell into is slow for that reason and no other.
+	// did not answer: with every rollout parked one collection scans every
+	// parked goroutine's stack, so a phase that one fell into is slow for
+	// that reason and no other.
 	GCCycles map[string]int64 `json:"gc_cycles,omitempty"`
-	// MinorFaults is each process's minor page faults in the phase: on
-	// this VM a first touch of fresh memory costs ~14 us, so 10,000 of
-	// them are 0.14 CPU-s of the phase's work.
+	// MinorFaults is each process's minor page faults in the phase: a
+	// first touch of fresh memory is one, and on the VMs the bench runs on
+	// not a cheap one (docs/scale-log.md).
 	MinorFaults map[string]int64 `json:"minor_faults,omitempty"`
 }
 
@@ -101,7 +101,7 @@ func (pc PhaseCPU) detail() string {
 }
 
 // faultsWorthNaming is the fewest faults the table names for a process
-// in a phase: 1,000 are ~14 ms on this VM.
+// in a phase: fewer cost too little to explain a phase's time.
 const faultsWorthNaming = 1000
 
 // gcSnapshot is each server's count of completed collections.

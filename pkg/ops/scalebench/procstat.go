@@ -80,10 +80,10 @@ const clockTicks = 100
 type procTimes struct {
 	// CPU is the user and system CPU time.
 	CPU time.Duration
-	// MinorFaults counts the page faults served without I/O: on this
-	// VM, the first write to a page of fresh memory is one and costs ~14 us
-	// (docs/ARCHITECTURE.md), so a phase's count shows what its
-	// allocations cost besides the work.
+	// MinorFaults counts the page faults served without I/O: the first
+	// write to a page of fresh memory is one, and not a cheap one
+	// (docs/scale-log.md), so a phase's count shows what its allocations
+	// cost besides the work.
 	MinorFaults int64
 }
 

@@ -220,10 +220,8 @@ type bench struct {
 // returned function is called after the phase. The bench holds a goroutine
 // per rollout it dispatched, so a collection its own allocations started
 // inside a phase marked every one of those stacks on the two cores the
-// fleet is timed on (0.3 of the ~1.2 CPU-s a 16,000-rollout commit cost
-// the machine), and after a collection the runtime's scavenger returned
-// the freed memory to the kernel during the phase (0.13 CPU-s of madvise
-// in a 16,000 restore). A phase is one control call whose replies are
+// fleet is timed on, and after a collection the runtime's scavenger
+// returned the freed memory to the kernel during the phase. A phase is one control call whose replies are
 // a few megabytes, so the heap it grows by meanwhile is small.
 func pauseBenchGC() (resume func()) {
 	runtime.GC()

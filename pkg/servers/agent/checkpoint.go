@@ -76,9 +76,8 @@ func newCkptState() *ckptState { return &ckptState{changed: make(chan struct{})}
 //
 // It runs on the loop's goroutine, with the state just built and in cache:
 // encoded at export, each state was read from wherever the heap had put its
-// parts over the rollout's life, and with 50,000 rollouts held the fleet's
-// agent spent 15.6 us a record encoding against 5.2 us in BenchmarkExport
-// (states built in one go), most of the agent's share of a commit. A
+// parts over the rollout's life, several times slower than states built
+// in one go (BenchmarkExport), and most of the agent's share of a commit. A
 // boundary comes a few times a rollout and costs a few microseconds there.
 func (c *ckptState) encodeBoundary(st *LoopState) (codec.RawMessage, error) {
 	scratch, _ := c.boundaryScratch.Get().(*[]byte)
@@ -541,10 +540,9 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 // where the scope lists out[k]'s, and an episode's sessions by session id:
 // an export of the same state writes the same records. The sessions come
 // from a map, so they are placed by position (a counting sort, each moved
-// once by following the permutation's cycles) rather than compared: at
-// 100,000 episodes sorting them by capture key took 0.24 of the agent's
-// 2.26 CPU-s in a commit, before anything could be written. at is
-// permuted with out.
+// once by following the permutation's cycles) rather than compared, so
+// nothing waits for a sort before the first write. at is permuted with
+// out.
 func inScopeOrder(out []exportedSession, at []int32, episodes int) {
 	// start[i] is where episode i's first session goes.
 	start := make([]int32, episodes+1)
@@ -664,9 +662,8 @@ const recordSizeHint = 4 << 10
 // is capped at its own room, so a record that outgrows it moves to a new
 // array rather than into its neighbour's. The allocation is whole huge
 // pages (hugepage.MakePages): a commit runs with collections held, so it
-// is fresh memory, and in 4 KiB pages the two sets of a 16,000-episode
-// export were ~2,000 faults of ~14 us each on the VMs the scale bench
-// runs on.
+// is fresh memory, which faults once per 4 KiB page otherwise
+// (pkg/infra/hugepage).
 func newExportSlots(n int) []exportSlot {
 	arena := hugepage.MakePages(n * recordSizeHint)
 	slots := make([]exportSlot, n)

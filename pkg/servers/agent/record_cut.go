@@ -168,9 +168,8 @@ var loopShapeFields = [...]string{
 
 // cutLoopShape reads what checkLoopShape needs of a loop boundary, which
 // must be valid JSON (decodeSessionFields has validated it), in one walk
-// over its members without copying them. That was a fifth of a 100,000-
-// session restore's CPU in the agent, mostly the generic decoder copying
-// every new_outputs item for its UnmarshalJSON. ok is false for anything
+// over its members without copying them, where the generic decoder
+// copies every new_outputs item for its UnmarshalJSON. ok is false for anything
 // it does not read exactly as the decoder does: a field name matching one
 // of ours only without regard to case, or not ASCII; a count that is not a
 // plain integer; a pending_tools that is not a boolean; a new_outputs that

@@ -233,8 +233,8 @@ func FuzzCutLoopShape(f *testing.F) {
 }
 
 // Ensure a session record's request, completed reply and loop state are
-// kept in the records file's buffer, not copied out of it: copying them
-// into fresh memory was a sixth of an agent restore's CPU at 100,000.
+// kept in the records file's buffer, not copied out of it into fresh
+// memory.
 func TestDecodeSessionFields_KeepsRawValuesInTheRecord(t *testing.T) {
 	data := []byte(`{"type":"session","session":{"request":{"input":"hi"},"completed_reply":{"output":[]}},"boundary":` + cutBoundaryV + `}`)
 	r, _, err := decodeSessionFields(data, nil)

@@ -15,7 +15,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
-// Headers of the single_agent_turn wire contract (docs/ARCHITECTURE.md).
+// Headers of the single_agent_turn wire contract (docs/WIRE.md).
 const (
 	HeaderSessionID        = "X-Ng-Session-Id"
 	HeaderAgentSession     = "X-Ng-Agent-Session"

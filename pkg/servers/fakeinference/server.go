@@ -36,7 +36,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
 
-// Request and reply headers (docs/ARCHITECTURE.md, "Identity and headers").
+// Request and reply headers (docs/WIRE.md, "Identity and headers").
 const (
 	// HeaderCaptureKey attributes a call to a rollout attempt.
 	HeaderCaptureKey = "X-Ng-Capture-Key"

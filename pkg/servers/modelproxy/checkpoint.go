@@ -487,8 +487,8 @@ func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
 //
 // Records are assembled on a goroutine of their own, a batch at a time,
 // while the caller's goroutine emits the batch before (the store's checks,
-// hash and writes): in one goroutine a 100,000-episode export took the
-// model server 2.7 s for 1.5 CPU-s, the longest stage of a commit.
+// hash and writes): in one goroutine the export was the longest stage of
+// a commit.
 func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit func(ctlplane.Record) error) (ctlplane.Extras, error) {
 	ids := scope.IDs()
 	emit = faultpoint.AfterFirst(faultpoint.ModelExportPartial, emit)

@@ -22,7 +22,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
 
-// Headers between the server and its upstream (docs/ARCHITECTURE.md).
+// Headers between the server and its upstream (docs/WIRE.md).
 const (
 	// HeaderCaptureKey and HeaderModelCallID name a captured call.
 	HeaderCaptureKey  = "X-Ng-Capture-Key"

@@ -86,8 +86,7 @@ type Server struct {
 	// byRollout indexes sessions by the rollout they are bound to, so
 	// retiring one rollout never scans every session. A rollout has a
 	// session or two, so each is a short list, not a set: a map per
-	// rollout was ~200 bytes and an allocation (3.2 MB at 16,000 rollouts,
-	// fresh memory in a restore).
+	// rollout is an allocation of its own, fresh memory in a restore.
 	byRollout map[string][]*session
 	// inflight counts every data request between enter and leave, with or
 	// without a session.

@@ -4,9 +4,8 @@
 //
 // net/http's HTTP/2 server gives every running handler a 4 KiB response
 // buffer (http2responseWriterState's bufio.Writer) for as long as it runs,
-// and per-stream state around it. With 16,000 rollouts held at a model
-// call that was 4.6-5.6 KB per held request in each of the environment,
-// agent and model servers, a quarter to a third of each one's heap. Here a
+// and per-stream state around it, in each of the environment, agent and
+// model servers for every rollout held at a model call. Here a
 // reply is buffered only from the handler's first write, in a buffer sized
 // to what it writes, and the stream's state is a few hundred bytes.
 //

@@ -2,10 +2,10 @@
 // length its sender declared, for servers reading requests and clients
 // reading replies alike.
 //
-// io.ReadAll grows its buffer by a quarter from 512 bytes: a restore's body
-// naming 16,000 episodes (0.6 MB) cost ~5 times the body in allocations,
-// and a generation-cut receipt of 100,000 calls (~14 MB) more, every byte
-// of it fresh memory while a checkpoint holds the process's collections.
+// io.ReadAll grows its buffer by a quarter from 512 bytes: a large body
+// (a restore naming every episode, a generation-cut receipt) costs several
+// times its size in allocations, every byte of it fresh memory while a
+// checkpoint holds the process's collections.
 package httpbody
 
 import "io"

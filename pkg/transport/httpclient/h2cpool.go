@@ -23,9 +23,8 @@ import (
 // net/http's pool puts requests on a new connection as soon as it is
 // dialed. Its server closes a connection whose client SETTINGS it has not
 // read within a fixed 2 s, and on 2 cores with 100,000 goroutines runnable
-// it sometimes has not: at 50,000 rollouts in flight that dropped up to a
-// hundred requests at once (every stream of the new connection), requests
-// that had been sent and so could not be sent again. Here the first request
+// it sometimes has not, which dropped every stream of the new connection
+// at once: requests that had been sent and so could not be sent again. Here the first request
 // on a connection is the pool's own `OPTIONS *` (answered by net/http's
 // server itself, no handler runs), and the server answering it has read our
 // SETTINGS; a connection dropped before that carried nothing of ours and is

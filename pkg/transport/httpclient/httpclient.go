@@ -158,9 +158,9 @@ func newH2C(opts Options, http1 Transport) *h2cPool {
 	}
 	// No HTTP/2 PING health check: its answer must come from the peer's
 	// user space, and a peer with 100,000 goroutines runnable on 2 cores
-	// has gone more than 15 s without reading; net/http's check then
-	// closed the connection and failed every stream on it (26 and 4,000
-	// rollouts in two runs at 100,000). A peer that is gone is seen by the
+	// can go longer than the check's timeout without reading; net/http's
+	// check then closed the connection and failed every stream on it. A
+	// peer that is gone is seen by the
 	// kernel instead: its process's death closes the socket at once, its
 	// host's by TCP keepalive (dialer).
 	return newH2CPool(dialer(opts).DialContext, conns, http1)
