@@ -134,14 +134,14 @@ func (e *epochState) readCached() (uint64, error) {
 	if e.path == "" {
 		return 0, nil
 	}
-	fi, err := os.Stat(e.path)
+	st, ok, err := statStamp(e.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("checkpoint epoch file: %w", err)
 	}
-	if st, ok := stampOf(fi); ok {
+	if ok {
 		if s := e.seen.Load(); s != nil && s.stamp == st {
 			return s.epoch, nil
 		}
