@@ -190,6 +190,7 @@ func (c *Controller) Close() {
 	if c.ownStore {
 		_ = c.store.Close()
 	}
+	c.epoch.lock.close()
 }
 
 // Fence is the attempt fence, for participants that check it themselves
@@ -552,9 +553,11 @@ func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) 
 	c.st = d.Next
 	c.extendLease(deadline)
 	t := newTask(id)
-	// The store checks the epoch again as it publishes the manifest: a
-	// process paused mid-write and superseded meanwhile publishes nothing.
-	t.stop.Fence = c.CheckEpoch
+	// The store publishes the manifest under the epoch guard: a process
+	// paused mid-write and superseded meanwhile publishes nothing, and
+	// one paused inside the publication holds the raise off until its
+	// manifest is durable.
+	t.stop.Guard = c.UnderEpoch
 	c.write = t
 	c.wg.Add(1)
 	go c.runWrite(trace.ContextWithSpan(c.ctx, trace.SpanFromContext(ctx)), t, req, scope)

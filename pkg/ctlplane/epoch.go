@@ -35,6 +35,13 @@ const DefaultEpochFileName = "EPOCH"
 // its calls (lower epoch in the header), it refuses its own replies and
 // durable writes once the file names a later epoch, and from then on it
 // refuses everything (fenced), so it cannot finish an episode twice.
+//
+// A check followed by a write leaves a window: paused between the two, a
+// process would write after its replacement's raise. Durable writes
+// therefore run inside guard, under the epoch lock (epochlock.go), which a
+// raise takes exclusively: the write either lands before the raise or is
+// refused. Readers that accept what those writes leave (a restore, the
+// ledger's import) need no check of their own.
 type epochState struct {
 	path string
 	// cur is this process's epoch; fenced is set, never cleared, once a
@@ -43,10 +50,30 @@ type epochState struct {
 	fenced atomic.Bool
 	// mu serialises raises of the file by this process.
 	mu sync.Mutex
+	// lock orders checked writes against raises; nil without a file.
+	lock *epochLock
+	// seen is the file's epoch as last read, under the file's stamp: the
+	// checks of replies stat the file and read it only when it changed.
+	seen atomic.Pointer[seenEpoch]
+	// afterCheck, set by tests, runs inside guard between the check and
+	// the write.
+	afterCheck func()
+}
+
+// fileStamp identifies one version of the epoch file (stampOf).
+type fileStamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64
+}
+
+type seenEpoch struct {
+	stamp fileStamp
+	epoch uint64
 }
 
 func newEpochState(path string) (*epochState, error) {
-	e := &epochState{path: path}
+	e := &epochState{path: path, lock: newEpochLock(path)}
 	n, err := readEpochFile(path)
 	if err != nil {
 		return nil, err
@@ -59,23 +86,75 @@ func newEpochState(path string) (*epochState, error) {
 // is no file at all (an s3:// root without checkpoint.epoch_file: peers
 // still fence by the header, the process itself keeps its epoch in memory).
 func readEpochFile(path string) (uint64, error) {
+	n, _, _, err := readEpochStamped(path)
+	return n, err
+}
+
+// readEpochStamped reads the epoch file and the stamp of the version it
+// read (ok false when the platform gives none, or there is no file).
+func readEpochStamped(path string) (n uint64, st fileStamp, ok bool, err error) {
 	if path == "" {
+		return 0, fileStamp{}, false, nil
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fileStamp{}, false, nil
+	}
+	if err != nil {
+		return 0, fileStamp{}, false, fmt.Errorf("checkpoint epoch file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fileStamp{}, false, fmt.Errorf("checkpoint epoch file: %w", err)
+	}
+	st, ok = stampOf(fi)
+	b, err := io.ReadAll(io.LimitReader(f, 64))
+	if err != nil {
+		return 0, fileStamp{}, false, fmt.Errorf("checkpoint epoch file: %w", err)
+	}
+	text := strings.TrimSpace(string(b))
+	if text == "" {
+		return 0, st, ok, nil
+	}
+	n, err = strconv.ParseUint(text, 10, 64)
+	if err != nil {
+		return 0, fileStamp{}, false, fmt.Errorf("checkpoint epoch file %s: %w", path, err)
+	}
+	return n, st, ok, nil
+}
+
+// readCached is readEpochFile for the checks of replies: one stat when
+// the file is the version last read. A raise replaces the file (a new
+// inode), so the next stat after it misses the cache. On NFS a stat may
+// be answered from the client's attribute cache, so a reply check can
+// lag a raise by the mount's attribute timeout; guard never uses the
+// cache, and peers refuse the reply by its header meanwhile.
+func (e *epochState) readCached() (uint64, error) {
+	if e.path == "" {
 		return 0, nil
 	}
-	b, err := os.ReadFile(path)
+	st, ok, err := statStamp(e.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("checkpoint epoch file: %w", err)
 	}
-	text := strings.TrimSpace(string(b))
-	if text == "" {
-		return 0, nil
+	if ok {
+		if s := e.seen.Load(); s != nil && s.stamp == st {
+			return s.epoch, nil
+		}
 	}
-	n, err := strconv.ParseUint(text, 10, 64)
+	// Opened after the stat: what is read is that version or a later one,
+	// and a later one's stamp differs from the one it is filed under, so
+	// the next check reads again rather than trusting a stale epoch.
+	n, st, ok, err := readEpochStamped(e.path)
 	if err != nil {
-		return 0, fmt.Errorf("checkpoint epoch file %s: %w", path, err)
+		return 0, err
+	}
+	if ok {
+		e.seen.Store(&seenEpoch{stamp: st, epoch: n})
 	}
 	return n, nil
 }
@@ -88,14 +167,21 @@ func (e *epochState) staleErr(later uint64) error {
 	return apierror.New(apierror.StaleEpoch, "this process is of epoch %d and the fleet was restored into epoch %d; it serves nothing more", e.cur.Load(), later)
 }
 
-// check reads the epoch file and fences this process if it names a later
-// epoch. An unreadable file fails the check only when strict (a durable
-// write); a reply is not held hostage to a storage hiccup.
+// check fences this process if the epoch file names a later epoch. A
+// strict check (a durable write's) reads the file afresh and fails on an
+// unreadable one; the others (replies, calls) go through the stat cache,
+// and a reply is not held hostage to a storage hiccup.
 func (e *epochState) check(strict bool) error {
 	if e.fenced.Load() {
 		return e.staleErr(0)
 	}
-	n, err := readEpochFile(e.path)
+	var n uint64
+	var err error
+	if strict {
+		n, err = readEpochFile(e.path)
+	} else {
+		n, err = e.readCached()
+	}
 	if err != nil {
 		if strict {
 			return apierror.Wrap(apierror.Internal, err)
@@ -107,6 +193,29 @@ func (e *epochState) check(strict bool) error {
 		return e.staleErr(n)
 	}
 	return nil
+}
+
+// guard runs write, a durable write, if the epoch file still names this
+// process's epoch, holding off every raise of the epoch until write
+// returns (see epochState).
+func (e *epochState) guard(write func() error) error {
+	if e.lock == nil {
+		if err := e.check(true); err != nil {
+			return err
+		}
+		return write()
+	}
+	if err := e.lock.rlock(); err != nil {
+		return apierror.Wrap(apierror.Unavailable, err)
+	}
+	defer e.lock.runlock()
+	if err := e.check(true); err != nil {
+		return err
+	}
+	if e.afterCheck != nil {
+		e.afterCheck()
+	}
+	return write()
 }
 
 // raise moves this process's epoch up to n (never down).
@@ -126,6 +235,14 @@ func (e *epochState) adopt(n uint64) error {
 	defer e.mu.Unlock()
 	if e.fenced.Load() {
 		return e.staleErr(0)
+	}
+	if e.lock != nil {
+		// Exclusive: every checked write in flight lands first, and every
+		// later one sees the new epoch.
+		if err := e.lock.lock(); err != nil {
+			return apierror.Wrap(apierror.Unavailable, err)
+		}
+		defer e.lock.unlock()
 	}
 	onFile, err := readEpochFile(e.path)
 	if err != nil {
@@ -161,11 +278,29 @@ func (c *Controller) Epoch() uint64 { return c.epoch.cur.Load() }
 func (c *Controller) Fenced() bool { return c.epoch.fenced.Load() }
 
 // CheckEpoch reads the fleet's epoch file and refuses with stale_epoch if
-// a restore has moved the fleet past this process. Durable writes (the
-// capture ledger's appends) call it right before writing.
+// a restore has moved the fleet past this process. It is an early answer
+// only: a durable write goes through UnderEpoch, whose check cannot be
+// overtaken by a raise.
 func (c *Controller) CheckEpoch() error {
 	err := c.epoch.check(true)
 	if err != nil && apierror.HasCode(err, apierror.StaleEpoch) {
+		c.metrics.refusal(apierror.StaleEpoch)
+	}
+	return err
+}
+
+// UnderEpoch runs write, a durable write of this process (a manifest's
+// publication, a capture ledger append), only if the fleet's epoch is
+// still this process's, and keeps a restore from raising the epoch until
+// write returns; otherwise it refuses with stale_epoch and write never
+// runs. write must not call UnderEpoch.
+func (c *Controller) UnderEpoch(write func() error) error {
+	wrote := false
+	err := c.epoch.guard(func() error {
+		wrote = true
+		return write()
+	})
+	if err != nil && !wrote && apierror.HasCode(err, apierror.StaleEpoch) {
 		c.metrics.refusal(apierror.StaleEpoch)
 	}
 	return err
@@ -214,13 +349,19 @@ func exemptFromEpoch(r *http.Request) bool {
 
 // epochWriter holds a data reply until the epoch file has been checked:
 // a process that a restore superseded replaces its reply by stale_epoch,
-// so a caller never accepts a result a zombie produced.
+// so a caller never accepts a result a zombie produced. A reply that is
+// streamed (flushed while the handler runs: the model server's SSE) is
+// checked again before each later write, each an event, through the stat
+// cache: a stream under way when the process was paused ends in an error
+// once the epoch moved past it (abortStream), never in a completed reply.
 type epochWriter struct {
 	http.ResponseWriter
 	c       *Controller
 	r       *http.Request
 	decided bool
 	refused bool
+	// streaming is set by the first flush after the headers went out.
+	streaming bool
 }
 
 func (w *epochWriter) decide() bool {
@@ -242,6 +383,60 @@ func (w *epochWriter) decide() bool {
 	return true
 }
 
+// recheck checks the epoch again mid-stream and ends the stream if it
+// moved past this process's.
+func (w *epochWriter) recheck() bool {
+	if w.refused {
+		return false
+	}
+	if !w.streaming {
+		return true
+	}
+	err := w.c.epoch.check(false)
+	if err == nil {
+		return true
+	}
+	w.refused = true
+	w.c.metrics.refusal(apierror.StaleEpoch)
+	w.abortStream(err)
+	return false
+}
+
+// abortStream ends a stream whose status and headers are gone. An SSE
+// stream gets one event both stream protocols read as a failure: named
+// "error", with the Responses error event's fields (type, code, message;
+// openai.EventResponseErrorGeneric) beside the error object a Chat
+// Completions stream fails with (openai.ChatChunk.Error); no "[DONE]" and
+// no byte of the handler's passes after it. Any other streamed body can
+// only be cut short.
+func (w *epochWriter) abortStream(err error) {
+	if !strings.HasPrefix(w.ResponseWriter.Header().Get("Content-Type"), "text/event-stream") {
+		return
+	}
+	e := apierror.From(err)
+	env := apierror.OpenAIEnvelopeOf(e)
+	b, merr := codec.MarshalStable(streamAbort{Type: "error", Code: string(e.Code), Message: e.Detail, Error: env.Error})
+	if merr != nil {
+		return
+	}
+	var buf bytes.Buffer
+	buf.WriteString("event: error\ndata: ")
+	buf.Write(b)
+	buf.WriteString("\n\n")
+	if _, werr := w.ResponseWriter.Write(buf.Bytes()); werr != nil {
+		return
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// streamAbort is the data of abortStream's event.
+type streamAbort struct {
+	Type    string              `json:"type"`
+	Code    string              `json:"code"`
+	Message string              `json:"message"`
+	Error   apierror.OpenAIBody `json:"error"`
+}
+
 func (w *epochWriter) WriteHeader(status int) {
 	if w.decide() {
 		w.ResponseWriter.WriteHeader(status)
@@ -249,7 +444,7 @@ func (w *epochWriter) WriteHeader(status int) {
 }
 
 func (w *epochWriter) Write(b []byte) (int, error) {
-	if !w.decide() {
+	if !w.decide() || !w.recheck() {
 		return 0, errFencedReply
 	}
 	return w.ResponseWriter.Write(b)
@@ -258,6 +453,9 @@ func (w *epochWriter) Write(b []byte) (int, error) {
 func (w *epochWriter) Flush() {
 	if w.decided && w.refused {
 		return
+	}
+	if w.decided {
+		w.streaming = true
 	}
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()

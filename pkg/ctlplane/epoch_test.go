@@ -2,15 +2,23 @@ package ctlplane_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
+	"github.com/gymfleet/gymfleet/pkg/transport/sse"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -104,5 +112,89 @@ func TestEpoch_RestoreFencesTheEarlierIncarnation(t *testing.T) {
 	}
 	if _, err := stale.Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: []rollout.EpisodeID{id}, Epoch: 2}); !apierror.HasCode(err, apierror.StaleEpoch) {
 		t.Fatalf("a restore into epoch 2 of a fleet at 5: %v, want stale_epoch", err)
+	}
+}
+
+// Ensure a streamed reply under way when its process's epoch was
+// superseded ends in an error event, never in a completed reply: the
+// model server's SSE to the agent, resumed after a pause during which
+// the replacement was restored.
+func TestEpoch_StreamEndsInErrorOnceSuperseded(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60, Root: base, EpochFile: filepath.Join(base, "EPOCH")}
+	c, err := ctlplane.New(cfg, ctlplanetest.NewFake("model", "m"), ctlplane.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	resume := make(chan struct{})
+	handlerErr := make(chan error, 1)
+	r := httpserver.NewRouter(httpserver.RouterOptions{Middleware: []func(http.Handler) http.Handler{c.Middleware(nil)}})
+	r.Post("/v1/responses", func(w http.ResponseWriter, r *http.Request) {
+		sw := sse.NewWriter(w)
+		if err := sw.Event("response.output_text.delta", []byte(`{"type":"response.output_text.delta","delta":"a"}`)); err != nil {
+			handlerErr <- err
+			return
+		}
+		<-resume
+		// What the paused process goes on to send once resumed.
+		err := sw.Event("response.completed", []byte(`{"type":"response.completed","response":{}}`))
+		if err == nil {
+			err = sw.Event("", []byte(sse.Done))
+		}
+		handlerErr <- err
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/responses", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(ctlplane.EpochHeader) != "0" {
+		t.Fatalf("stream start: %d, epoch %q", resp.StatusCode, resp.Header.Get(ctlplane.EpochHeader))
+	}
+	rd := sse.NewReader(resp.Body)
+	if ev, err := rd.Next(); err != nil || ev.Name != "response.output_text.delta" {
+		t.Fatalf("first event: %+v %v", ev, err)
+	}
+
+	// The replacement is restored (the epoch file replaced) while the
+	// stream waits, then the stream goes on.
+	if err := atomicfile.WriteFile(atomicfile.OS, cfg.EpochFile, []byte("1\n")); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+
+	ev, err := rd.Next()
+	if err != nil {
+		t.Fatalf("after the raise: %v, want an error event", err)
+	}
+	var got struct {
+		Type  string `json:"type"`
+		Code  string `json:"code"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if ev.Name != "error" || json.Unmarshal(ev.Data, &got) != nil || got.Type != "error" ||
+		got.Code != string(apierror.StaleEpoch) || got.Error.Code != string(apierror.StaleEpoch) {
+		t.Fatalf("after the raise: event %q %s, want an error event with stale_epoch", ev.Name, ev.Data)
+	}
+	if ev, err := rd.Next(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the error event: %q %s %v, want the end of the stream", ev.Name, ev.Data, err)
+	}
+	if err := <-handlerErr; err == nil {
+		t.Fatal("the handler's writes after the raise succeeded")
+	}
+	if !c.Fenced() {
+		t.Fatal("the process is not fenced after its stream was cut")
 	}
 }

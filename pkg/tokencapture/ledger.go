@@ -155,8 +155,8 @@ type Ledger struct {
 	lock *dirLock
 
 	mu sync.Mutex
-	// fence, when set, runs before every append (SetFence).
-	fence func() error
+	// fence, when set, runs every append's write (SetFence).
+	fence func(write func() error) error
 	keys  map[string]*keyState
 	// byRollout indexes keys (with a ledger or a fence) by rollout id, so
 	// the attempts of one rollout are found without a scan of every key.
@@ -281,11 +281,6 @@ func (l *Ledger) Append(key string, row Row) (Row, error) {
 	if err := l.usable(); err != nil {
 		return Row{}, err
 	}
-	if l.fence != nil {
-		if err := l.fence(); err != nil {
-			return Row{}, err
-		}
-	}
 	ks := l.keys[key]
 	if ks != nil && ks.retired {
 		return Row{}, fmt.Errorf("%w: %s", ErrRetired, key)
@@ -308,7 +303,7 @@ func (l *Ledger) Append(key string, row Row) (Row, error) {
 	line = append(line, ',')
 	line = append(line, tail[1:]...) // tail is an object: drop its '{'
 	line = append(line, '}', '\n')
-	ext, err := l.write(line)
+	ext, err := l.fencedWrite(line)
 	if err != nil {
 		return Row{}, err
 	}
@@ -356,16 +351,33 @@ func unixSeconds(t time.Time) float64 {
 	return math.Round(float64(t.UnixNano())/1e3) / 1e6
 }
 
-// Fail records that a call of key was answered without a usable row.
-// SetFence makes every Append and Fail call fence first, under the
-// ledger's lock, and fail with its error: the model server's epoch check,
-// so a process a restore superseded appends nothing.
-func (l *Ledger) SetFence(fence func() error) {
+// SetFence makes every Append and Fail write its record through fence,
+// under the ledger's lock: the model server's epoch guard, which writes
+// only while the process's epoch is still the fleet's and holds a restore's
+// raise of the epoch off until the record is written, so a process a
+// restore superseded appends nothing, even one paused between its check
+// and its write. fence's error fails the call with nothing written.
+func (l *Ledger) SetFence(fence func(write func() error) error) {
 	l.mu.Lock()
 	l.fence = fence
 	l.mu.Unlock()
 }
 
+// fencedWrite writes one record through the fence; l.mu is held.
+func (l *Ledger) fencedWrite(line []byte) (extent, error) {
+	if l.fence == nil {
+		return l.write(line)
+	}
+	var ext extent
+	err := l.fence(func() error {
+		var err error
+		ext, err = l.write(line)
+		return err
+	})
+	return ext, err
+}
+
+// Fail records that a call of key was answered without a usable row.
 func (l *Ledger) Fail(key string, f Failure) error {
 	if err := checkKey(key); err != nil {
 		return err
@@ -385,11 +397,6 @@ func (l *Ledger) Fail(key string, f Failure) error {
 	if err := l.usable(); err != nil {
 		return err
 	}
-	if l.fence != nil {
-		if err := l.fence(); err != nil {
-			return err
-		}
-	}
 	ks := l.keys[key]
 	if ks != nil && ks.retired {
 		return fmt.Errorf("%w: %s", ErrRetired, key)
@@ -397,7 +404,7 @@ func (l *Ledger) Fail(key string, f Failure) error {
 	if ks == nil {
 		ks = &keyState{}
 	}
-	ext, err := l.write(line)
+	ext, err := l.fencedWrite(line)
 	if err != nil {
 		return err
 	}

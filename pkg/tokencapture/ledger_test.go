@@ -787,3 +787,50 @@ func TestLedger_StatsFollowAppendsRetiresAndReplay(t *testing.T) {
 		t.Fatalf("after reopening: %+v, want %+v", got, after)
 	}
 }
+
+// Ensure appends and failure records are written through the fence, and a
+// refusing fence leaves nothing: not in the ledger, nor in the ledger
+// reopened from its files.
+func TestLedger_FenceWrapsTheWrite(t *testing.T) {
+	dir := t.TempDir()
+	l, err := tokencapture.Open(dir, tokencapture.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	superseded := errors.New("epoch superseded")
+	refuse, writes := false, 0
+	l.SetFence(func(write func() error) error {
+		if refuse {
+			return superseded
+		}
+		writes++
+		return write()
+	})
+	if _, err := l.Append("r1", testRow("call-1", 4)); err != nil || writes != 1 {
+		t.Fatalf("append through the fence: %v, %d writes through it", err, writes)
+	}
+	refuse = true
+	if _, err := l.Append("r1", testRow("call-2", 4)); !errors.Is(err, superseded) {
+		t.Fatalf("append through a refusing fence: %v", err)
+	}
+	if err := l.Fail("r1", tokencapture.Failure{Reason: "x"}); !errors.Is(err, superseded) {
+		t.Fatalf("failure record through a refusing fence: %v", err)
+	}
+	if rows, err := l.Rows("r1"); err != nil || len(rows) != 1 || rows[0].CallID != "call-1" {
+		t.Fatalf("rows: %+v %v, want call-1 only", rows, err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := tokencapture.Open(dir, tokencapture.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if rows, err := again.Rows("r1"); err != nil || len(rows) != 1 {
+		t.Fatalf("reopened rows: %+v %v, want call-1 only", rows, err)
+	}
+	if f, err := again.Failures("r1"); err != nil || len(f) != 0 {
+		t.Fatalf("reopened failures: %+v %v, want none", f, err)
+	}
+}

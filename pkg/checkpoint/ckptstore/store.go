@@ -223,10 +223,11 @@ func notConfined(t Target, cause error) error {
 // record, and publication happens under its lock, so once Stop returns no
 // manifest will ever appear.
 type WriteStop struct {
-	// Fence, when set, is checked under the lock right before the
-	// manifest is published; its error fails the write (the writer's
-	// epoch was superseded).
-	Fence func() error
+	// Guard, when set, runs the manifest's publication (under the lock):
+	// the control plane's epoch guard, which publishes only if the
+	// writer's epoch is still the fleet's and holds off a raise of the
+	// epoch until the manifest is durable. Its error fails the write.
+	Guard func(publish func() error) error
 	mu    sync.Mutex
 	// stopped is set under mu (so a publication in progress finishes
 	// first) and read without it before every record.
@@ -255,10 +256,8 @@ func (s *WriteStop) publish(fn func() error) error {
 	if s.stopped.Load() {
 		return ErrStopped
 	}
-	if s.Fence != nil {
-		if err := s.Fence(); err != nil {
-			return err
-		}
+	if s.Guard != nil {
+		return s.Guard(fn)
 	}
 	return fn()
 }

@@ -392,18 +392,44 @@ func testStopBeforePublish(t *testing.T, k kit) {
 	}
 }
 
-// Ensure a writer whose fence fails at publication publishes nothing: a
+// Ensure a writer whose guard refuses at publication publishes nothing: a
 // process a restore superseded while it wrote.
-func TestStore_FenceAtPublish(t *testing.T) {
+func TestStore_GuardRefusesAtPublish(t *testing.T) {
 	s := tempStore(t)
 	superseded := errors.New("epoch superseded")
-	stop := &ckptstore.WriteStop{Fence: func() error { return superseded }}
+	stop := &ckptstore.WriteStop{Guard: func(func() error) error { return superseded }}
 	dir := t.TempDir()
 	if _, err := s.Write(context.Background(), target(dir), stop, records(3, "x")); !errors.Is(err, superseded) {
 		t.Fatalf("got %v, want the fence's error", err)
 	}
 	if _, err := os.Stat(filepath.Join(target(dir).ParticipantDir(), "manifest.json")); !os.IsNotExist(err) {
 		t.Fatal("a fenced write published a manifest")
+	}
+}
+
+// Ensure the manifest is published inside the guard, so what the guard
+// holds (the epoch lock) covers the publication.
+func TestStore_PublishesInsideGuard(t *testing.T) {
+	s := tempStore(t)
+	dir := t.TempDir()
+	manifest := filepath.Join(target(dir).ParticipantDir(), "manifest.json")
+	guarded := false
+	stop := &ckptstore.WriteStop{Guard: func(publish func() error) error {
+		if _, err := os.Stat(manifest); !os.IsNotExist(err) {
+			t.Errorf("the manifest exists before the guard ran: %v", err)
+		}
+		guarded = true
+		err := publish()
+		if _, serr := os.Stat(manifest); serr != nil {
+			t.Errorf("the manifest is not there when publish returns: %v", serr)
+		}
+		return err
+	}}
+	if _, err := s.Write(context.Background(), target(dir), stop, records(3, "x")); err != nil {
+		t.Fatal(err)
+	}
+	if !guarded {
+		t.Fatal("the write published without its guard")
 	}
 }
 

@@ -132,8 +132,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.ctl, s.ckpt.ctl = ctl, ctl
 		s.hooks = s.ckpt
 		// A ledger row a superseded process appends would be a call no
-		// live agent made: every append checks the epoch first.
-		ledger.SetFence(ctl.CheckEpoch)
+		// live agent made: every append is written under the epoch guard.
+		ledger.SetFence(ctl.UnderEpoch)
 		mw = append(mw, ctl.Middleware(classify))
 	}
 	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})

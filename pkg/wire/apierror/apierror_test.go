@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,6 +139,8 @@ func TestStatus_SpecTable(t *testing.T) {
 		apierror.MethodNotAllowed:       405,
 		apierror.Unavailable:            503,
 		apierror.UpstreamError:          502,
+		// Beyond SPEC §3, pinned as well (docs/ARCHITECTURE.md, "Error codes").
+		apierror.StorageFull: 507,
 	}
 	for c, status := range want {
 		if got := apierror.Status(c); got != status {
@@ -358,5 +362,41 @@ func TestWriteOpenAI(t *testing.T) {
 		if e := apierror.Parse(rec.Code, rec.Body.Bytes()); e == nil || e.Code != tt.err.Code || e.Detail != tt.err.Detail {
 			t.Errorf("Parse(%s) = %+v", rec.Body.String(), e)
 		}
+	}
+}
+
+// Ensure docs/ARCHITECTURE.md's table of error codes lists every code
+// with its status, and nothing else.
+func TestCodes_Documented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "ARCHITECTURE.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(b), "### Error codes\n")
+	if !ok {
+		t.Fatal("docs/ARCHITECTURE.md has no \"### Error codes\" section")
+	}
+	table, _, _ = strings.Cut(table, "\n#")
+	documented := map[string]string{}
+	for _, line := range strings.Split(table, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		documented[strings.Trim(strings.TrimSpace(cells[1]), "`")] = strings.TrimSpace(cells[2])
+	}
+	for _, c := range apierror.Codes() {
+		status, ok := documented[string(c)]
+		if !ok {
+			t.Errorf("code %s is not in the table", c)
+			continue
+		}
+		if want := strconv.Itoa(apierror.Status(c)); status != want {
+			t.Errorf("code %s: the table says %s, the code %s", c, status, want)
+		}
+		delete(documented, string(c))
+	}
+	for c := range documented {
+		t.Errorf("the table lists %s, which is no code", c)
 	}
 }
