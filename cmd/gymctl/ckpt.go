@@ -130,7 +130,15 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 		return err
 	}
 	defer shutdownTracer(tp)
-	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token, HTTP: hc, Tracer: tp})
+	// A restore reads the checkpoint's manifests to place former replicas
+	// on live ones: it checks their signatures and reaches their store.
+	store := ckptstore.Options{S3: o.s3}
+	if o.keyFile != "" {
+		if store.SigningKey, err = ckptstore.LoadSigningKey(o.keyFile); err != nil {
+			return fmt.Errorf("ckpt: %w", err)
+		}
+	}
+	c, err := coordination.Discover(ctx, eps, coordination.Options{Token: o.token, HTTP: hc, Tracer: tp, Store: store})
 	if err != nil {
 		return err
 	}

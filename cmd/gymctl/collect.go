@@ -150,6 +150,10 @@ func collectOptions(f collectFlags, getenv func(string) string, stdout, stderr i
 	if opts.EnvURL, err = environmentURL(cfg, f.config); err != nil {
 		return opts, err
 	}
+	// Rows spread over every environment replica of the fleet file.
+	for _, e := range cfg.Endpoints(fleet.KindEnvironment) {
+		opts.EnvURLs = append(opts.EnvURLs, e.URL)
+	}
 	token := f.token
 	if token == "" {
 		token = cfg.Checkpoint.ControlAuthToken

@@ -20,6 +20,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -761,7 +762,7 @@ func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest
 		}
 	}
 	rctx, readSpan := c.startSpan(ctx, tracing.SpanRead, t.id, tracing.AttrEpisodes.Int(scope.Len()))
-	m, recs, size, err := c.store.ReadWith(rctx, target, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})
+	m, recs, size, err := c.readSources(rctx, target, req.Replicas, ckptstore.ReadOptions{Keep: scope.Has, OnSize: widen})
 	read := time.Since(start)
 	readSpan.SetAttributes(tracing.AttrRecords.Int(len(recs)), tracing.AttrBytes.Int64(size))
 	tracing.Fail(readSpan, err)
@@ -779,7 +780,11 @@ func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest
 		// install would be zeroed by the runtime first.
 		done := c.tuning.InstallStarting(size)
 		ictx, install := c.startSpan(ctx, tracing.SpanInstall, t.id, tracing.AttrRecords.Int(len(recs)))
-		installed, err = c.p.Install(ictx, recs, scope, Extras{Manifest: m.Extras})
+		var aliases map[string]string
+		if req.Replicas != nil {
+			aliases = req.Replicas.Aliases
+		}
+		installed, err = c.p.Install(ictx, recs, scope, Extras{Manifest: m.Extras, Aliases: aliases})
 		install.SetAttributes(tracing.AttrEpisodes.Int(len(installed)))
 		tracing.Fail(install, err)
 		install.End()
@@ -837,6 +842,42 @@ func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest
 		c.install = nil
 	}
 	t.finish(reply, nil)
+}
+
+// readSources reads the records a restore installs: this instance's own,
+// or, in a restore across replicas, those of every former instance the plan
+// names (all of them or none; an empty plan reads nothing). The manifest
+// returned is the first source's: replicas of one server write the same
+// extras.
+func (c *Controller) readSources(ctx context.Context, target ckptstore.Target, plan *ReplicaPlan, o ckptstore.ReadOptions) (ckptstore.Manifest, []Record, int64, error) {
+	if plan == nil {
+		return c.store.ReadWith(ctx, target, o)
+	}
+	var (
+		first ckptstore.Manifest
+		all   []Record
+		total int64
+	)
+	for i, src := range plan.Sources {
+		if !rollout.ValidID(src) || replica.Family(src) != replica.Family(target.Instance) {
+			return first, nil, 0, apierror.New(apierror.InvalidRequest, "replicas.sources names %q, not a replica of %s", src, target.Instance)
+		}
+		t := target
+		t.Instance = src
+		m, recs, size, err := c.store.ReadWith(ctx, t, o)
+		if err != nil {
+			return first, nil, 0, err
+		}
+		if i == 0 {
+			first = m
+		}
+		all = append(all, recs...)
+		total += size
+	}
+	if len(plan.Sources) == 0 && o.OnSize != nil {
+		o.OnSize(0)
+	}
+	return first, all, total, nil
 }
 
 // Resume reopens (also aborting an unpublished checkpoint).

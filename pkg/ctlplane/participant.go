@@ -97,6 +97,11 @@ type Extras struct {
 	Manifest map[string]any
 	// Reply fields are added to the commit reply (e.g. staging keys).
 	Reply map[string]any
+	// Aliases, on Install, maps former instances with no live replica of
+	// their name to the live replica that took their records (a restore
+	// into a different set of replicas): a participant that records which
+	// replica of a callee owns a rollout routes through it.
+	Aliases map[string]string
 }
 
 // Report is a participant's readiness report (ctlwire's).

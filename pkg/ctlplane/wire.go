@@ -10,6 +10,7 @@ type (
 	CommitRequest     = ctlwire.CommitRequest
 	CommitReply       = ctlwire.CommitReply
 	RestoreRequest    = ctlwire.RestoreRequest
+	ReplicaPlan       = ctlwire.ReplicaPlan
 	RestoreReply      = ctlwire.RestoreReply
 	ResumeReply       = ctlwire.ResumeReply
 	RetireRequest     = ctlwire.RetireRequest

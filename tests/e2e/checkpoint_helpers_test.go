@@ -9,6 +9,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -78,7 +79,11 @@ func (f *Fleet) Records(id, kind, instance string) []map[string]any {
 // EnvBoundary is the "next" of the environment's record of a capture key.
 func (f *Fleet) EnvBoundary(id, key string) string {
 	f.t.Helper()
-	for _, r := range f.Records(id, "environment", "env") {
+	var recs []map[string]any
+	for _, env := range f.Cfg.Endpoints(fleet.KindEnvironment) {
+		recs = append(recs, f.Records(id, "environment", env.Name)...)
+	}
+	for _, r := range recs {
 		ep, _ := r["episode_id"].(map[string]any)
 		e := rollout.EpisodeID{RolloutID: ep["rollout_id"].(string), Attempt: int(ep["attempt"].(float64))}
 		if e.CaptureKey() != key {

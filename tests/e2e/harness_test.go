@@ -25,6 +25,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -119,7 +120,10 @@ type Fleet struct {
 	Fake   fakes
 	client *http.Client
 	ctl    *http.Client
-	EnvURL string
+	// EnvURL is the first environment replica; Start sends each row to
+	// the replica replica.Pick names for its rollout, of EnvURLs.
+	EnvURL  string
+	EnvURLs []string
 	// CkptDir is where the test's checkpoints go.
 	CkptDir string
 }
@@ -131,12 +135,18 @@ func startFleet(t *testing.T, mutate func(*fleet.Topology)) *Fleet {
 	return startFleetWith(t, fleetOptions{topo: mutate})
 }
 
-// startFleetOn is startFleet with the model server balancing over workers
-// fakeinference workers.
-func startFleetOn(t *testing.T, workers int, mutate func(*fleet.Topology)) *Fleet {
+// shape is how many inference workers the model server balances over and
+// how many replicas of each participant kind a fleet runs (0 means 1).
+type shape struct {
+	workers, replicas int
+}
+
+// startFleetOn is startFleet in a shape.
+func startFleetOn(t *testing.T, sh shape, mutate func(*fleet.Topology)) *Fleet {
 	t.Helper()
 	return startFleetWith(t, fleetOptions{topo: func(tp *fleet.Topology) {
-		tp.InferenceWorkers = workers
+		tp.InferenceWorkers = sh.workers
+		tp.Replicas = fleet.Each(sh.replicas)
 		if mutate != nil {
 			mutate(tp)
 		}
@@ -151,6 +161,9 @@ type fleetOptions struct {
 	// (each may be nil).
 	topo func(*fleet.Topology)
 	cfg  func(*fleet.Config)
+	// noInference leaves the fakeinference workers unstarted: the fleet
+	// uses another fleet's, on the same ports.
+	noInference bool
 }
 
 // startFleetWith is startFleet with options.
@@ -194,8 +207,10 @@ func startFleetWith(t *testing.T, o fleetOptions) *Fleet {
 			f.Fake = append(f.Fake, fakeinference.NewControl(p.Endpoints[0].URL, f.ctl))
 		}
 	}
-	env, _ := cfg.Endpoint("env")
-	f.EnvURL = env.URL
+	for _, env := range cfg.Endpoints(fleet.KindEnvironment) {
+		f.EnvURLs = append(f.EnvURLs, env.URL)
+	}
+	f.EnvURL = f.EnvURLs[0]
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, name := range cfg.Names() {
@@ -208,8 +223,13 @@ func startFleetWith(t *testing.T, o fleetOptions) *Fleet {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := f.L.StartAll(ctx); err != nil {
-		t.Fatal(err)
+	for _, name := range cfg.Names() {
+		if o.noInference && f.inferenceWorker(name) {
+			continue
+		}
+		if err := f.L.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return f
 }
@@ -345,7 +365,12 @@ func (f *Fleet) Start(row map[string]any) *Run {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		rep, err := httpclient.Do(ctx, f.client, http.MethodPost, f.EnvURL+"/run", nil, row)
+		id, _ := row[rollout.FieldRolloutID].(string)
+		url := f.EnvURL
+		if len(f.EnvURLs) > 0 {
+			url = f.EnvURLs[replica.Pick(id, len(f.EnvURLs))]
+		}
+		rep, err := httpclient.Do(ctx, f.client, http.MethodPost, url+"/run", nil, row)
 		if err != nil {
 			run.done <- Reply{Err: err}
 			return
@@ -412,17 +437,23 @@ func (f *Fleet) WaitReceived(rolloutID string, n int) {
 	})
 }
 
-// Manifest reads the capture ledger of a capture key from the model server.
+// Manifest reads the capture ledger of a capture key from the model server
+// replica that has it (the first answer other than 404).
 func (f *Fleet) Manifest(key string) (int, map[string]any) {
 	f.t.Helper()
-	ep, _ := f.Cfg.Endpoint("policy_model")
-	rep, err := httpclient.Do(context.Background(), f.ctl, http.MethodGet, ep.URL+"/capture/rollouts/"+key+"/manifest", nil, nil)
-	if err != nil {
-		f.t.Fatal(err)
+	status, m := http.StatusNotFound, map[string]any(nil)
+	for _, ep := range f.Cfg.Endpoints(fleet.KindModel) {
+		rep, err := httpclient.Do(context.Background(), f.ctl, http.MethodGet, ep.URL+"/capture/rollouts/"+key+"/manifest", nil, nil)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		status, m = rep.Status, nil
+		_ = codec.Unmarshal(rep.Body, &m)
+		if rep.Status != http.StatusNotFound {
+			break
+		}
 	}
-	var m map[string]any
-	_ = codec.Unmarshal(rep.Body, &m)
-	return rep.Status, m
+	return status, m
 }
 
 // Status reads every participant's status.

@@ -20,9 +20,9 @@ import (
 // continueAfterCrash is scenarios 1 and 2: an episode whose second model
 // call is undelivered at the checkpoint continues from its last boundary
 // after every fleet process is killed; the delivered first call is never
-// repeated. The model server balances over workers inference workers.
-func continueAfterCrash(t *testing.T, route string, workers int) {
-	f := startFleetOn(t, workers, nil)
+// repeated. The fleet runs in shape sh.
+func continueAfterCrash(t *testing.T, route string, sh shape) {
+	f := startFleetOn(t, sh, nil)
 	f.HoldSecondCalls()
 	row := weatherRow("native-1", route, "Paris")
 	first := f.Start(row)
@@ -40,11 +40,11 @@ func continueAfterCrash(t *testing.T, route string, workers int) {
 }
 
 func TestScenario01_SingleAgentTurnContinuesAfterCrash(t *testing.T) {
-	continueAfterCrash(t, "weather_agent", 1)
+	continueAfterCrash(t, "weather_agent", shape{})
 }
 
 func TestScenario02_LegacyRunContinuesAfterCrash(t *testing.T) {
-	continueAfterCrash(t, "weather_agent_legacy", 1)
+	continueAfterCrash(t, "weather_agent_legacy", shape{})
 }
 
 // Scenario 3: the counter's state (4 after the first increment) must be
@@ -97,11 +97,11 @@ func TestScenario03_ResourcesStateIsRequired(t *testing.T) {
 // first call has the last delivered call as its parent, and the undelivered
 // call is not in the ledger.
 func TestScenario04_TokenLineageContinues(t *testing.T) {
-	lineageContinues(t, 1)
+	lineageContinues(t, shape{})
 }
 
-func lineageContinues(t *testing.T, workers int) {
-	f := startFleetOn(t, workers, nil)
+func lineageContinues(t *testing.T, sh shape) {
+	f := startFleetOn(t, sh, nil)
 	f.HoldSecondCalls()
 	row := counterRow("lineage-1", "counter_agent", 3, 1, 2)
 	f.Start(row)
@@ -131,11 +131,11 @@ func lineageContinues(t *testing.T, workers int) {
 // Scenario 5: an in-flight generation is cut at the checkpoint and the
 // re-issued call continues from the staged prefix.
 func TestScenario05_GenerationCutIsContinued(t *testing.T) {
-	generationCutContinued(t, 1)
+	generationCutContinued(t, shape{})
 }
 
-func generationCutContinued(t *testing.T, workers int) {
-	f := startFleetOn(t, workers, func(tp *fleet.Topology) { tp.TokensPerSecond = 40 })
+func generationCutContinued(t *testing.T, sh shape) {
+	f := startFleetOn(t, sh, func(tp *fleet.Topology) { tp.TokensPerSecond = 40 })
 	row := weatherRow("cut-1", "weather_agent", "Reykjavik")
 	f.Start(row)
 	f.WaitFor("call 1 generating with a prefix", time.Minute, func() bool {
@@ -166,7 +166,11 @@ func generationCutContinued(t *testing.T, workers int) {
 // Scenario 6: a checkpoint without a crash parks the episode (a generation
 // finishing while prepared is held, not delivered) and resume releases it.
 func TestScenario06_CheckpointWithoutCrashParksAndReleases(t *testing.T) {
-	f := startFleet(t, nil)
+	parksAndReleases(t, shape{})
+}
+
+func parksAndReleases(t *testing.T, sh shape) {
+	f := startFleetOn(t, sh, nil)
 	f.HoldSecondCalls()
 	row := weatherRow("park-1", "weather_agent", "Lima")
 	run := f.Start(row)
@@ -283,7 +287,11 @@ func TestScenario08_EpisodeFinishingDuringPrepare(t *testing.T) {
 // Scenario 9: a second crash, after a checkpoint taken before the
 // replacement started, still continues the episode.
 func TestScenario09_SecondCrashBeforeTheReplacementStarts(t *testing.T) {
-	f := startFleet(t, nil)
+	secondCrash(t, shape{})
+}
+
+func secondCrash(t *testing.T, sh shape) {
+	f := startFleetOn(t, sh, nil)
 	f.HoldSecondCalls()
 	row := weatherRow("twice-1", "weather_agent", "Rome")
 	f.Start(row)

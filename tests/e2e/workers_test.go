@@ -21,15 +21,15 @@ import (
 // restarted model server tries first.
 
 func TestTwoWorkers_Scenario01_SingleAgentTurnContinuesAfterCrash(t *testing.T) {
-	continueAfterCrash(t, "weather_agent", 2)
+	continueAfterCrash(t, "weather_agent", shape{workers: 2})
 }
 
 func TestTwoWorkers_Scenario04_TokenLineageContinues(t *testing.T) {
-	lineageContinues(t, 2)
+	lineageContinues(t, shape{workers: 2})
 }
 
 func TestTwoWorkers_Scenario05_GenerationCutIsContinued(t *testing.T) {
-	generationCutContinued(t, 2)
+	generationCutContinued(t, shape{workers: 2})
 }
 
 // workerOf maps each rollout id to the workers that saw its calls (the
@@ -54,7 +54,7 @@ func workerOf(t *testing.T, fs fakes) map[string][]int {
 // With two workers, concurrent rollouts use both, each attempt's calls stay
 // on one worker, and when a worker dies the rollouts go on on the other.
 func TestTwoWorkers_RolloutsSpreadStayAndFailOver(t *testing.T) {
-	f := startFleetOn(t, 2, func(tp *fleet.Topology) { tp.GenerationCuts = false })
+	f := startFleetOn(t, shape{workers: 2}, func(tp *fleet.Topology) { tp.GenerationCuts = false })
 	runAll := func(prefix string) []string {
 		var wg sync.WaitGroup
 		var ids []string

@@ -780,6 +780,41 @@ func (s *Store) readManifest(ctx context.Context, dir string) (Manifest, map[str
 	return m, fields, nil
 }
 
+// Manifests reads the manifest of every participant directory under dir,
+// without its records: which instances of each kind a checkpoint holds, and
+// how many records each, for a restore into a different set of replicas.
+// A manifest is checked as ReadWith checks it before reading records.
+func (s *Store) Manifests(ctx context.Context, dir string) ([]Manifest, error) {
+	kinds, err := s.b.List(ctx, JoinDir(dir, "gym"))
+	if err != nil {
+		return nil, hide(apierror.New(apierror.InvalidCheckpointState, "%s holds no readable participant directories", dir), err)
+	}
+	sort.Strings(kinds)
+	var out []Manifest
+	for _, kind := range kinds {
+		insts, err := s.b.List(ctx, JoinDir(dir, "gym", kind))
+		if err != nil {
+			return nil, hide(apierror.New(apierror.InvalidCheckpointState, "%s/gym/%s cannot be listed", dir, kind), err)
+		}
+		sort.Strings(insts)
+		for _, inst := range insts {
+			t := Target{Dir: dir, Kind: kind, Instance: inst}
+			m, fields, err := s.readManifest(ctx, t.ParticipantDir())
+			if err != nil {
+				return nil, t.unreadable(err)
+			}
+			if err := s.checkMAC(fields); err != nil {
+				return nil, t.unverified("the manifest is unsigned or its signature does not verify with this store's signing key", err)
+			}
+			if m.Kind != kind || m.Instance != inst {
+				return nil, t.unverified("the manifest is another participant's", fmt.Errorf("holds %s/%s", m.Kind, m.Instance))
+			}
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
 // Verify reads every participant directory under dir and reports each
 // manifest, or the first error. Used by operators and tests.
 func (s *Store) Verify(ctx context.Context, dir string) ([]Manifest, error) {

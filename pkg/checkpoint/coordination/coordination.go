@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -27,6 +28,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -75,6 +77,10 @@ type Options struct {
 	OnCall func(op string, m Member)
 	// AllowNoModel permits a fleet without a policy model participant.
 	AllowNoModel bool
+	// Store is how Restore reads a checkpoint's manifests to learn its
+	// instances (the signing key, an object store's endpoint), for a
+	// restore into a different set of replicas.
+	Store ckptstore.Options
 	// Tracer records a gym.checkpoint.coordinate.<op> span per operation
 	// (pkg/infra/tracing); control calls carry it to the participants, so one
 	// checkpoint is one trace. nil records none.
@@ -580,16 +586,29 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	if err != nil {
 		return nil, err
 	}
+	plans, err := c.PlanReplicas(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
 	res := &RestoreResult{Replies: map[string]ctlwire.RestoreReply{}, Seconds: map[string]float64{}, Epoch: epoch}
 	var mu sync.Mutex
-	body, err := encodeOnce(ctlwire.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Epoch: epoch})
+	req := ctlwire.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Epoch: epoch}
+	body, err := encodeOnce(req)
 	if err != nil {
 		return nil, err
 	}
 	failures := fanOut(c.members, func(m Member) error {
 		var rep ctlwire.RestoreReply
 		start := time.Now()
-		if err := c.call(ctx, m, "restore", deadline, body, &rep); err != nil {
+		b := any(body)
+		if plan := plans[m.Name]; plan != nil {
+			// Each participant's plan differs; the scope is encoded again
+			// per participant only in a restore across replicas.
+			r := req
+			r.Replicas = plan
+			b = r
+		}
+		if err := c.call(ctx, m, "restore", deadline, b, &rep); err != nil {
 			return err
 		}
 		took := time.Since(start).Seconds()
@@ -624,6 +643,97 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 		c.log.Error("resuming after a failed restore", "checkpoint_id", id, "err", err)
 	}
 	return res, restoreErr
+}
+
+// ReplicaCountChangeKinds are the kinds whose number of replicas a
+// restore may change: every caller of an agent (the environment) records
+// the agent replica that owns each rollout, and follows the aliases. The
+// other kinds are reached by a hash of the rollout id (replica.Pick), which
+// a different count would send elsewhere.
+var ReplicaCountChangeKinds = []string{ctlwire.KindAgent}
+
+// PlanReplicas compares the instances a checkpoint holds with the live
+// members, family by family (replica.Family within a kind). When they are
+// the same it returns nil: every participant restores its own instance.
+// Otherwise it places every former instance on a live replica of its family
+// (replica.Place) and returns each member's part, every member getting the
+// whole alias table; a family it cannot place is refused with
+// replicas_unsupported before any participant is called. A checkpoint whose
+// manifests cannot be listed is left to the participants (nil).
+func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]*ctlwire.ReplicaPlan, error) {
+	store, err := ckptstore.OpenWith(dir, c.opts.Store)
+	if err != nil {
+		return nil, nil
+	}
+	defer store.Close()
+	mans, err := store.Manifests(ctx, dir)
+	if err != nil {
+		c.log.Warn("listing the checkpoint's participants; each restores its own", "checkpoint_dir", dir, "err", err)
+		return nil, nil
+	}
+	type family struct{ kind, name string }
+	former := map[family][]replica.Former{}
+	live := map[family][]string{}
+	for _, m := range mans {
+		f := family{m.Kind, replica.Family(m.Instance)}
+		former[f] = append(former[f], replica.Former{Instance: m.Instance, Records: m.RecordCount})
+	}
+	for _, m := range c.members {
+		f := family{m.Kind, replica.Family(m.Instance)}
+		live[f] = append(live[f], m.Instance)
+	}
+	sources := map[string][]string{} // live instance -> former instances
+	aliases := map[string]string{}
+	changed := false
+	fams := make([]family, 0, len(former))
+	for f := range former {
+		fams = append(fams, f)
+	}
+	sort.Slice(fams, func(i, j int) bool { return fams[i].kind+"/"+fams[i].name < fams[j].kind+"/"+fams[j].name })
+	for _, f := range fams {
+		was := make([]string, 0, len(former[f]))
+		for _, fo := range former[f] {
+			was = append(was, fo.Instance)
+		}
+		sort.Strings(was)
+		now := append([]string(nil), live[f]...)
+		sort.Strings(now)
+		if slices.Equal(was, now) {
+			continue
+		}
+		changed = true
+		if len(now) == 0 {
+			return nil, apierror.New(apierror.ReplicasUnsupported, "the checkpoint holds %s %s, and the fleet has no replica of %s to restore them into",
+				f.kind, strings.Join(was, ", "), f.name)
+		}
+		if !slices.Contains(ReplicaCountChangeKinds, f.kind) {
+			return nil, apierror.New(apierror.ReplicasUnsupported, "the checkpoint holds %s replicas %s, the fleet has %s: only the replicas of %s may differ",
+				f.kind, strings.Join(was, ", "), strings.Join(now, ", "), strings.Join(ReplicaCountChangeKinds, ", "))
+		}
+		plan, err := replica.Place(former[f], now)
+		if err != nil {
+			return nil, apierror.New(apierror.ReplicasUnsupported, "%s %s: %v", f.kind, f.name, err)
+		}
+		for inst, src := range plan.Sources {
+			sources[inst] = src
+		}
+		for from, to := range plan.Aliases {
+			aliases[from] = to
+		}
+	}
+	if !changed {
+		return nil, nil
+	}
+	out := map[string]*ctlwire.ReplicaPlan{}
+	for _, m := range c.members {
+		src, ok := sources[m.Instance]
+		if !ok {
+			src = []string{m.Instance}
+		}
+		out[m.Name] = &ctlwire.ReplicaPlan{Sources: src, Aliases: aliases}
+	}
+	c.log.Info("restoring into a different set of replicas", "checkpoint_dir", dir, "aliases", aliases)
+	return out, nil
 }
 
 // Retire retires attempts everywhere: environments, then agents, then

@@ -132,6 +132,21 @@ type RestoreRequest struct {
 	// restored processes adopt it and fence every earlier incarnation.
 	// Absent (0): join the fleet's current epoch, fencing nothing.
 	Epoch uint64 `json:"epoch,omitempty"`
+	// Replicas, when present, is this participant's part of a restore
+	// into a different set of replicas (docs/ARCHITECTURE.md, "Replicas").
+	// Absent: the participant installs its own instance's records.
+	Replicas *ReplicaPlan `json:"replicas,omitempty"`
+}
+
+// ReplicaPlan is one participant's part of a restore across replicas.
+type ReplicaPlan struct {
+	// Sources are the former instances (of this participant's kind) whose
+	// records it installs; empty installs none (a replica the checkpoint
+	// did not have).
+	Sources []string `json:"sources"`
+	// Aliases maps every former instance, of any kind, that has no live
+	// replica of its name to the live replica that took its records.
+	Aliases map[string]string `json:"aliases,omitempty"`
 }
 
 // RestoreReply is restore's reply: the next attempts installed.

@@ -35,6 +35,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -73,6 +74,11 @@ var ErrStopped = errors.New("collection stopped by a preemption checkpoint")
 type Options struct {
 	// EnvURL is the environment server's base URL.
 	EnvURL string
+	// EnvURLs, when set, are the environment's replicas (EnvURL is then
+	// their first): each row goes to the replica replica.Pick names for
+	// its rollout, so a replacement attempt after a restore reaches the
+	// replica that restored its episode (docs/ARCHITECTURE.md, "Replicas").
+	EnvURLs []string
 	// Concurrency bounds the rows in flight.
 	Concurrency int
 	// Limit keeps the first Limit valid rows of the input (0: all).
@@ -165,6 +171,15 @@ type Collector struct {
 
 // New checks opts and returns a collector.
 func New(opts Options) (*Collector, error) {
+	for i := range opts.EnvURLs {
+		opts.EnvURLs[i] = strings.TrimRight(opts.EnvURLs[i], "/")
+		if !strings.HasPrefix(opts.EnvURLs[i], "http://") && !strings.HasPrefix(opts.EnvURLs[i], "https://") {
+			return nil, fmt.Errorf("environment URL %q is not an http(s) URL", opts.EnvURLs[i])
+		}
+	}
+	if len(opts.EnvURLs) > 0 {
+		opts.EnvURL = opts.EnvURLs[0]
+	}
 	opts.EnvURL = strings.TrimRight(opts.EnvURL, "/")
 	if !strings.HasPrefix(opts.EnvURL, "http://") && !strings.HasPrefix(opts.EnvURL, "https://") {
 		return nil, fmt.Errorf("environment URL %q is not an http(s) URL", opts.EnvURL)
@@ -295,6 +310,14 @@ type result struct {
 // ReachTimeout bounds the check that the environment server answers.
 const ReachTimeout = 10 * time.Second
 
+// envURL is the environment replica a rollout's /run goes to.
+func (c *Collector) envURL(rolloutID string) string {
+	if len(c.opts.EnvURLs) < 2 {
+		return c.opts.EnvURL
+	}
+	return c.opts.EnvURLs[replica.Pick(rolloutID, len(c.opts.EnvURLs))]
+}
+
 // reachable checks that the environment server answers HTTP at all (any
 // status: a NeMo Gym agent may have no /healthz).
 func (c *Collector) reachable(ctx context.Context) error {
@@ -319,7 +342,7 @@ func (c *Collector) send(ctx context.Context, t *task) result {
 	if err != nil {
 		res.err = apierror.New(apierror.InvalidRequest, "encoding row: %v", err)
 	} else {
-		rep, err := httpclient.Do(ctx, c.client, http.MethodPost, c.opts.EnvURL+"/run", nil, codec.RawMessage(body))
+		rep, err := httpclient.Do(ctx, c.client, http.MethodPost, c.envURL(t.episode().RolloutID)+"/run", nil, codec.RawMessage(body))
 		switch {
 		case ctx.Err() != nil:
 			return result{outcome: interrupted}

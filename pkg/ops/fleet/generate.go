@@ -12,6 +12,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 )
 
 // ServedModel is the model name a generated fleet's fakeinference serves
@@ -46,6 +47,11 @@ type Topology struct {
 	// server balances over (0 means 1): the first is named fakeinference,
 	// the others fakeinference-1, fakeinference-2, ...
 	InferenceWorkers int
+	// Replicas is how many processes of each participant kind the fleet
+	// runs (0 means 1). With several, replica i of a server named x is
+	// instance x-i (replica.Name), in process <process>-i with config
+	// <binary>-i.yaml; with one, names are unchanged.
+	Replicas Replicas
 	// TokensPerSecond and MinCallSeconds pace fakeinference.
 	TokensPerSecond float64
 	MinCallSeconds  float64
@@ -79,6 +85,16 @@ type Topology struct {
 	// process on its own network namespace's address this way.
 	Hosts map[string]string
 }
+
+// Replicas counts the replicas of each participant kind (0 means 1).
+type Replicas struct {
+	Environment, Agent, Resources, Model int
+}
+
+// Each returns n replicas of every kind.
+func Each(n int) Replicas { return Replicas{Environment: n, Agent: n, Resources: n, Model: n} }
+
+func count(n int) int { return max(n, 1) }
 
 // PortSource hands out n distinct loopback ports that are free now.
 type PortSource interface {
@@ -210,13 +226,28 @@ func Generate(t Topology) (*Config, error) {
 		}
 		upstream["base_urls"] = bases
 	}
-	files := map[string]any{
-		"modelserver.yaml": map[string]any{
-			"listen": listen["policy_model"], "name": "policy_model", "log_level": t.LogLevel, "pprof": t.Pprof,
+	// The stand-in answers 404 to a model it does not serve, as vLLM does.
+	upstream["model"] = ServedModel
+	files := map[string]any{}
+	nModel := count(t.Replicas.Model)
+	models := replica.Names("policy_model", nModel)
+	var modelURLs []string
+	for i, m := range models {
+		modelURLs = append(modelURLs, urls[m])
+		capture := filepath.Join(t.Dir, "run", "capture")
+		if nModel > 1 {
+			capture = filepath.Join(capture, m)
+		}
+		ms := map[string]any{
+			"listen": listen[m], "name": m, "log_level": t.LogLevel, "pprof": t.Pprof,
 			"upstream":   upstream,
-			"capture":    map[string]any{"dir": filepath.Join(t.Dir, "run", "capture")},
+			"capture":    map[string]any{"dir": capture},
 			"checkpoint": checkpoint,
-		},
+		}
+		if t.GenerationCuts && t.Token != "" {
+			ms["generation_cuts"] = map[string]any{"enabled": true, "control_auth_token": t.Token}
+		}
+		files[replicaFile("modelserver", i, nModel)] = ms
 	}
 	for _, w := range workers {
 		files[w+".yaml"] = map[string]any{
@@ -226,42 +257,82 @@ func Generate(t Topology) (*Config, error) {
 			"model": ServedModel,
 		}
 	}
-	// The stand-in answers 404 to a model it does not serve, as vLLM does.
-	files["modelserver.yaml"].(map[string]any)["upstream"].(map[string]any)["model"] = ServedModel
-	if t.GenerationCuts && t.Token != "" {
-		files["modelserver.yaml"].(map[string]any)["generation_cuts"] = map[string]any{"enabled": true, "control_auth_token": t.Token}
+	nRes := count(t.Replicas.Resources)
+	for i := range nRes {
+		var servers []map[string]any
+		for _, r := range t.Resources {
+			name := replica.Name(r.Name, i, nRes)
+			s := map[string]any{"name": name, "type": r.Type, "listen": listen[name]}
+			if r.CheckpointMode != "" {
+				s["checkpoint_mode"] = r.CheckpointMode
+			}
+			if r.VerifyMode != "" {
+				s["verify_mode"] = r.VerifyMode
+			}
+			servers = append(servers, s)
+		}
+		files[replicaFile("resourceserver", i, nRes)] = map[string]any{"log_level": t.LogLevel, "pprof": t.Pprof, "checkpoint": checkpoint, "servers": servers}
 	}
-	var servers []map[string]any
+	resourcesURLs := map[string][]string{} // by resources server name
 	for _, r := range t.Resources {
-		s := map[string]any{"name": r.Name, "type": r.Type, "listen": listen[r.Name]}
-		if r.CheckpointMode != "" {
-			s["checkpoint_mode"] = r.CheckpointMode
+		for _, n := range replica.Names(r.Name, nRes) {
+			resourcesURLs[r.Name] = append(resourcesURLs[r.Name], urls[n])
 		}
-		if r.VerifyMode != "" {
-			s["verify_mode"] = r.VerifyMode
-		}
-		servers = append(servers, s)
 	}
-	files["resourceserver.yaml"] = map[string]any{"log_level": t.LogLevel, "pprof": t.Pprof, "checkpoint": checkpoint, "servers": servers}
-	var agents []map[string]any
-	resourcesOf := map[string]string{}
+	nAgent := count(t.Replicas.Agent)
+	for i := range nAgent {
+		var agents []map[string]any
+		for _, a := range t.Agents {
+			name := replica.Name(a.Name, i, nAgent)
+			ac := map[string]any{
+				"name": name, "listen": listen[name], "max_steps": a.MaxSteps, "stream": a.Stream,
+			}
+			if nModel == 1 {
+				ac["model_server_url"] = modelURLs[0]
+			} else {
+				ac["model_server_urls"] = modelURLs
+			}
+			if nRes == 1 {
+				ac["resources_server_url"] = resourcesURLs[a.Resources][0]
+			} else {
+				ac["resources_server_urls"] = resourcesURLs[a.Resources]
+			}
+			agents = append(agents, ac)
+		}
+		files[replicaFile("agentserver", i, nAgent)] = map[string]any{"log_level": t.LogLevel, "pprof": t.Pprof, "checkpoint": checkpoint, "agents": agents}
+	}
+	agentOf := map[string]AgentSpec{}
 	for _, a := range t.Agents {
-		resourcesOf[a.Name] = urls[a.Resources]
-		agents = append(agents, map[string]any{
-			"name": a.Name, "listen": listen[a.Name], "model_server_url": urls["policy_model"],
-			"resources_server_url": urls[a.Resources], "max_steps": a.MaxSteps, "stream": a.Stream,
-		})
+		agentOf[a.Name] = a
 	}
-	files["agentserver.yaml"] = map[string]any{"log_level": t.LogLevel, "pprof": t.Pprof, "checkpoint": checkpoint, "agents": agents}
 	var routes []map[string]any
 	for _, r := range t.Routes {
-		routes = append(routes, map[string]any{"name": r.Name, "url": urls[r.Agent], "resources_url": resourcesOf[r.Agent], "protocol": r.Protocol})
+		route := map[string]any{"name": r.Name, "protocol": r.Protocol}
+		if nAgent == 1 {
+			route["url"] = urls[r.Agent]
+		} else {
+			var reps []map[string]any
+			for _, n := range replica.Names(r.Agent, nAgent) {
+				reps = append(reps, map[string]any{"name": n, "url": urls[n]})
+			}
+			route["replicas"] = reps
+		}
+		if res := resourcesURLs[agentOf[r.Agent].Resources]; len(res) == 1 {
+			route["resources_url"] = res[0]
+		} else if len(res) > 1 {
+			route["resources_urls"] = res
+		}
+		routes = append(routes, route)
 	}
-	env := map[string]any{"listen": listen["env"], "name": "env", "log_level": t.LogLevel, "pprof": t.Pprof, "agents": routes, "checkpoint": checkpoint}
-	if len(routes) > 0 {
-		env["default_agent"] = t.Routes[0].Name
+	nEnv := count(t.Replicas.Environment)
+	envs := replica.Names("env", nEnv)
+	for i, e := range envs {
+		env := map[string]any{"listen": listen[e], "name": e, "log_level": t.LogLevel, "pprof": t.Pprof, "agents": routes, "checkpoint": checkpoint}
+		if len(routes) > 0 {
+			env["default_agent"] = t.Routes[0].Name
+		}
+		files[replicaFile("envserver", i, nEnv)] = env
 	}
-	files["envserver.yaml"] = env
 	if t.HTTPStack != "" || t.TLS != (httpconf.TLS{}) {
 		for _, v := range files {
 			v.(map[string]any)["http"] = map[string]any{"stack": string(t.HTTPStack), "tls": map[string]any{
@@ -295,21 +366,32 @@ func Generate(t Topology) (*Config, error) {
 	for _, w := range workers {
 		proc(w, "fakeinference", w+".yaml", Endpoint{Name: w, Kind: KindFakeInference, URL: urls[w]})
 	}
-	proc("policy_model", "modelserver", "modelserver.yaml", Endpoint{Name: "policy_model", Kind: KindModel, URL: urls["policy_model"]})
-	var resEps, agentEps []Endpoint
-	for _, r := range t.Resources {
-		resEps = append(resEps, Endpoint{Name: r.Name, Kind: KindResources, URL: urls[r.Name]})
+	for i, m := range models {
+		proc(m, "modelserver", replicaFile("modelserver", i, nModel), Endpoint{Name: m, Kind: KindModel, URL: urls[m]})
 	}
-	for _, a := range t.Agents {
-		agentEps = append(agentEps, Endpoint{Name: a.Name, Kind: KindAgent, URL: urls[a.Name]})
+	for i := range nRes {
+		var eps []Endpoint
+		for _, r := range t.Resources {
+			n := replica.Name(r.Name, i, nRes)
+			eps = append(eps, Endpoint{Name: n, Kind: KindResources, URL: urls[n]})
+		}
+		if len(eps) > 0 {
+			proc(replica.Name("resources", i, nRes), "resourceserver", replicaFile("resourceserver", i, nRes), eps...)
+		}
 	}
-	if len(resEps) > 0 {
-		proc("resources", "resourceserver", "resourceserver.yaml", resEps...)
+	for i := range nAgent {
+		var eps []Endpoint
+		for _, a := range t.Agents {
+			n := replica.Name(a.Name, i, nAgent)
+			eps = append(eps, Endpoint{Name: n, Kind: KindAgent, URL: urls[n]})
+		}
+		if len(eps) > 0 {
+			proc(replica.Name("agents", i, nAgent), "agentserver", replicaFile("agentserver", i, nAgent), eps...)
+		}
 	}
-	if len(agentEps) > 0 {
-		proc("agents", "agentserver", "agentserver.yaml", agentEps...)
+	for i, e := range envs {
+		proc(e, "envserver", replicaFile("envserver", i, nEnv), Endpoint{Name: e, Kind: KindEnvironment, URL: urls[e]})
 	}
-	proc("env", "envserver", "envserver.yaml", Endpoint{Name: "env", Kind: KindEnvironment, URL: urls["env"]})
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -326,28 +408,47 @@ func (t Topology) workerNames() []string {
 }
 
 func (t Topology) names() []string {
-	names := append(t.workerNames(), "policy_model", "env")
+	names := append(t.workerNames(), replica.Names("policy_model", count(t.Replicas.Model))...)
+	names = append(names, replica.Names("env", count(t.Replicas.Environment))...)
 	for _, r := range t.Resources {
-		names = append(names, r.Name)
+		names = append(names, replica.Names(r.Name, count(t.Replicas.Resources))...)
 	}
 	for _, a := range t.Agents {
-		names = append(names, a.Name)
+		names = append(names, replica.Names(a.Name, count(t.Replicas.Agent))...)
 	}
 	return names
 }
 
-// hostOf is the listen address of an endpoint name: its process's entry in
-// Hosts, else 127.0.0.1.
+// replicaFile is the config file of replica i of n of a binary.
+func replicaFile(binary string, i, n int) string {
+	return replica.Name(binary, i, n) + ".yaml"
+}
+
+// hostOf is the listen address of an endpoint (instance) name: its
+// process's entry in Hosts (the replica's process, else the kind's
+// process name), else 127.0.0.1.
 func (t Topology) hostOf(endpoint string) string {
-	proc := endpoint
+	base := replica.Family(endpoint)
+	proc, n := endpoint, 0
+	switch {
+	case base == "policy_model":
+		proc, n = "policy_model", count(t.Replicas.Model)
+	case base == "env":
+		proc, n = "env", count(t.Replicas.Environment)
+	}
 	for _, r := range t.Resources {
-		if r.Name == endpoint {
-			proc = "resources"
+		if r.Name == endpoint || r.Name == base {
+			proc, n = "resources", count(t.Replicas.Resources)
 		}
 	}
 	for _, a := range t.Agents {
-		if a.Name == endpoint {
-			proc = "agents"
+		if a.Name == endpoint || a.Name == base {
+			proc, n = "agents", count(t.Replicas.Agent)
+		}
+	}
+	if n > 1 && base != endpoint {
+		if h := t.Hosts[proc+endpoint[len(base):]]; h != "" {
+			return h
 		}
 	}
 	if h := t.Hosts[proc]; h != "" {

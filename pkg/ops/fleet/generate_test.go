@@ -335,3 +335,43 @@ func TestGenerate_InferenceWorkers(t *testing.T) {
 		}
 	}
 }
+
+// Replicas: two of each kind are <name>-0 and <name>-1 in processes of
+// their own, and every caller lists every replica of its callee.
+func TestGenerate_Replicas(t *testing.T) {
+	dir := t.TempDir()
+	topo := fleet.Standard(dir, dir, "tok")
+	topo.Replicas = fleet.Each(2)
+	cfg, err := fleet.Generate(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"policy_model-0", "policy_model-1", "env-0", "env-1", "resources-0", "resources-1", "agents-0", "agents-1"} {
+		if _, ok := cfg.Process(name); !ok {
+			t.Errorf("no process %s in %v", name, cfg.Names())
+		}
+	}
+	for _, name := range []string{"weather_agent-0", "weather_agent-1", "weather-0", "weather-1", "policy_model-1", "env-1"} {
+		if _, ok := cfg.Endpoint(name); !ok {
+			t.Errorf("no endpoint %s", name)
+		}
+	}
+	env, err := os.ReadFile(filepath.Join(dir, "envserver-1.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"name: env-1", "name: weather_agent-1", "resources_urls:"} {
+		if !strings.Contains(string(env), want) {
+			t.Errorf("envserver-1.yaml lacks %q:\n%s", want, env)
+		}
+	}
+	agents, err := os.ReadFile(filepath.Join(dir, "agentserver-0.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"model_server_urls:", "resources_server_urls:"} {
+		if !strings.Contains(string(agents), want) {
+			t.Errorf("agentserver-0.yaml lacks %q:\n%s", want, agents)
+		}
+	}
+}

@@ -20,7 +20,7 @@ func (s *Server) handleAggregateMetrics(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	url := baseURL(s.cfg.ResourcesServerURL) + rewardprofile.Path
+	url := baseURL(s.cfg.resourcesURL("")) + rewardprofile.Path
 	rep, err := httpclient.Do(r.Context(), s.client, http.MethodPost, url, nil, body)
 	if err != nil {
 		return nil, upstream(r.Context(), "resources server "+rewardprofile.Path, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -24,6 +25,14 @@ type Config struct {
 	ModelServerURL string `mapstructure:"model_server_url"`
 	// ResourcesServerURL is the resources server's base URL.
 	ResourcesServerURL string `mapstructure:"resources_server_url"`
+	// ModelServerURLs and ResourcesServerURLs list the replicas of the
+	// policy model server and of the resources server when there are
+	// several (the single URL is then unused). A rollout's calls all go to
+	// the replica replica.Pick names for its rollout id, as the
+	// environment's do, so its capture ledger, held responses and resources
+	// session stay on one replica (docs/ARCHITECTURE.md, "Replicas").
+	ModelServerURLs     []string `mapstructure:"model_server_urls"`
+	ResourcesServerURLs []string `mapstructure:"resources_server_urls"`
 	// MaxSteps bounds model calls per activation; 0 means unlimited.
 	MaxSteps int `mapstructure:"max_steps"`
 	// Stream calls the model server with stream: true and reads Responses SSE.
@@ -71,11 +80,25 @@ func (c Config) Validate() error {
 	if c.Listen == "" {
 		return fmt.Errorf("agent %s: listen is empty", c.Name)
 	}
-	if err := checkBaseURL(c.ModelServerURL); err != nil {
-		return fmt.Errorf("agent %s: model_server_url: %w", c.Name, err)
+	if len(c.ModelServerURLs) == 0 {
+		if err := checkBaseURL(c.ModelServerURL); err != nil {
+			return fmt.Errorf("agent %s: model_server_url: %w", c.Name, err)
+		}
 	}
-	if err := checkBaseURL(c.ResourcesServerURL); err != nil {
-		return fmt.Errorf("agent %s: resources_server_url: %w", c.Name, err)
+	for i, u := range c.ModelServerURLs {
+		if err := checkBaseURL(u); err != nil {
+			return fmt.Errorf("agent %s: model_server_urls[%d]: %w", c.Name, i, err)
+		}
+	}
+	if len(c.ResourcesServerURLs) == 0 {
+		if err := checkBaseURL(c.ResourcesServerURL); err != nil {
+			return fmt.Errorf("agent %s: resources_server_url: %w", c.Name, err)
+		}
+	}
+	for i, u := range c.ResourcesServerURLs {
+		if err := checkBaseURL(u); err != nil {
+			return fmt.Errorf("agent %s: resources_server_urls[%d]: %w", c.Name, i, err)
+		}
 	}
 	if c.MaxSteps < 0 {
 		return fmt.Errorf("agent %s: max_steps %d is negative (0 means unlimited)", c.Name, c.MaxSteps)
@@ -180,4 +203,22 @@ func (p ProcessConfig) Validate() error {
 		}
 	}
 	return nil
+}
+
+// modelURL is the base URL of the model server replica a rollout's model
+// calls go to.
+func (c Config) modelURL(rolloutID string) string {
+	if len(c.ModelServerURLs) == 0 {
+		return c.ModelServerURL
+	}
+	return c.ModelServerURLs[replica.Pick(rolloutID, len(c.ModelServerURLs))]
+}
+
+// resourcesURL is the base URL of the resources server replica holding a
+// rollout's resources session.
+func (c Config) resourcesURL(rolloutID string) string {
+	if len(c.ResourcesServerURLs) == 0 {
+		return c.ResourcesServerURL
+	}
+	return c.ResourcesServerURLs[replica.Pick(rolloutID, len(c.ResourcesServerURLs))]
 }

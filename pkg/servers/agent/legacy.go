@@ -216,7 +216,7 @@ func newLegacyProgress() *legacyProgress {
 // runLegacy runs a legacy /run's stages from p, its loop with loop hooks
 // lh. e is nil with checkpointing off (a nil Episode records nothing).
 func (s *Server) runLegacy(ctx context.Context, e *episode.Episode, lh loopHooks, ep rollout.EpisodeID, row map[string]codec.RawMessage, body []byte, params *openai.ResponsesRequest, p *legacyProgress) (any, error) {
-	resources := baseURL(s.cfg.ResourcesServerURL)
+	resources := baseURL(s.cfg.resourcesURL(ep.RolloutID))
 	defer func() {
 		// A retire no longer cancels the run from here on: its reply must
 		// mean the resources session is closed.

@@ -345,7 +345,7 @@ func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
 		req.Stream = &stream
 	}
 	a.srv.metrics.modelCalls.Inc()
-	u := baseURL(a.srv.cfg.ModelServerURL) + a.path("/v1/responses")
+	u := baseURL(a.srv.cfg.modelURL(a.episode.RolloutID)) + a.path("/v1/responses")
 	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanModelCall)
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrModel.String(req.Model))
@@ -416,7 +416,7 @@ func (a *activation) callTool(ctx context.Context, call openai.Item) (output str
 		}
 		return string(b), 0, nil
 	}
-	u := baseURL(a.srv.cfg.ResourcesServerURL) + a.path("/"+url.PathEscape(call.Name))
+	u := baseURL(a.srv.cfg.resourcesURL(a.episode.RolloutID)) + a.path("/"+url.PathEscape(call.Name))
 	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanToolCall)
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrTool.String(call.Name))

@@ -601,7 +601,7 @@ const openaiResponseField = "response"
 func (s *Server) closeResourcesSession(ctx context.Context, ep rollout.EpisodeID, res resourcesRef) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 	defer cancel()
-	u := baseURL(s.cfg.ResourcesServerURL) + rollout.Path(ep, "/close_session")
+	u := baseURL(s.cfg.resourcesURL(ep.RolloutID)) + rollout.Path(ep, "/close_session")
 	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, u, res.header(), codec.RawMessage("{}"))
 	if err == nil && rep.Status != http.StatusNotFound {
 		// A NeMo Gym resources server has no /close_session (its sessions

@@ -15,7 +15,7 @@ func FuzzBoundaryAppendJSON(f *testing.F) {
 	f.Add("return", "\xff", "", "", "\xff<&>", []byte(`{"reward":1.0}`), []byte(" [1, 2] "), []byte(`{"reward":1,"response":{"id":"x"}}`))
 	f.Add("close_agent", "r", "a", "wait", "", []byte(`{`), []byte(`null`), []byte(`"\u2028"`))
 	f.Fuzz(func(t *testing.T, next, rs, as, mode, cookies string, resp, obs, result []byte) {
-		b := Boundary{Next: Stage(next), Handles: Handles{ResourcesSessionID: rs, AgentSessionID: as, ResourcesVerify: Mode(mode), ResourcesCookies: cookies},
+		b := Boundary{Next: Stage(next), Handles: Handles{ResourcesSessionID: rs, AgentSessionID: as, ResourcesVerify: Mode(mode), ResourcesCookies: cookies, AgentInstance: cookies},
 			Response: resp, Observations: obs, Result: result}
 		want, werr := codec.Marshal(b)
 		got, gerr := b.AppendJSON([]byte("prefix:"))

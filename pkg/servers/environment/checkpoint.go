@@ -24,6 +24,9 @@ type participant struct {
 	name    string
 	tracker *tracking.Tracker
 	ctl     *ctlplane.Controller
+	// setAliases hands the server a restore's alias table of agent
+	// replicas (nil in tests of the participant alone).
+	setAliases func(map[string]string)
 }
 
 var (
@@ -95,8 +98,12 @@ func (p *participant) Committed(_ context.Context, scope ctlplane.Scope, _ bool)
 
 func (p *participant) Fresh() error { return p.tracker.Fresh() }
 
-func (p *participant) Install(_ context.Context, records []ctlplane.Record, _ ctlplane.Scope, _ ctlplane.Extras) ([]rollout.EpisodeID, error) {
-	return p.tracker.Install(records)
+func (p *participant) Install(_ context.Context, records []ctlplane.Record, _ ctlplane.Scope, extras ctlplane.Extras) ([]rollout.EpisodeID, error) {
+	ids, err := p.tracker.Install(records)
+	if err == nil && p.setAliases != nil && len(extras.Aliases) > 0 {
+		p.setAliases(extras.Aliases)
+	}
+	return ids, err
 }
 
 func (p *participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error {

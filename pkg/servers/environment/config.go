@@ -80,6 +80,17 @@ type AgentConfig struct {
 	// ResourcesURL is the resources server's base URL; single_agent_turn
 	// seeds, verifies and closes the session there.
 	ResourcesURL string `mapstructure:"resources_url"`
+	// Replicas are the agent's replicas, each by its instance name, when
+	// there are several (url is then unused): a new episode goes to the
+	// replica replica.Pick names for its rollout, and its boundaries record
+	// that replica, so a replacement attempt after a restore goes where its
+	// agent session was installed (docs/ARCHITECTURE.md, "Replicas").
+	Replicas []Replica `mapstructure:"replicas"`
+	// ResourcesURLs are the resources server's replicas, when there are
+	// several (resources_url is then unused); an episode's resources
+	// session lives on the one replica.Pick names for its rollout, as the
+	// agent's tool calls do.
+	ResourcesURLs []string `mapstructure:"resources_urls"`
 	// Protocol overrides the server's protocol for this agent's rows.
 	Protocol string `mapstructure:"protocol"`
 	// Gym marks a NeMo Gym agent: its legacy /run goes without the
@@ -87,6 +98,29 @@ type AgentConfig struct {
 	// its rollout to them). Whether a peer speaks h2c or only HTTP/1.1,
 	// as Gym's uvicorn servers do, is found out per host by the client.
 	Gym bool `mapstructure:"gym"`
+}
+
+// Replica is one replica of an agent: its instance name and base URL.
+type Replica struct {
+	Name string `mapstructure:"name"`
+	URL  string `mapstructure:"url"`
+}
+
+// agentURLs lists the agent's replicas: its replicas, or url alone.
+func (a AgentConfig) agentReplicas() []Replica {
+	if len(a.Replicas) > 0 {
+		return a.Replicas
+	}
+	return []Replica{{URL: a.URL}}
+}
+
+// resourcesURLs lists the resources server's replicas: resources_urls, or
+// resources_url alone.
+func (a AgentConfig) resourcesURLs() []string {
+	if len(a.ResourcesURLs) > 0 {
+		return a.ResourcesURLs
+	}
+	return []string{a.ResourcesURL}
 }
 
 // DefaultConfig returns the defaults: single_agent_turn on 127.0.0.1:18040
@@ -135,13 +169,30 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s.name %q is used twice", where, a.Name))
 		}
 		seen[a.Name] = true
-		if err := validURL(a.URL); err != nil {
-			errs = append(errs, fmt.Errorf("%s.url: %w", where, err))
+		if len(a.Replicas) == 0 {
+			if err := validURL(a.URL); err != nil {
+				errs = append(errs, fmt.Errorf("%s.url: %w", where, err))
+			}
+		}
+		replicaNames := map[string]bool{}
+		for j, r := range a.Replicas {
+			if !rollout.ValidID(r.Name) || replicaNames[r.Name] {
+				errs = append(errs, fmt.Errorf("%s.replicas[%d].name %q must be a distinct instance name", where, j, r.Name))
+			}
+			replicaNames[r.Name] = true
+			if err := validURL(r.URL); err != nil {
+				errs = append(errs, fmt.Errorf("%s.replicas[%d].url: %w", where, j, err))
+			}
+		}
+		for j, u := range a.ResourcesURLs {
+			if err := validURL(u); err != nil {
+				errs = append(errs, fmt.Errorf("%s.resources_urls[%d]: %w", where, j, err))
+			}
 		}
 		if a.Protocol != "" && !validProtocol(a.Protocol) {
 			errs = append(errs, fmt.Errorf("%s.protocol %q: want %s, %s or empty", where, a.Protocol, ProtocolSingleAgentTurn, ProtocolLegacy))
 		}
-		if c.protocolOf(a) == ProtocolSingleAgentTurn {
+		if c.protocolOf(a) == ProtocolSingleAgentTurn && len(a.ResourcesURLs) == 0 {
 			if err := validURL(a.ResourcesURL); err != nil {
 				errs = append(errs, fmt.Errorf("%s.resources_url (required by %s): %w", where, ProtocolSingleAgentTurn, err))
 			}

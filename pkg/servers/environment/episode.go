@@ -51,6 +51,11 @@ type Handles struct {
 	// resources server names its sessions by cookie alone. Absent in
 	// boundaries recorded before cookies were carried.
 	ResourcesCookies string `json:"resources_cookies,omitempty"`
+	// AgentInstance is the agent replica holding the episode's agent
+	// session (its instance name), when the agent has several: a restored
+	// episode continues there, or on the replica the restore's aliases
+	// name for it.
+	AgentInstance string `json:"agent_instance,omitempty"`
 }
 
 // Boundary is where an episode stands between two stages: the stage to run
@@ -81,6 +86,10 @@ func (b Boundary) AppendJSON(dst []byte) ([]byte, error) {
 	if b.Handles.ResourcesCookies != "" { // omitempty
 		dst = append(dst, `,"resources_cookies":`...)
 		dst = codec.AppendString(dst, b.Handles.ResourcesCookies)
+	}
+	if b.Handles.AgentInstance != "" { // omitempty
+		dst = append(dst, `,"agent_instance":`...)
+		dst = codec.AppendString(dst, b.Handles.AgentInstance)
 	}
 	dst = append(dst, '}')
 	for _, f := range [...]struct {
@@ -120,7 +129,13 @@ type episode struct {
 	id       rollout.EpisodeID
 	protocol string
 	agent    AgentConfig
-	req      *RunRequest
+	// agentURL and agentName are the agent replica the episode's agent
+	// calls go to (agentName is empty for an agent without replicas);
+	// resourcesURL is the resources replica of its session.
+	agentURL     string
+	agentName    string
+	resourcesURL string
+	req          *RunRequest
 	// digest is the task's digest, set with checkpointing on.
 	digest  string
 	started time.Time

@@ -28,7 +28,7 @@ func (s *Server) runLegacy(ctx context.Context, ep *episode) (codec.RawMessage, 
 		if ep.agent.Gym {
 			path = "/run"
 		}
-		rep, err = s.post(ctx, "agent", ep.agent.URL, path, nil, ep.req.Row)
+		rep, err = s.post(ctx, "agent", ep.agentURL, path, nil, ep.req.Row)
 		return err
 	})
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rewardprofile"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -64,8 +65,11 @@ type Server struct {
 	// late sends again the cleanup steps that got no answer in time.
 	late *lateCleanup
 
-	mu      sync.Mutex
-	live    map[string]*episode // by capture key
+	mu   sync.Mutex
+	live map[string]*episode // by capture key
+	// aliases are the restore's: a former agent replica with no live
+	// replica of its name -> the live one that took its sessions.
+	aliases map[string]string
 	closing bool
 	running sync.WaitGroup // /run handlers, so Close can wait for their cleanup
 }
@@ -96,12 +100,20 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, a := range cfg.Agents {
 		a.URL = strings.TrimRight(a.URL, "/")
 		a.ResourcesURL = strings.TrimRight(a.ResourcesURL, "/")
+		a.Replicas = a.agentReplicas()
+		for i := range a.Replicas {
+			a.Replicas[i].URL = strings.TrimRight(a.Replicas[i].URL, "/")
+		}
+		a.ResourcesURLs = a.resourcesURLs()
+		for i := range a.ResourcesURLs {
+			a.ResourcesURLs[i] = strings.TrimRight(a.ResourcesURLs[i], "/")
+		}
 		s.agents[a.Name] = a
 	}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
 	if cfg.Checkpoint.Enabled {
 		s.tracker = tracking.NewTracker()
-		part := &participant{name: cfg.Name, tracker: s.tracker}
+		part := &participant{name: cfg.Name, tracker: s.tracker, setAliases: s.setAliases}
 		ctl, err := ctlplane.New(cfg.Checkpoint, part, ctlplane.Deps{Logger: deps.Logger, Registry: deps.Registry, Tuning: deps.Tuning, Tracer: deps.Tracer})
 		if err != nil {
 			return nil, err
@@ -257,14 +269,18 @@ func (s *Server) openRun(r *http.Request) (context.Context, *episode, error) {
 	if err := s.hooks.admitRun(req.Episode); err != nil {
 		return nil, nil, err
 	}
+	pick := replica.Pick(req.Episode.RolloutID, len(agent.Replicas))
 	ep := &episode{
-		id:       req.Episode,
-		digest:   digest,
-		protocol: s.cfg.protocolOf(agent),
-		agent:    agent,
-		req:      req,
-		started:  time.Now(),
-		log:      s.log,
+		id:           req.Episode,
+		digest:       digest,
+		protocol:     s.cfg.protocolOf(agent),
+		agent:        agent,
+		agentURL:     agent.Replicas[pick].URL,
+		agentName:    agent.Replicas[pick].Name,
+		resourcesURL: agent.ResourcesURLs[replica.Pick(req.Episode.RolloutID, len(agent.ResourcesURLs))],
+		req:          req,
+		started:      time.Now(),
+		log:          s.log,
 	}
 	if err := s.admit(ep); err != nil {
 		return nil, nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -50,6 +51,7 @@ func stageMode(b *Boundary) Mode {
 // agent's call made that path deeper than the 8 KB stack a /run parked in
 // it could otherwise keep (freshstack's package comment).
 func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b *Boundary) (codec.RawMessage, error) {
+	s.bindAgentReplica(ep, b)
 	s.registerCleanup(ep, b)
 	if err := ep.recordBoundary(ctx, b); err != nil {
 		return nil, err
@@ -113,6 +115,46 @@ func stageSpanName(st Stage) string {
 	return "gym.env.stage"
 }
 
+// bindAgentReplica settles which agent replica the episode talks to: the
+// one its boundary records (through the restore's aliases when that replica
+// is gone), else the one picked for its rollout, which the boundary then
+// records. A restored boundary is rewritten to the live replica, so the next
+// checkpoint names one that exists.
+func (s *Server) bindAgentReplica(ep *episode, b *Boundary) {
+	if len(ep.agent.Replicas) < 2 {
+		return
+	}
+	owner := b.Handles.AgentInstance
+	if owner == "" && b.Next != StageSeed {
+		// Recorded by a fleet with a single agent, which keeps the bare
+		// name: the family's name is that instance's.
+		owner = replica.Family(ep.agent.Replicas[0].Name)
+	}
+	if owner != "" {
+		s.mu.Lock()
+		aliases := s.aliases
+		s.mu.Unlock()
+		urls := map[string]string{}
+		for _, r := range ep.agent.Replicas {
+			urls[r.Name] = r.URL
+		}
+		live := replica.Resolve(owner, func(n string) bool { return urls[n] != "" }, aliases)
+		if live != "" {
+			ep.agentName, ep.agentURL = live, urls[live]
+		} else {
+			ep.log.Warn("the agent replica of a restored episode is unknown here; picking one", "capture_key", ep.id.CaptureKey(), "agent_instance", owner)
+		}
+	}
+	b.Handles.AgentInstance = ep.agentName
+}
+
+// setAliases keeps a restore's alias table for bindAgentReplica.
+func (s *Server) setAliases(aliases map[string]string) {
+	s.mu.Lock()
+	s.aliases = aliases
+	s.mu.Unlock()
+}
+
 // registerCleanup registers the episode's final cleanup before any stage
 // runs, so that a lost seed reply cannot hide the caller-assigned session
 // ids. An episode that starts past seed (a restored boundary) has its agent
@@ -136,7 +178,7 @@ func (s *Server) registerCleanup(ep *episode, b *Boundary) {
 		if !ep.agentNeedsClose() {
 			return nil
 		}
-		_, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: h.AgentSessionID})
+		_, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: h.AgentSessionID})
 		return err
 	})
 }
@@ -145,7 +187,7 @@ func (s *Server) registerCleanup(ep *episode, b *Boundary) {
 // server announces, and opens the agent session bound to it.
 func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
 	h := b.Handles
-	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/seed_session", resourcesHeader(h), ep.req.Row)
+	rep, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/seed_session", resourcesHeader(h), ep.req.Row)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +211,7 @@ func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary,
 	}
 
 	ep.setAgentOpened()
-	if _, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions", nil, openAgentSession{
+	if _, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions", nil, openAgentSession{
 		SessionID:          h.AgentSessionID,
 		ResourcesSessionID: h.ResourcesSessionID,
 		ResourcesCookies:   h.ResourcesCookies,
@@ -183,7 +225,7 @@ func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary,
 // invokeAgent runs activation 1 of the agent session on the row's
 // responses_create_params.
 func (s *Server) invokeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/responses", http.Header{
+	rep, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/responses", http.Header{
 		HeaderAgentSession: {b.Handles.AgentSessionID},
 		HeaderActivation:   {"1"},
 	}, ep.req.Params)
@@ -198,7 +240,7 @@ func (s *Server) invokeAgent(ctx context.Context, ep *episode, b *Boundary) (*Bo
 
 // closeAgent closes the agent session and keeps its observations.
 func (s *Server) closeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "agent", ep.agent.URL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: b.Handles.AgentSessionID})
+	rep, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: b.Handles.AgentSessionID})
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +255,7 @@ func (s *Server) closeAgent(ctx context.Context, ep *episode, b *Boundary) (*Bou
 // verify asks the resources server for the reward: the row plus the agent's
 // response.
 func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/verify",
+	rep, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/verify",
 		resourcesHeader(b.Handles), ep.req.Row.with("response", b.Response))
 	if err != nil {
 		return nil, err
@@ -225,7 +267,7 @@ func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundar
 }
 
 func (s *Server) closeResources(ctx context.Context, ep *episode, h Handles) error {
-	_, err := s.call(ctx, "resources", ep.agent.ResourcesURL, ep.id, "/close_session", resourcesHeader(h), codec.RawMessage("{}"))
+	_, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/close_session", resourcesHeader(h), codec.RawMessage("{}"))
 	var up *upstreamError
 	if errors.As(err, &up) && up.status == http.StatusNotFound {
 		// A NeMo Gym resources server has no /close_session (its sessions

@@ -40,6 +40,10 @@ const (
 	// full (ENOSPC, EDQUOT): nothing was published and the previous
 	// checkpoint stands.
 	StorageFull Code = "storage_full"
+	// ReplicasUnsupported refuses a restore into a set of replicas it
+	// cannot place the checkpoint's records on (docs/ARCHITECTURE.md,
+	// "Replicas"): before any participant is called.
+	ReplicasUnsupported Code = "replicas_unsupported"
 
 	// Data plane.
 	NotFound          Code = "not_found"
@@ -99,6 +103,7 @@ var statusOf = map[Code]int{
 	CheckpointOpen:         http.StatusConflict,
 	NotFreshProcess:        http.StatusConflict,
 	StorageFull:            http.StatusInsufficientStorage,
+	ReplicasUnsupported:    http.StatusUnprocessableEntity,
 }
 
 // Codes lists every known code, sorted, for tests and documentation.
