@@ -54,7 +54,7 @@ func parseCollectFlags(args []string, stderr io.Writer) (collectFlags, error) {
 	fs.IntVar(&f.maxAttempts, "max-attempts", collect.DefaultMaxAttempts, "attempts of a row whose /run gets no reply before it fails")
 	fs.BoolVar(&f.skipBadLines, "skip-bad-lines", false, "run the valid rows of an input with bad lines (default: refuse it before sending anything)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "do not draw the progress bar")
-	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "checkpoint the collection into this directory (needs --config with checkpointing on): SIGUSR1 checkpoints and continues, SIGTERM checkpoints and exits 75")
+	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "checkpoint the collection into this directory, or s3://bucket/prefix with --state-dir (needs --config with checkpointing on): SIGUSR1 checkpoints and continues, SIGTERM checkpoints and exits 75")
 	fs.DurationVar(&f.checkpointEvery, "checkpoint-every", 0, "also checkpoint this often while rows are in flight (0: never)")
 	fs.DurationVar(&f.checkpointTimeout, "checkpoint-timeout", collect.DefaultCheckpointTimeout, "deadline of a checkpoint's prepare and commit, and of a restore")
 	fs.StringVar(&f.stateDir, "state-dir", "", "local directory of the collector's own state (dispatch log, collection.json, LATEST); required when --checkpoint-dir is s3://, where only the servers' records go; --resume needs the same one")
