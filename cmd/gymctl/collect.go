@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
 	"github.com/gymfleet/gymfleet/pkg/ops/collect"
@@ -34,6 +35,7 @@ type collectFlags struct {
 	noProgress   bool
 
 	checkpointDir     string
+	stateDir          string
 	checkpointEvery   time.Duration
 	checkpointTimeout time.Duration
 	resume            bool
@@ -52,9 +54,10 @@ func parseCollectFlags(args []string, stderr io.Writer) (collectFlags, error) {
 	fs.IntVar(&f.maxAttempts, "max-attempts", collect.DefaultMaxAttempts, "attempts of a row whose /run gets no reply before it fails")
 	fs.BoolVar(&f.skipBadLines, "skip-bad-lines", false, "run the valid rows of an input with bad lines (default: refuse it before sending anything)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "do not draw the progress bar")
-	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "checkpoint the collection into this directory (needs --config with checkpointing on): SIGUSR1 checkpoints and continues, SIGTERM checkpoints and exits 75")
+	fs.StringVar(&f.checkpointDir, "checkpoint-dir", "", "checkpoint the collection into this directory, or s3://bucket/prefix with --state-dir (needs --config with checkpointing on): SIGUSR1 checkpoints and continues, SIGTERM checkpoints and exits 75")
 	fs.DurationVar(&f.checkpointEvery, "checkpoint-every", 0, "also checkpoint this often while rows are in flight (0: never)")
 	fs.DurationVar(&f.checkpointTimeout, "checkpoint-timeout", collect.DefaultCheckpointTimeout, "deadline of a checkpoint's prepare and commit, and of a restore")
+	fs.StringVar(&f.stateDir, "state-dir", "", "local directory of the collector's own state (dispatch log, collection.json, LATEST); required when --checkpoint-dir is s3://, where only the servers' records go; --resume needs the same one")
 	fs.BoolVar(&f.resume, "resume", false, "continue the previous run of --checkpoint-dir: keep the rows in --output, restore LATEST, start the other rows it sent over")
 	if err := parse(fs, args); err != nil {
 		return f, err
@@ -78,6 +81,12 @@ func parseCollectFlags(args []string, stderr io.Writer) (collectFlags, error) {
 		return f, errors.New("collect: --checkpoint-dir needs --config: checkpoints drive every server of the fleet file, not just --env-url")
 	case f.checkpointDir == "" && (f.resume || f.checkpointEvery != 0):
 		return f, errors.New("collect: --resume and --checkpoint-every need --checkpoint-dir")
+	case f.stateDir != "" && f.checkpointDir == "":
+		return f, errors.New("collect: --state-dir needs --checkpoint-dir")
+	case ckptstore.IsS3(f.checkpointDir) && f.stateDir == "":
+		return f, fmt.Errorf("collect: --checkpoint-dir %s is in an object store, so collect needs --state-dir: a local directory for its dispatch log, collection.json and LATEST, which --resume reads", f.checkpointDir)
+	case ckptstore.IsS3(f.stateDir):
+		return f, fmt.Errorf("collect: --state-dir %s must be a local directory, not s3://", f.stateDir)
 	case f.checkpointEvery < 0 || f.checkpointTimeout <= 0:
 		return f, fmt.Errorf("collect: --checkpoint-every %v must not be negative and --checkpoint-timeout %v must be positive", f.checkpointEvery, f.checkpointTimeout)
 	}
@@ -177,7 +186,7 @@ func collectOptions(f collectFlags, getenv func(string) string, stdout, stderr i
 	if err != nil {
 		return opts, fmt.Errorf("collect: %w", err)
 	}
-	opts.Checkpoints = &collect.CheckpointOptions{Dir: dir, Timeout: f.checkpointTimeout, Every: f.checkpointEvery, Resume: f.resume}
+	opts.Checkpoints = &collect.CheckpointOptions{Dir: dir, StateDir: f.stateDir, Timeout: f.checkpointTimeout, Every: f.checkpointEvery, Resume: f.resume}
 	return opts, nil
 }
 

@@ -238,9 +238,10 @@ func TestCheckpointDirOutsideTheRoot(t *testing.T) {
 	}
 }
 
-// collect keeps its checkpoints on a filesystem: an s3:// --checkpoint-dir
-// is refused with a reason, not half-used.
-func TestCollectRefusesAnS3CheckpointDir(t *testing.T) {
+// collect keeps its own state on a filesystem: an s3:// --checkpoint-dir
+// without --state-dir, or an s3:// --state-dir, is refused with a reason,
+// not half-used.
+func TestCollectS3CheckpointDirNeedsAStateDir(t *testing.T) {
 	dir := t.TempDir()
 	fleetFile := filepath.Join(dir, "fleet.yaml")
 	text := "checkpoint: {enabled: true, control_auth_token: tok, root: \"s3://bucket/ck\"}\nprocesses:\n  - name: env\n    binary: envserver\n    endpoints: [{name: env, kind: environment, url: \"http://127.0.0.1:1\"}]\n"
@@ -248,8 +249,12 @@ func TestCollectRefusesAnS3CheckpointDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err := runArgs(t, "collect", "--config", fleetFile, "--input", "a", "--output", "b", "--checkpoint-dir", "s3://bucket/ck/run1")
-	if err == nil || !strings.Contains(err.Error(), "does not take an s3:// directory") {
-		t.Errorf("collect into s3://: %v, want a refusal saying collect does not take an s3:// directory", err)
+	if err == nil || !strings.Contains(err.Error(), "needs --state-dir") {
+		t.Errorf("collect into s3:// without --state-dir: %v, want a refusal naming --state-dir", err)
+	}
+	_, _, err = runArgs(t, "collect", "--config", fleetFile, "--input", "a", "--output", "b", "--checkpoint-dir", "s3://bucket/ck/run1", "--state-dir", "s3://bucket/ck/state")
+	if err == nil || !strings.Contains(err.Error(), "must be a local directory") {
+		t.Errorf("collect with an s3:// --state-dir: %v, want a refusal", err)
 	}
 }
 

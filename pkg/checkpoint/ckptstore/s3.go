@@ -57,9 +57,19 @@ type S3Options struct {
 	// largest records object put in one request (default 16 MiB; at least
 	// S3's 5 MiB minimum unless a test makes it smaller).
 	PartSize int
+	// CopyLimit is the largest object copied to its digest's name in one
+	// CopyObject request; a larger one is copied in ranges of at most
+	// CopyLimit bytes (UploadPartCopy). Default and ceiling: S3's 5 GiB.
+	// Tests lower it to take the ranged path with small records.
+	CopyLimit int64
 }
 
-const defaultPartSize = 16 << 20
+const (
+	defaultPartSize = 16 << 20
+	// maxCopyObject is the most one CopyObject (or one UploadPartCopy)
+	// request takes in S3.
+	maxCopyObject = 5 << 30
+)
 
 // S3 is a Backend in an S3 bucket beneath one root, s3://<bucket>/<prefix>.
 // Every directory it is given must lie beneath the root (BeneathS3), the
@@ -70,8 +80,11 @@ const defaultPartSize = 16 << 20
 // Records objects of more than one part are uploaded in parts under a
 // dot-prefixed temporary key and copied to their digest's name on Commit:
 // an object's key is fixed when its upload starts, before the digest is
-// known. (One copy request takes at most 5 GiB, S3's limit.) Smaller ones
-// are put under their name at once. Every request carries its body's
+// known. An object up to 5 GiB (S3's limit for one copy request) is
+// copied with CopyObject, a larger one by a multipart copy of byte ranges.
+// Smaller ones are put under their name at once. The copy stays, though
+// the manifest could name the temporary key: the SPEC lays records out as
+// records-<sha256>.jsonl, a name readers and operators find by digest. Every request carries its body's
 // SHA-256 for the server to check; a read checks the whole object against
 // the manifest. The manifest is put with If-None-Match: *, so of two
 // racing writers exactly one creates it.
@@ -82,7 +95,9 @@ type S3 struct {
 	prefix   string // the root's key prefix, no slashes at either end
 	client   *s3.Client
 	partSize int
-	http     *http.Client
+	// copyLimit is the largest object copied in one request.
+	copyLimit int64
+	http      *http.Client
 }
 
 // Close ends the idle connections to the store.
@@ -129,7 +144,11 @@ func OpenS3(ctx context.Context, root string, o S3Options) (*S3, error) {
 	if part <= 0 {
 		part = defaultPartSize
 	}
-	b := &S3{Root: Scheme + bucket, bucket: bucket, prefix: prefix, client: client, partSize: part, http: hc}
+	copyLimit := o.CopyLimit
+	if copyLimit <= 0 || copyLimit > maxCopyObject {
+		copyLimit = maxCopyObject
+	}
+	b := &S3{Root: Scheme + bucket, bucket: bucket, prefix: prefix, client: client, partSize: part, copyLimit: copyLimit, http: hc}
 	if prefix != "" {
 		b.Root += "/" + prefix
 	}
@@ -360,10 +379,8 @@ func (w *s3Records) Commit(name string) (int64, error) {
 		w.abort()
 		return 0, fmt.Errorf("complete upload of %s: %w", w.tmp, err)
 	}
-	if _, err := w.b.client.CopyObject(w.ctx, &s3.CopyObjectInput{
-		Bucket: &w.b.bucket, Key: &final, CopySource: aws.String(w.b.bucket + "/" + w.tmp),
-	}); err != nil {
-		return 0, fmt.Errorf("copy %s to %s: %w", w.tmp, final, err)
+	if err := w.b.copyObject(w.ctx, w.tmp, final, w.n); err != nil {
+		return 0, err
 	}
 	// The temporary object is the store's to drop: no manifest names it.
 	_, _ = w.b.client.DeleteObject(w.ctx, &s3.DeleteObjectInput{Bucket: &w.b.bucket, Key: &w.tmp})
@@ -375,6 +392,50 @@ func (w *s3Records) Commit(name string) (int64, error) {
 		return 0, fmt.Errorf("%s holds %d bytes, %d were written", final, got, w.n)
 	}
 	return w.n, nil
+}
+
+// copyObject copies the size bytes at key from to key to: in one request
+// up to the copy limit, in ranged parts above it.
+func (b *S3) copyObject(ctx context.Context, from, to string, size int64) error {
+	src := aws.String(b.bucket + "/" + from)
+	if size <= b.copyLimit {
+		if _, err := b.client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &b.bucket, Key: &to, CopySource: src}); err != nil {
+			return fmt.Errorf("copy %s to %s: %w", from, to, err)
+		}
+		return nil
+	}
+	up, err := b.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &b.bucket, Key: &to})
+	if err != nil {
+		return fmt.Errorf("start a multipart copy of %s to %s: %w", from, to, err)
+	}
+	fail := func(err error) error {
+		// The caller's context may be what ended the copy.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_, _ = b.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &b.bucket, Key: &to, UploadId: up.UploadId})
+		return err
+	}
+	var parts []types.CompletedPart
+	for off, n := int64(0), int32(1); off < size; off, n = off+b.copyLimit, n+1 {
+		end := min(off+b.copyLimit, size) - 1
+		out, err := b.client.UploadPartCopy(ctx, &s3.UploadPartCopyInput{
+			Bucket: &b.bucket, Key: &to, UploadId: up.UploadId, PartNumber: aws.Int32(n),
+			CopySource: src, CopySourceRange: aws.String(fmt.Sprintf("bytes=%d-%d", off, end)),
+		})
+		if err != nil {
+			return fail(fmt.Errorf("copy part %d of %s to %s: %w", n, from, to, err))
+		}
+		if out.CopyPartResult == nil {
+			return fail(fmt.Errorf("copy part %d of %s to %s: no result", n, from, to))
+		}
+		parts = append(parts, types.CompletedPart{ETag: out.CopyPartResult.ETag, PartNumber: aws.Int32(n)})
+	}
+	if _, err := b.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+		Bucket: &b.bucket, Key: &to, UploadId: up.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
+	}); err != nil {
+		return fail(fmt.Errorf("complete the copy of %s to %s: %w", from, to, err))
+	}
+	return nil
 }
 
 // abort ends an unfinished multipart upload; the parts are then dropped by

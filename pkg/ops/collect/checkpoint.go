@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"sort"
 	"strings"
 	"time"
@@ -183,7 +183,7 @@ func (r *Collection) Checkpoint(ctx context.Context, stop bool) (CheckpointStats
 	st.Restarted = minus(inScope, scope)
 
 	cstart := time.Now()
-	target := filepath.Join(r.dir, id)
+	target := ckptstore.JoinDir(r.recordsDir, id)
 	cm, err := coord.Commit(ctx, id, target, scope, r.now().Add(r.ckpt.Timeout), stop)
 	st.Commit = time.Since(cstart)
 	if err != nil {
@@ -200,6 +200,10 @@ func (r *Collection) Checkpoint(ctx context.Context, stop bool) (CheckpointStats
 		return abort(err)
 	}
 	st.Published = true
+	// In an object store, pruning removes the collector's state of old
+	// checkpoints but keeps their records objects: collect never opens the
+	// store (the servers write it), so it has no client or credentials to
+	// delete with; a bucket lifecycle rule on the prefix expires them.
 	if pr, err := PruneCheckpoints(r.dir, r.ckpt.Keep); err != nil {
 		r.c.log.Warn("pruning checkpoints", "dir", r.dir, "err", err)
 	} else if n := len(pr.Old) + len(pr.Partial) + len(pr.Temp); n > 0 {

@@ -50,6 +50,7 @@ type fakeFleet struct {
 	events   []string                 // control calls and "run <key>", in order
 	openID   string                   // the checkpoint prepare opened, until resume
 	stops    []bool                   // commit's stop flags
+	dirs     []string                 // "<op> <checkpoint_dir>" of each commit and restore
 }
 
 func newFakeFleet(t *testing.T) *fakeFleet {
@@ -238,6 +239,9 @@ func (f *fakeFleet) handler(kind, instance string) http.Handler {
 			}
 		}
 		f.stops = append(f.stops, stop)
+		var d string
+		_ = json.Unmarshal(body["checkpoint_dir"], &d)
+		f.dirs = append(f.dirs, "commit "+d)
 		f.mu.Unlock()
 		record("commit " + keysOf(scope))
 		return map[string]any{"phase": "committed", "episode_ids": exported}, 200
@@ -272,6 +276,11 @@ func (f *fakeFleet) handler(kind, instance string) http.Handler {
 		fail := f.failRest
 		f.mu.Unlock()
 		if kind == "environment" {
+			var d string
+			_ = json.Unmarshal(body["checkpoint_dir"], &d)
+			f.mu.Lock()
+			f.dirs = append(f.dirs, "restore "+d)
+			f.mu.Unlock()
 			record("restore " + keysOf(episodes(body)))
 		}
 		if fail && kind == "model" {
@@ -755,5 +764,73 @@ func TestCheckpoint_Periodic(t *testing.T) {
 	}
 	if n > 2 {
 		t.Errorf("%d checkpoint directories kept, want at most 2", n)
+	}
+}
+
+// With an s3:// checkpoint directory the servers commit to and restore
+// from s3://<dir>/<id>, while the collector's own state (dispatch log,
+// collection.json, LATEST) lives in the local state directory; a run
+// stopped at a checkpoint and resumed from that state finishes every row
+// exactly once. (The fake fleet writes no records: the servers' S3
+// commit and restore are the ckptstore kit's, against gofakes3.)
+func TestCollection_S3CheckpointDirWithLocalState(t *testing.T) {
+	const s3Dir = "s3://bucket/ck/run1"
+	f := newFakeFleet(t)
+	input, output, state := setupCollection(t, "a", "b", "c", "d")
+	s3 := func(o *collect.Options) { o.Checkpoints.Dir, o.Checkpoints.StateDir = s3Dir, state }
+	if _, err := collect.New(collect.Options{
+		EnvURL: f.env.URL, Fleet: &collect.FleetControl{Endpoints: f.endpoints(), Token: fakeToken},
+		Checkpoints: &collect.CheckpointOptions{Dir: s3Dir},
+	}); err == nil || !strings.Contains(err.Error(), "state directory") {
+		t.Fatalf("an s3:// directory without a state directory: %v, want a refusal", err)
+	}
+
+	f.hold("a", "b")
+	coll, err := f.collector(t, "", false, func(o *collect.Options) { s3(o); o.Concurrency = 3 }).Open(t.Context(), input, output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if coll.Dir() != state || coll.RecordsDir() != s3Dir {
+		t.Fatalf("state %s, records %s", coll.Dir(), coll.RecordsDir())
+	}
+	ran := runAsync(t.Context(), coll)
+	f.waitFor("a and b in flight, c and d done", func() bool {
+		return len(f.running) == 2 && len(f.runs) == 4
+	})
+	st, err := coll.Checkpoint(t.Context(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := waitRun(t, ran); !errors.Is(res.err, collect.ErrStopped) {
+		t.Fatal(res.err)
+	}
+	m, err := collect.ReadLatest(state)
+	if err != nil || m.CheckpointID != st.ID || keysOf(m.Continued) != "a,b" {
+		t.Fatalf("LATEST in the state directory: %+v %v", m, err)
+	}
+	if _, err := os.Stat(filepath.Join(state, collect.DispatchLogName)); err != nil {
+		t.Fatalf("the dispatch log is not in the state directory: %v", err)
+	}
+	f.releaseAll()
+	// Every process dies: the fleet comes back fresh.
+	f.mu.Lock()
+	f.ops, f.runs, f.events = nil, nil, nil
+	f.closed, f.openID = false, ""
+	f.mu.Unlock()
+
+	res, err := f.collector(t, "", true, s3).CollectFile(t.Context(), input, output)
+	if err != nil || res.Succeeded != 2 || res.AlreadyFinished != 2 || res.Continued != 2 {
+		t.Fatalf("resume %+v %v", res, err)
+	}
+	f.mu.Lock()
+	dirs := slices.Clone(f.dirs)
+	f.mu.Unlock()
+	want := []string{"commit " + s3Dir + "/" + st.ID, "restore " + s3Dir + "/" + st.ID}
+	if !slices.Equal(dirs, want) {
+		t.Fatalf("the servers were sent %v, want %v", dirs, want)
+	}
+	got := attemptsIn(t, output)
+	if !slices.Equal(got["a"], []int{1}) || !slices.Equal(got["b"], []int{1}) || !slices.Equal(got["c"], []int{0}) || !slices.Equal(got["d"], []int{0}) || len(got) != 4 {
+		t.Fatalf("output %v: every row exactly once", got)
 	}
 }

@@ -144,8 +144,18 @@ type FleetControl struct {
 type CheckpointOptions struct {
 	// Dir holds <checkpoint_id>/ directories, LATEST, dispatched.jsonl and
 	// collector.pid. Participants write into it too: it must be reachable
-	// by every server under the same (absolute) path.
+	// by every server under the same (absolute) path. An s3:// Dir takes
+	// the servers' records only, and needs StateDir.
 	Dir string
+	// StateDir, with an s3:// Dir, holds what the collector itself writes:
+	// collector.pid, dispatched.jsonl, <checkpoint_id>/collection.json and
+	// LATEST. It is local, not objects: the dispatch log is appended once
+	// per row sent, before the row leaves, which an object store could do
+	// only by rewriting the whole log each time. Crash and resume stay
+	// sound because LATEST moves (atomicfile, in StateDir) only after every
+	// server's manifest is in the store, and --resume needs the same
+	// StateDir. Empty with a filesystem Dir: Dir.
+	StateDir string
 	// Timeout is the deadline of prepare, commit and restore (0:
 	// DefaultCheckpointTimeout).
 	Timeout time.Duration
@@ -211,11 +221,11 @@ func New(opts Options) (*Collector, error) {
 		if ck.Dir == "" {
 			return nil, errors.New("checkpoints need a directory")
 		}
-		if ckptstore.IsS3(ck.Dir) {
-			// The collector appends to its dispatch log, prunes old
-			// checkpoints and keeps its rows beside them: a filesystem's
-			// operations, which an object store does not have.
-			return nil, fmt.Errorf("checkpoint directory %s: collect keeps its checkpoints (LATEST, collection.json, dispatched.jsonl) on a filesystem and does not take an s3:// directory; gymctl ckpt commit, restore and verify do", ck.Dir)
+		if ckptstore.IsS3(ck.StateDir) {
+			return nil, fmt.Errorf("state directory %s: the collector's state (LATEST, collection.json, dispatched.jsonl) is appended to and renamed, so it must be a local directory, not s3://", ck.StateDir)
+		}
+		if ckptstore.IsS3(ck.Dir) && ck.StateDir == "" {
+			return nil, fmt.Errorf("checkpoint directory %s is in an object store: collect then needs a local state directory (--state-dir) for its dispatch log, collection.json and LATEST, which --resume reads", ck.Dir)
 		}
 		if ck.Timeout < 0 || ck.Every < 0 || ck.Keep < 0 {
 			return nil, fmt.Errorf("checkpoint timeout %v, period %v and keep %d must not be negative", ck.Timeout, ck.Every, ck.Keep)

@@ -15,6 +15,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
 	"github.com/gymfleet/gymfleet/pkg/infra/backoff"
@@ -73,9 +74,11 @@ type Collection struct {
 	ckpt *CheckpointOptions
 	fs   atomicfile.FS
 
-	dir   string // absolute checkpoint directory ("" without checkpoints)
-	runID string
-	dlog  *dispatchWriter
+	dir string // absolute state directory ("" without checkpoints)
+	// recordsDir is where the servers commit: dir, or an s3:// directory.
+	recordsDir string
+	runID      string
+	dlog       *dispatchWriter
 
 	out      io.Writer
 	failures io.Writer
@@ -251,9 +254,17 @@ func (c *Collector) Open(ctx context.Context, input, output string) (_ *Collecti
 // previous run when asked. The new dispatch log is written before anything
 // is retired, restored or sent.
 func (r *Collection) openCheckpointed(ctx context.Context, rows []Row, output string) error {
-	dir, err := filepath.Abs(r.ckpt.Dir)
+	r.recordsDir = r.ckpt.Dir
+	state := r.ckpt.StateDir
+	if state == "" {
+		state = r.ckpt.Dir
+	}
+	dir, err := filepath.Abs(state)
 	if err != nil {
 		return err
+	}
+	if !ckptstore.IsS3(r.recordsDir) {
+		r.recordsDir = dir
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("checkpoint directory: %w", err)
@@ -355,7 +366,7 @@ func (r *Collection) restoreLatest(ctx context.Context, coord *coordination.Coor
 	ctx, span := r.c.tracer.Start(ctx, tracing.SpanCollectionRest, trace.WithAttributes(
 		tracing.AttrCheckpointID.String(id), tracing.AttrRows.Int(len(plan.Restore))))
 	defer span.End()
-	_, err := coord.Restore(ctx, id, filepath.Join(r.dir, id), plan.Restore, deadline)
+	_, err := coord.Restore(ctx, id, ckptstore.JoinDir(r.recordsDir, id), plan.Restore, deadline)
 	tracing.Fail(span, err)
 	rs.Duration = time.Since(start)
 	if err != nil {
@@ -451,8 +462,13 @@ func (r *Collection) Close() error {
 // checkpoints.
 func (r *Collection) RunID() string { return r.runID }
 
-// Dir is the absolute checkpoint directory ("" without checkpoints).
+// Dir is the absolute directory of the collector's state: LATEST,
+// collection.json, the dispatch log ("" without checkpoints).
 func (r *Collection) Dir() string { return r.dir }
+
+// RecordsDir is where the servers commit their records: Dir, or an s3://
+// directory.
+func (r *Collection) RecordsDir() string { return r.recordsDir }
 
 // RequestCheckpoint asks Run's controller to take a checkpoint as soon as
 // it can (stop: a preemption; Run then returns ErrStopped). It never
