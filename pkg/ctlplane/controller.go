@@ -846,7 +846,8 @@ func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest
 
 // readSources reads the records a restore installs: this instance's own,
 // or, in a restore across replicas, those of every former instance the plan
-// names (all of them or none; an empty plan reads nothing). The manifest
+// names (all of them or none; an empty plan reads nothing), of which a
+// plan's partition keeps the rollouts routed to this replica. The manifest
 // returned is the first source's: replicas of one server write the same
 // extras.
 func (c *Controller) readSources(ctx context.Context, target ckptstore.Target, plan *ReplicaPlan, o ckptstore.ReadOptions) (ckptstore.Manifest, []Record, int64, error) {
@@ -858,6 +859,18 @@ func (c *Controller) readSources(ctx context.Context, target ckptstore.Target, p
 		all   []Record
 		total int64
 	)
+	if part := plan.Partition; part != nil {
+		if p, ok := replica.Of(replica.Family(target.Instance), target.Instance, part.Count); !ok || p != *part {
+			return first, nil, 0, apierror.New(apierror.InvalidRequest, "replicas.partition %d of %d is not %s's place among its replicas", part.Index, part.Count, target.Instance)
+		}
+		keep, mine := o.Keep, *part
+		o.Keep = func(id rollout.EpisodeID) bool { return mine.Keeps(id.RolloutID) && (keep == nil || keep(id)) }
+		// The Tuning sizes the install by what it keeps: about a Count-th
+		// of what it reads.
+		if onSize := o.OnSize; onSize != nil && mine.Count > 1 {
+			o.OnSize = func(size int64) { onSize(size / int64(mine.Count)) }
+		}
+	}
 	for i, src := range plan.Sources {
 		if !rollout.ValidID(src) || replica.Family(src) != replica.Family(target.Instance) {
 			return first, nil, 0, apierror.New(apierror.InvalidRequest, "replicas.sources names %q, not a replica of %s", src, target.Instance)

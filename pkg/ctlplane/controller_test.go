@@ -3,6 +3,7 @@ package ctlplane_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 	"go.uber.org/goleak"
 )
@@ -594,5 +596,67 @@ func TestConfig_S3Root(t *testing.T) {
 		if err := cfg.Validate(); (err == nil) != ok {
 			t.Errorf("root %q: %v, want ok %v", root, err, ok)
 		}
+	}
+}
+
+// Ensure a restore into another count of a kind routed by rollout id
+// installs, on each live replica, every former replica's records of the
+// rollouts replica.Pick now sends there, and nothing else.
+func TestController_RestoreByPartition(t *testing.T) {
+	ctx := context.Background()
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+	dir := t.TempDir()
+	var scope []rollout.EpisodeID
+	for i := range 12 {
+		scope = append(scope, rollout.EpisodeID{RolloutID: fmt.Sprintf("r%d", i)})
+	}
+	var former []string
+	for i, inst := range replica.Names("res", 2) {
+		former = append(former, inst)
+		f := ctlplanetest.NewFake("resources", inst)
+		for _, id := range scope {
+			if replica.Pick(id.RolloutID, 2) == i {
+				f.SetEpisode(id, true)
+			}
+		}
+		c := newController(t, f, ctlplane.RealClock{}, nil)
+		if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: scope}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []int{3, 1} {
+		seen := map[string]string{}
+		for i, inst := range replica.Names("res", n) {
+			f := ctlplanetest.NewFake("resources", inst)
+			c := newController(t, f, ctlplane.RealClock{}, nil)
+			plan := &ctlplane.ReplicaPlan{Sources: former, Partition: &replica.Partition{Index: i, Count: n}}
+			r, err := c.Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: scope, Replicas: plan})
+			if err != nil {
+				t.Fatalf("restore into %s of %d: %v", inst, n, err)
+			}
+			for _, key := range r.Restored {
+				id, err := rollout.ParseCaptureKey(key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if replica.Pick(id.RolloutID, n) != i || seen[key] != "" {
+					t.Fatalf("%s installed on %s of %d (also on %q); Pick names replica %d", key, inst, n, seen[key], replica.Pick(id.RolloutID, n))
+				}
+				seen[key] = inst
+			}
+		}
+		if len(seen) != len(scope) {
+			t.Fatalf("into %d replicas: %d of %d rollouts installed: %v", n, len(seen), len(scope), seen)
+		}
+	}
+	// A partition that is not the instance's place is refused before anything is read.
+	f := ctlplanetest.NewFake("resources", "res-1")
+	c := newController(t, f, ctlplane.RealClock{}, nil)
+	plan := &ctlplane.ReplicaPlan{Sources: former, Partition: &replica.Partition{Index: 0, Count: 3}}
+	if _, err := c.Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: scope, Replicas: plan}); !apierror.HasCode(err, apierror.InvalidRequest) {
+		t.Fatalf("restore of res-1 as replica 0 of 3: %v, want invalid_request", err)
 	}
 }

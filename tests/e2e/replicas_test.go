@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -106,18 +108,7 @@ func restoreIntoAgents(t *testing.T, to int) {
 	}
 	f.Crash()
 
-	var workerPorts []int
-	for _, e := range f.Cfg.Endpoints(fleet.KindFakeInference) {
-		u, err := url.Parse(e.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		port, err := strconv.Atoi(u.Port())
-		if err != nil {
-			t.Fatalf("port of %s: %v", e.URL, err)
-		}
-		workerPorts = append(workerPorts, port)
-	}
+	workerPorts := f.workerPorts()
 	g := startFleetWith(t, fleetOptions{noInference: true, topo: func(tp *fleet.Topology) {
 		tp.Replicas.Agent = to
 		tp.Ports = reusePorts{first: workerPorts, rest: ports}
@@ -169,4 +160,186 @@ func restoreIntoAgents(t *testing.T, to int) {
 		}
 		assertReward(t, g.RunOK(weatherRow(id, "weather_agent", "Oslo")), 1.0)
 	}
+}
+
+// workerPorts are the ports of the fleet's inference workers, which a
+// regenerated fleet reuses (reusePorts).
+func (f *Fleet) workerPorts() []int {
+	f.t.Helper()
+	var out []int
+	for _, e := range f.Cfg.Endpoints(fleet.KindFakeInference) {
+		u, err := url.Parse(e.URL)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		port, err := strconv.Atoi(u.Port())
+		if err != nil {
+			f.t.Fatalf("port of %s: %v", e.URL, err)
+		}
+		out = append(out, port)
+	}
+	return out
+}
+
+// TestReplicas_RestoreIntoOtherCountsOfEachKind checkpoints a fleet with
+// two replicas of every kind (environment, agent, resources, model server)
+// holding rollouts on each, kills every process, and restores into three of
+// each and into one of each. Agents move by recorded owner and aliases;
+// environments, resources and model servers are reached by rollout id, so
+// each of their replicas installs the records of the rollouts replica.Pick
+// now sends to it. Every rollout finishes once with the reward of an
+// uninterrupted run (the counter's state continues on its new resources
+// replica), no delivered model call is repeated, and each replacement's
+// capture ledger, on the model replica its calls now reach, continues the
+// lineage of the call delivered before the crash.
+func TestReplicas_RestoreIntoOtherCountsOfEachKind(t *testing.T) {
+	for _, to := range []int{3, 1} {
+		t.Run(fmt.Sprintf("TwoInto%d", to), func(t *testing.T) { restoreIntoCounts(t, to) })
+	}
+}
+
+func restoreIntoCounts(t *testing.T, to int) {
+	f := startFleetOn(t, twoOfEach(), nil)
+	var rows []map[string]any
+	var scope []rollout.EpisodeID
+	was, moved := map[int]bool{}, 0
+	for i := range 4 {
+		for _, row := range []map[string]any{
+			weatherRow(fmt.Sprintf("each-w%d", i), "weather_agent", "Paris"),
+			counterRow(fmt.Sprintf("each-c%d", i), "counter_agent", 3, 1, 2),
+		} {
+			id := row[rollout.FieldRolloutID].(string)
+			rows = append(rows, row)
+			scope = append(scope, ep(id, 0))
+			was[replica.Pick(id, 2)] = true
+			if replica.Pick(id, 2) != replica.Pick(id, to) {
+				moved++
+			}
+		}
+	}
+	if len(was) != 2 || (to > 1 && moved == 0) {
+		t.Fatalf("the rollouts use replicas %v of two, %d move: the test needs both, and some moving", was, moved)
+	}
+	f.HoldSecondCalls()
+	var firsts []*Run
+	for _, row := range rows {
+		firsts = append(firsts, f.Start(row))
+	}
+	undelivered := map[string]string{}
+	for _, row := range rows {
+		id := row[rollout.FieldRolloutID].(string)
+		f.WaitHeld(id, 2)
+		undelivered[id] = f.Calls(id)[1].CallID
+	}
+	_, commit := f.Checkpoint(f.Coord(), "c1", scope...)
+	for _, base := range []string{"env", "policy_model", "counter", "weather_agent", "counter_agent"} {
+		for _, inst := range replica.Names(base, 2) {
+			if len(commit.ExportedBy(inst)) == 0 {
+				t.Fatalf("replica %s exported nothing: every replica must hold rollouts", inst)
+			}
+		}
+	}
+	f.Crash()
+
+	workerPorts := f.workerPorts()
+	g := startFleetWith(t, fleetOptions{noInference: true, topo: func(tp *fleet.Topology) {
+		tp.InferenceWorkers = twoOfEach().workers
+		tp.Replicas = fleet.Each(to)
+		tp.Ports = reusePorts{first: workerPorts, rest: ports}
+	}})
+	c := g.Coord()
+	plan, err := c.PlanReplicas(context.Background(), f.Dir("c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{fleet.KindEnvironment, fleet.KindResources, fleet.KindModel} {
+		for _, e := range g.Cfg.Endpoints(kind) {
+			p := plan[e.Name]
+			want := replica.Names(replica.Family(e.Name), 2)
+			if p == nil || p.Partition == nil || p.Partition.Count != to || !slices.Equal(p.Sources, want) {
+				t.Fatalf("plan of %s %+v, want sources %v and a partition of %d", e.Name, p, want, to)
+			}
+		}
+	}
+	if _, err := c.Restore(context.Background(), "c1", f.Dir("c1"), scope, deadline(30*time.Second)); err != nil {
+		t.Fatalf("restore c1 into %d replicas of each kind: %v", to, err)
+	}
+	g.Resume(c, "c1")
+	g.Release()
+	for _, r := range firsts {
+		if rep := r.Wait(t, 30*time.Second); rep.Status == http.StatusOK {
+			t.Fatalf("the first attempt of %v replied across the crash: %v", r.Row[rollout.FieldRolloutID], rep.Body)
+		}
+	}
+	var replacements []*Run
+	for _, row := range rows {
+		replacements = append(replacements, g.Start(withAttempt(row, 1)))
+	}
+	models := g.Cfg.Endpoints(fleet.KindModel)
+	for i, r := range replacements {
+		assertReward(t, r.Wait(t, 2*time.Minute), 1.0)
+		id := rows[i][rollout.FieldRolloutID].(string)
+		want := []int{2, 4, 4}
+		if _, counter := rows[i]["expected_count"]; counter {
+			want = []int{2, 4, 4, 6}
+		}
+		if got := g.MessageCounts(id); !slices.Equal(got, want) {
+			t.Fatalf("%s: model calls (messages each) %v, want %v: delivered calls are never repeated", id, got, want)
+		}
+		owner := replica.Name("policy_model", replica.Pick(id, to), to)
+		for _, m := range models {
+			rows := g.ledgerOn(m.URL, ep(id, 1).CaptureKey())
+			if m.Name != owner {
+				if len(rows) != 0 {
+					t.Fatalf("%s: model replica %s holds %d ledger rows, want them all on %s", id, m.Name, len(rows), owner)
+				}
+				continue
+			}
+			if len(rows) != len(want)-1 {
+				t.Fatalf("%s: the replacement's ledger on %s has %d rows, want %d (call 0 imported, then the new calls): %v", id, owner, len(rows), len(want)-1, rows)
+			}
+			for j, row := range rows {
+				if row["call_id"] == undelivered[id] {
+					t.Fatalf("%s: the undelivered call %s is in the ledger", id, undelivered[id])
+				}
+				if j > 0 && row["parent_call_id"] != rows[j-1]["call_id"] {
+					t.Fatalf("%s: lineage is broken: %v", id, rows)
+				}
+			}
+		}
+	}
+	// A new rollout on the last replica runs.
+	id := ""
+	for i := 0; id == ""; i++ {
+		if cand := fmt.Sprintf("new-%d", i); replica.Pick(cand, to) == to-1 {
+			id = cand
+		}
+	}
+	assertReward(t, g.RunOK(counterRow(id, "counter_agent", 1, 2)), 1.0)
+}
+
+// ledgerOn is the capture ledger of key on one model server replica: its
+// rows, none when the replica has no ledger of it.
+func (f *Fleet) ledgerOn(modelURL, key string) []map[string]any {
+	f.t.Helper()
+	rep, err := httpclient.Do(context.Background(), f.ctl, http.MethodGet, modelURL+"/capture/rollouts/"+key+"/manifest", nil, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if rep.Status == http.StatusNotFound {
+		return nil
+	}
+	var m map[string]any
+	if err := codec.Unmarshal(rep.Body, &m); err != nil || rep.Status != http.StatusOK {
+		f.t.Fatalf("manifest of %s on %s: %d %v", key, modelURL, rep.Status, err)
+	}
+	if fails, _ := m["failures"].([]any); len(fails) > 0 {
+		f.t.Fatalf("manifest of %s on %s has failures: %v", key, modelURL, fails)
+	}
+	var out []map[string]any
+	recs, _ := m["records"].([]any)
+	for _, r := range recs {
+		out = append(out, r.(map[string]any))
+	}
+	return out
 }

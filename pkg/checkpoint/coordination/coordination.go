@@ -645,19 +645,34 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	return res, restoreErr
 }
 
-// ReplicaCountChangeKinds are the kinds whose number of replicas a
-// restore may change: every caller of an agent (the environment) records
-// the agent replica that owns each rollout, and follows the aliases. The
-// other kinds are reached by a hash of the rollout id (replica.Pick), which
-// a different count would send elsewhere.
-var ReplicaCountChangeKinds = []string{ctlwire.KindAgent}
+// OwnerRoutedKinds are the kinds whose callers record the replica that
+// owns each rollout (the environment records agent_instance) and follow a
+// restore's aliases: a restore moves each former replica whole (all its
+// sessions together, replica.Place) as the reference places sessions over
+// worker counts.
+var OwnerRoutedKinds = []string{ctlwire.KindAgent}
+
+// RolloutRoutedKinds are the kinds whose callers reach them by a hash of
+// the rollout id over the live replicas (replica.Pick): the client reaches
+// environments that way, environments and agents the resources servers,
+// agents the model servers. No handle names a replica there, so a restore
+// into another count places each rollout's records on the replica Pick now
+// names for it (replica.Spread): every caller finds them with no routing of
+// its own changed.
+var RolloutRoutedKinds = []string{ctlwire.KindEnvironment, ctlwire.KindResources, ctlwire.KindModel}
+
+// ReplicaCountChangeKinds are the kinds whose number of replicas a restore
+// may change: every kind, each by how its callers route to it.
+var ReplicaCountChangeKinds = append(slices.Clone(OwnerRoutedKinds), RolloutRoutedKinds...)
 
 // PlanReplicas compares the instances a checkpoint holds with the live
 // members, family by family (replica.Family within a kind). When they are
 // the same it returns nil: every participant restores its own instance.
-// Otherwise it places every former instance on a live replica of its family
-// (replica.Place) and returns each member's part, every member getting the
-// whole alias table; a family it cannot place is refused with
+// Otherwise it places every former instance of a changed family on its live
+// replicas (replica.Place for OwnerRoutedKinds, replica.Spread for
+// RolloutRoutedKinds) and returns each member's part, every member getting
+// the whole alias table; a family it cannot place (no live replica, or live
+// replicas not named as callers index them) is refused with
 // replicas_unsupported before any participant is called. A checkpoint whose
 // manifests cannot be listed is left to the participants (nil).
 func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]*ctlwire.ReplicaPlan, error) {
@@ -684,6 +699,7 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 	}
 	sources := map[string][]string{} // live instance -> former instances
 	aliases := map[string]string{}
+	partitions := map[string]replica.Partition{}
 	changed := false
 	fams := make([]family, 0, len(former))
 	for f := range former {
@@ -706,16 +722,24 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 			return nil, apierror.New(apierror.ReplicasUnsupported, "the checkpoint holds %s %s, and the fleet has no replica of %s to restore them into",
 				f.kind, strings.Join(was, ", "), f.name)
 		}
-		if !slices.Contains(ReplicaCountChangeKinds, f.kind) {
-			return nil, apierror.New(apierror.ReplicasUnsupported, "the checkpoint holds %s replicas %s, the fleet has %s: only the replicas of %s may differ",
-				f.kind, strings.Join(was, ", "), strings.Join(now, ", "), strings.Join(ReplicaCountChangeKinds, ", "))
+		var plan replica.Plan
+		switch {
+		case slices.Contains(OwnerRoutedKinds, f.kind):
+			plan, err = replica.Place(former[f], now)
+		case slices.Contains(RolloutRoutedKinds, f.kind):
+			plan, err = replica.Spread(f.name, former[f], now)
+		default:
+			err = fmt.Errorf("the replicas of %s may not differ (only those of %s)", f.kind, strings.Join(ReplicaCountChangeKinds, ", "))
 		}
-		plan, err := replica.Place(former[f], now)
 		if err != nil {
-			return nil, apierror.New(apierror.ReplicasUnsupported, "%s %s: %v", f.kind, f.name, err)
+			return nil, apierror.New(apierror.ReplicasUnsupported, "the checkpoint holds %s replicas %s, the fleet has %s: %v",
+				f.kind, strings.Join(was, ", "), strings.Join(now, ", "), err)
 		}
 		for inst, src := range plan.Sources {
 			sources[inst] = src
+		}
+		for inst, part := range plan.Partitions {
+			partitions[inst] = part
 		}
 		for from, to := range plan.Aliases {
 			aliases[from] = to
@@ -730,9 +754,13 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 		if !ok {
 			src = []string{m.Instance}
 		}
-		out[m.Name] = &ctlwire.ReplicaPlan{Sources: src, Aliases: aliases}
+		rp := &ctlwire.ReplicaPlan{Sources: src, Aliases: aliases}
+		if part, ok := partitions[m.Instance]; ok {
+			rp.Partition = &part
+		}
+		out[m.Name] = rp
 	}
-	c.log.Info("restoring into a different set of replicas", "checkpoint_dir", dir, "aliases", aliases)
+	c.log.Info("restoring into a different set of replicas", "checkpoint_dir", dir, "aliases", aliases, "partitioned", len(partitions))
 	return out, nil
 }
 

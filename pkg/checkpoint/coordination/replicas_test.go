@@ -3,6 +3,7 @@ package coordination_test
 import (
 	"context"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 )
 
 // checkpointOf writes an empty checkpoint of each kind/instance into dir.
@@ -64,8 +66,8 @@ func TestPlanReplicas(t *testing.T) {
 			},
 		},
 		{
-			name: "a model server count change is refused",
-			live: [][2]string{{"environment", "env"}, {"model", "policy_model-0"}, {"model", "policy_model-1"}, {"agent", "a-0"}, {"agent", "a-1"}, {"agent", "b"}},
+			name: "model servers not named as callers index them are refused",
+			live: [][2]string{{"environment", "env"}, {"model", "policy_model-0"}, {"model", "policy_model-2"}, {"agent", "a-0"}, {"agent", "a-1"}, {"agent", "b"}},
 			code: apierror.ReplicasUnsupported,
 		},
 		{
@@ -101,6 +103,91 @@ func TestPlanReplicas(t *testing.T) {
 				aliases = p.Aliases
 			}
 			tc.check(t, sources, aliases)
+		})
+	}
+}
+
+// The kinds reached by rollout id restore into any count: every live
+// replica of a changed family reads all its former instances and keeps its
+// partition; unchanged families restore their own, and nothing is aliased.
+func TestPlanReplicas_RolloutRoutedKinds(t *testing.T) {
+	former := [][2]string{
+		{"environment", "env-0"}, {"environment", "env-1"},
+		{"resources", "weather-0"}, {"resources", "weather-1"},
+		{"model", "policy_model-0"}, {"model", "policy_model-1"},
+		{"agent", "a-0"}, {"agent", "a-1"},
+	}
+	type want struct {
+		sources   []string
+		partition *replica.Partition
+	}
+	for _, tc := range []struct {
+		name    string
+		live    [][2]string
+		want    map[string]want
+		aliases map[string]string
+	}{
+		{
+			name: "two of each into three",
+			live: [][2]string{
+				{"environment", "env-0"}, {"environment", "env-1"}, {"environment", "env-2"},
+				{"resources", "weather-0"}, {"resources", "weather-1"}, {"resources", "weather-2"},
+				{"model", "policy_model-0"}, {"model", "policy_model-1"}, {"model", "policy_model-2"},
+				{"agent", "a-0"}, {"agent", "a-1"}, {"agent", "a-2"},
+			},
+			want: map[string]want{
+				"env-0":          {[]string{"env-0", "env-1"}, &replica.Partition{Index: 0, Count: 3}},
+				"env-2":          {[]string{"env-0", "env-1"}, &replica.Partition{Index: 2, Count: 3}},
+				"weather-1":      {[]string{"weather-0", "weather-1"}, &replica.Partition{Index: 1, Count: 3}},
+				"policy_model-2": {[]string{"policy_model-0", "policy_model-1"}, &replica.Partition{Index: 2, Count: 3}},
+				"a-0":            {[]string{"a-0"}, nil},
+				"a-2":            {[]string{}, nil},
+			},
+			aliases: map[string]string{},
+		},
+		{
+			name: "two of each into one",
+			live: [][2]string{{"environment", "env"}, {"resources", "weather"}, {"model", "policy_model"}, {"agent", "a"}},
+			want: map[string]want{
+				"env":          {[]string{"env-0", "env-1"}, &replica.Partition{Index: 0, Count: 1}},
+				"weather":      {[]string{"weather-0", "weather-1"}, &replica.Partition{Index: 0, Count: 1}},
+				"policy_model": {[]string{"policy_model-0", "policy_model-1"}, &replica.Partition{Index: 0, Count: 1}},
+				"a":            {[]string{"a-0", "a-1"}, nil},
+			},
+			aliases: map[string]string{"a-0": "a", "a-1": "a"},
+		},
+		{
+			name: "only the model count changes",
+			live: [][2]string{
+				{"environment", "env-0"}, {"environment", "env-1"}, {"resources", "weather-0"}, {"resources", "weather-1"},
+				{"model", "policy_model"}, {"agent", "a-0"}, {"agent", "a-1"},
+			},
+			want: map[string]want{
+				"env-1":        {[]string{"env-1"}, nil},
+				"weather-0":    {[]string{"weather-0"}, nil},
+				"policy_model": {[]string{"policy_model-0", "policy_model-1"}, &replica.Partition{Index: 0, Count: 1}},
+				"a-1":          {[]string{"a-1"}, nil},
+			},
+			aliases: map[string]string{},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "c1")
+			checkpointOf(t, dir, former)
+			c := coordination.New(members(tc.live), coordination.Options{Token: token})
+			plans, err := c.PlanReplicas(context.Background(), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(plans) != len(tc.live) {
+				t.Fatalf("%d plans for %d members", len(plans), len(tc.live))
+			}
+			for name, w := range tc.want {
+				p := plans[name]
+				if p == nil || !slices.Equal(p.Sources, w.sources) || !reflect.DeepEqual(p.Partition, w.partition) || !reflect.DeepEqual(p.Aliases, tc.aliases) {
+					t.Errorf("plan of %s %+v, want sources %v partition %v aliases %v", name, p, w.sources, w.partition, tc.aliases)
+				}
+			}
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 )
 
 // Route prefixes: our own, and the reference's, so its Python coordination
@@ -147,6 +148,11 @@ type ReplicaPlan struct {
 	// Aliases maps every former instance, of any kind, that has no live
 	// replica of its name to the live replica that took its records.
 	Aliases map[string]string `json:"aliases,omitempty"`
+	// Partition, for a kind its callers reach by rollout id (environment,
+	// resources, model), keeps of the sources only the records of the
+	// rollouts replica.Pick now sends to this replica. Absent: every
+	// record of the sources.
+	Partition *replica.Partition `json:"partition,omitempty"`
 }
 
 // RestoreReply is restore's reply: the next attempts installed.

@@ -52,9 +52,10 @@ func Family(instance string) string {
 
 // Pick is the replica, of n, that a rollout's calls go to when nothing
 // recorded says otherwise: a stable hash of the rollout id, not of the
-// attempt, so a replacement attempt lands where its rollout's state is as
-// long as the count is unchanged, and every caller (the client, the
-// environment, the agent) computes the same replica on its own.
+// attempt, so a replacement attempt lands where its rollout's state is (a
+// restore into another count puts the state there: Spread), and every
+// caller (the client, the environment, the agent) computes the same replica
+// on its own.
 func Pick(rolloutID string, n int) int {
 	if n <= 1 {
 		return 0
@@ -79,6 +80,32 @@ type Plan struct {
 	// name to the live replica that took its records; routers send the
 	// former owner's rollouts there.
 	Aliases map[string]string
+	// Partitions, for a family reached by rollout id (Spread), is each
+	// live instance's share of the family's records; nil for one reached
+	// by a recorded owner (Place).
+	Partitions map[string]Partition
+}
+
+// Partition is a live replica's share of a family whose calls are routed by
+// rollout id: replica Index of Count keeps the records of the rollouts Pick
+// sends to it, which is where every caller now sends their calls.
+type Partition struct {
+	Index int `json:"index"`
+	Count int `json:"count"`
+}
+
+// Keeps reports whether a rollout's records belong to this replica.
+func (p Partition) Keeps(rolloutID string) bool { return Pick(rolloutID, p.Count) == p.Index }
+
+// Of is the partition of instance among count replicas of family, false when
+// instance is not one of Names(family, count).
+func Of(family, instance string, count int) (Partition, bool) {
+	for i, n := range Names(family, count) {
+		if n == instance {
+			return Partition{Index: i, Count: max(count, 1)}, true
+		}
+	}
+	return Partition{}, false
 }
 
 // Place plans a restore of one family's former instances into its live
@@ -130,6 +157,39 @@ func Place(former []Former, live []string) (Plan, error) {
 		p.Aliases[f.Instance] = best
 		records[best] += f.Records
 		owners[best]++
+	}
+	return p, nil
+}
+
+// Spread plans a restore of one family whose callers route by rollout id
+// (Pick over the live replicas, in the order of Names) into its live
+// replicas. No handle names an owner there, so nothing can be aliased:
+// each record goes where its rollout's calls now go. Every live replica
+// reads every former instance and keeps its Partition of the records, so
+// a rollout's state lands on the replica Pick names for it with the live
+// count, whatever the former count was. live must be exactly the names
+// Names(family, len(live)) (in any order): callers index replicas by
+// position, and a set not named so has no position to route by.
+func Spread(family string, former []Former, live []string) (Plan, error) {
+	if len(live) == 0 {
+		return Plan{}, fmt.Errorf("no live replica to restore %d former instance(s) into", len(former))
+	}
+	sources := make([]string, 0, len(former))
+	for _, f := range former {
+		sources = append(sources, f.Instance)
+	}
+	sort.Strings(sources)
+	p := Plan{Sources: map[string][]string{}, Aliases: map[string]string{}, Partitions: map[string]Partition{}}
+	for _, l := range live {
+		part, ok := Of(family, l, len(live))
+		if !ok {
+			return Plan{}, fmt.Errorf("live replica %s is not one of %s: rollouts cannot be routed to it by position", l, strings.Join(Names(family, len(live)), ", "))
+		}
+		if _, dup := p.Partitions[l]; dup {
+			return Plan{}, fmt.Errorf("live replica %s appears twice", l)
+		}
+		p.Sources[l] = append([]string(nil), sources...)
+		p.Partitions[l] = part
 	}
 	return p, nil
 }

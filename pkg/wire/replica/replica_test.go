@@ -1,6 +1,7 @@
 package replica_test
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -110,5 +111,91 @@ func TestResolve(t *testing.T) {
 		if got := replica.Resolve(owner, live, aliases); got != want {
 			t.Errorf("Resolve(%q) = %q, want %q", owner, got, want)
 		}
+	}
+}
+
+func TestSpread(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		former     []replica.Former
+		live       []string
+		sources    []string
+		partitions map[string]replica.Partition
+		fails      bool
+	}{
+		{
+			name:       "two into three: every replica reads both and keeps its share",
+			former:     []replica.Former{{"m-1", 2}, {"m-0", 3}},
+			live:       []string{"m-0", "m-1", "m-2"},
+			sources:    []string{"m-0", "m-1"},
+			partitions: map[string]replica.Partition{"m-0": {0, 3}, "m-1": {1, 3}, "m-2": {2, 3}},
+		},
+		{
+			name:       "two into one: the bare name keeps everything",
+			former:     []replica.Former{{"m-0", 3}, {"m-1", 2}},
+			live:       []string{"m"},
+			sources:    []string{"m-0", "m-1"},
+			partitions: map[string]replica.Partition{"m": {0, 1}},
+		},
+		{
+			name:       "one into two, listed out of order",
+			former:     []replica.Former{{"m", 4}},
+			live:       []string{"m-1", "m-0"},
+			sources:    []string{"m"},
+			partitions: map[string]replica.Partition{"m-0": {0, 2}, "m-1": {1, 2}},
+		},
+		{name: "a live set with a gap has no positions", former: []replica.Former{{"m-0", 1}}, live: []string{"m-0", "m-2"}, fails: true},
+		{name: "a bare name among several", former: []replica.Former{{"m-0", 1}}, live: []string{"m", "m-1"}, fails: true},
+		{name: "no live replica", former: []replica.Former{{"m-0", 1}}, fails: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := replica.Spread("m", tc.former, tc.live)
+			if tc.fails {
+				if err == nil {
+					t.Fatalf("plan %+v, want an error", p)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range tc.live {
+				if !reflect.DeepEqual(p.Sources[l], tc.sources) {
+					t.Errorf("sources of %s = %v, want %v", l, p.Sources[l], tc.sources)
+				}
+			}
+			if !reflect.DeepEqual(p.Partitions, tc.partitions) || len(p.Aliases) != 0 {
+				t.Errorf("partitions %v aliases %v, want %v and none", p.Partitions, p.Aliases, tc.partitions)
+			}
+		})
+	}
+}
+
+// Every rollout is kept by exactly the replica Pick sends it to, so a
+// restore by partitions leaves each rollout's state where its calls go.
+func TestPartitionKeepsWhatPickRoutes(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5} {
+		for i := range 50 {
+			id := fmt.Sprintf("r%d", i)
+			keepers := 0
+			for j, name := range replica.Names("x", n) {
+				part, ok := replica.Of("x", name, n)
+				if !ok || part.Index != j {
+					t.Fatalf("Of(x, %s, %d) = %v %v", name, n, part, ok)
+				}
+				if part.Keeps(id) {
+					keepers++
+					if j != replica.Pick(id, n) {
+						t.Fatalf("%s kept by replica %d of %d, Pick says %d", id, j, n, replica.Pick(id, n))
+					}
+				}
+			}
+			if keepers != 1 {
+				t.Fatalf("%s kept by %d of %d replicas, want 1", id, keepers, n)
+			}
+		}
+	}
+	if _, ok := replica.Of("x", "x-3", 3); ok {
+		t.Error("x-3 is not one of three replicas of x")
 	}
 }
