@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,24 +185,43 @@ func (f *Fleet) workerPorts() []int {
 // TestReplicas_RestoreIntoOtherCountsOfEachKind checkpoints a fleet with
 // two replicas of every kind (environment, agent, resources, model server)
 // holding rollouts on each, kills every process, and restores into three of
-// each and into one of each. Agents move by recorded owner and aliases;
-// environments, resources and model servers are reached by rollout id, so
-// each of their replicas installs the records of the rollouts replica.Pick
-// now sends to it. Every rollout finishes once with the reward of an
-// uninterrupted run (the counter's state continues on its new resources
-// replica), no delivered model call is repeated, and each replacement's
-// capture ledger, on the model replica its calls now reach, continues the
-// lineage of the call delivered before the crash.
+// each and into one of each (and a fleet of one of each into two; and two
+// into three, checkpointed again mid-flight and restored back into two, so
+// the restored fleet's own checkpoint names its live replicas). Agents move
+// by recorded owner and aliases; environments, resources and model servers
+// are reached by rollout id, so each of their replicas installs the records
+// of the rollouts replica.Pick now sends to it. Every rollout finishes once
+// with the reward of an uninterrupted run (the counter's state continues on
+// its new resources replica), no delivered model call is repeated, and each
+// replacement's capture ledger, on the model replica its calls now reach,
+// continues the lineage of the calls delivered before the crashes.
 func TestReplicas_RestoreIntoOtherCountsOfEachKind(t *testing.T) {
-	for _, to := range []int{3, 1} {
-		t.Run(fmt.Sprintf("TwoInto%d", to), func(t *testing.T) { restoreIntoCounts(t, to) })
+	for _, counts := range [][]int{{2, 3}, {2, 1}, {1, 2}, {2, 3, 2}} {
+		var name strings.Builder
+		for i, n := range counts {
+			if i > 0 {
+				name.WriteString("Into")
+			}
+			fmt.Fprint(&name, n)
+		}
+		t.Run(name.String(), func(t *testing.T) { restoreIntoCounts(t, counts) })
 	}
 }
 
-func restoreIntoCounts(t *testing.T, to int) {
-	f := startFleetOn(t, twoOfEach(), nil)
+// restoreIntoCounts runs rollouts on a fleet of counts[0] replicas of each
+// kind, then, for each later count, checkpoints them mid-flight (the
+// second model call of the attempt held), kills every process and restores
+// into that count; the last fleet runs every rollout to its end.
+func restoreIntoCounts(t *testing.T, counts []int) {
+	workers := twoOfEach().workers
+	if len(counts) > 2 {
+		// An inference worker holds the calls of a rollout after the first
+		// it has seen itself: with one worker, every restored attempt's
+		// call 1 is held again, to be checkpointed again.
+		workers = 1
+	}
+	f := startFleetOn(t, shape{workers: workers, replicas: counts[0]}, nil)
 	var rows []map[string]any
-	var scope []rollout.EpisodeID
 	was, moved := map[int]bool{}, 0
 	for i := range 4 {
 		for _, row := range []map[string]any{
@@ -210,100 +230,124 @@ func restoreIntoCounts(t *testing.T, to int) {
 		} {
 			id := row[rollout.FieldRolloutID].(string)
 			rows = append(rows, row)
-			scope = append(scope, ep(id, 0))
-			was[replica.Pick(id, 2)] = true
-			if replica.Pick(id, 2) != replica.Pick(id, to) {
+			was[replica.Pick(id, counts[0])] = true
+			if replica.Pick(id, counts[0]) != replica.Pick(id, counts[1]) {
 				moved++
 			}
 		}
 	}
-	if len(was) != 2 || (to > 1 && moved == 0) {
-		t.Fatalf("the rollouts use replicas %v of two, %d move: the test needs both, and some moving", was, moved)
+	if len(was) != counts[0] || (counts[1] > 1 && moved == 0) {
+		t.Fatalf("the rollouts use replicas %v of %d, %d move: the test needs all, and some moving", was, counts[0], moved)
 	}
 	f.HoldSecondCalls()
-	var firsts []*Run
+	var runs []*Run
 	for _, row := range rows {
-		firsts = append(firsts, f.Start(row))
+		runs = append(runs, f.Start(row))
 	}
-	undelivered := map[string]string{}
-	for _, row := range rows {
-		id := row[rollout.FieldRolloutID].(string)
-		f.WaitHeld(id, 2)
-		undelivered[id] = f.Calls(id)[1].CallID
-	}
-	_, commit := f.Checkpoint(f.Coord(), "c1", scope...)
-	for _, base := range []string{"env", "policy_model", "counter", "weather_agent", "counter_agent"} {
-		for _, inst := range replica.Names(base, 2) {
-			if len(commit.ExportedBy(inst)) == 0 {
-				t.Fatalf("replica %s exported nothing: every replica must hold rollouts", inst)
+	// undelivered are the calls held at a crash, by rollout.
+	undelivered := map[string][]string{}
+	for gen, to := range counts[1:] {
+		from := counts[gen]
+		var scope []rollout.EpisodeID
+		for _, row := range rows {
+			id := row[rollout.FieldRolloutID].(string)
+			// Call 0 is delivered once; each attempt then has call 1 held,
+			// the rollout's n-th call.
+			n := 2 + gen
+			f.WaitHeld(id, n)
+			undelivered[id] = append(undelivered[id], f.Calls(id)[n-1].CallID)
+			scope = append(scope, ep(id, gen))
+		}
+		ckpt := fmt.Sprintf("c%d", gen+1)
+		_, commit := f.Checkpoint(f.Coord(), ckpt, scope...)
+		bases := []string{"env", "policy_model", "counter"}
+		if gen == 0 {
+			// A restore keeps agent sessions on their owners: a new agent
+			// replica holds only rollouts started after it.
+			bases = append(bases, "weather_agent", "counter_agent")
+		}
+		for _, base := range bases {
+			for _, inst := range replica.Names(base, from) {
+				if len(commit.ExportedBy(inst)) == 0 {
+					t.Fatalf("%s: replica %s exported nothing: every replica must hold rollouts", ckpt, inst)
+				}
 			}
 		}
-	}
-	f.Crash()
+		f.Crash()
+		for _, r := range runs {
+			if rep := r.Wait(t, 30*time.Second); rep.Status == http.StatusOK {
+				t.Fatalf("attempt %d of %v replied across the crash: %v", gen, r.Row[rollout.FieldRolloutID], rep.Body)
+			}
+		}
 
-	workerPorts := f.workerPorts()
-	g := startFleetWith(t, fleetOptions{noInference: true, topo: func(tp *fleet.Topology) {
-		tp.InferenceWorkers = twoOfEach().workers
-		tp.Replicas = fleet.Each(to)
-		tp.Ports = reusePorts{first: workerPorts, rest: ports}
-	}})
-	c := g.Coord()
-	plan, err := c.PlanReplicas(context.Background(), f.Dir("c1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, kind := range []string{fleet.KindEnvironment, fleet.KindResources, fleet.KindModel} {
-		for _, e := range g.Cfg.Endpoints(kind) {
-			p := plan[e.Name]
-			want := replica.Names(replica.Family(e.Name), 2)
-			if p == nil || p.Partition == nil || p.Partition.Count != to || !slices.Equal(p.Sources, want) {
-				t.Fatalf("plan of %s %+v, want sources %v and a partition of %d", e.Name, p, want, to)
+		workerPorts := f.workerPorts()
+		g := startFleetWith(t, fleetOptions{noInference: true, topo: func(tp *fleet.Topology) {
+			tp.InferenceWorkers = workers
+			tp.Replicas = fleet.Each(to)
+			tp.Ports = reusePorts{first: workerPorts, rest: ports}
+		}})
+		c := g.Coord()
+		plan, err := c.PlanReplicas(context.Background(), f.Dir(ckpt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kind := range []string{fleet.KindEnvironment, fleet.KindResources, fleet.KindModel} {
+			for _, e := range g.Cfg.Endpoints(kind) {
+				p := plan[e.Name]
+				want := replica.Names(replica.Family(e.Name), from)
+				if p == nil || p.Partition == nil || p.Partition.Count != to || !slices.Equal(p.Sources, want) {
+					t.Fatalf("%s: plan of %s %+v, want sources %v and a partition of %d", ckpt, e.Name, p, want, to)
+				}
 			}
 		}
-	}
-	if _, err := c.Restore(context.Background(), "c1", f.Dir("c1"), scope, deadline(30*time.Second)); err != nil {
-		t.Fatalf("restore c1 into %d replicas of each kind: %v", to, err)
-	}
-	g.Resume(c, "c1")
-	g.Release()
-	for _, r := range firsts {
-		if rep := r.Wait(t, 30*time.Second); rep.Status == http.StatusOK {
-			t.Fatalf("the first attempt of %v replied across the crash: %v", r.Row[rollout.FieldRolloutID], rep.Body)
+		if _, err := c.Restore(context.Background(), ckpt, f.Dir(ckpt), scope, deadline(30*time.Second)); err != nil {
+			t.Fatalf("restore %s from %d into %d replicas of each kind: %v", ckpt, from, to, err)
+		}
+		g.Resume(c, ckpt)
+		f = g
+		runs = runs[:0]
+		for _, row := range rows {
+			runs = append(runs, f.Start(withAttempt(row, gen+1)))
 		}
 	}
-	var replacements []*Run
-	for _, row := range rows {
-		replacements = append(replacements, g.Start(withAttempt(row, 1)))
-	}
-	models := g.Cfg.Endpoints(fleet.KindModel)
-	for i, r := range replacements {
+	f.Release()
+	to, crashes := counts[len(counts)-1], len(counts)-1
+	models := f.Cfg.Endpoints(fleet.KindModel)
+	for i, r := range runs {
 		assertReward(t, r.Wait(t, 2*time.Minute), 1.0)
 		id := rows[i][rollout.FieldRolloutID].(string)
-		want := []int{2, 4, 4}
-		if _, counter := rows[i]["expected_count"]; counter {
-			want = []int{2, 4, 4, 6}
+		// An uninterrupted run's calls, with call 1 made once more for
+		// each crash that found it held.
+		want := []int{2}
+		for range crashes {
+			want = append(want, 4)
 		}
-		if got := g.MessageCounts(id); !slices.Equal(got, want) {
+		want = append(want, 4)
+		if _, counter := rows[i]["expected_count"]; counter {
+			want = append(want, 6)
+		}
+		if got := f.MessageCounts(id); !slices.Equal(got, want) {
 			t.Fatalf("%s: model calls (messages each) %v, want %v: delivered calls are never repeated", id, got, want)
 		}
+		key := ep(id, crashes).CaptureKey()
 		owner := replica.Name("policy_model", replica.Pick(id, to), to)
 		for _, m := range models {
-			rows := g.ledgerOn(m.URL, ep(id, 1).CaptureKey())
+			ledger := f.ledgerOn(m.URL, key)
 			if m.Name != owner {
-				if len(rows) != 0 {
-					t.Fatalf("%s: model replica %s holds %d ledger rows, want them all on %s", id, m.Name, len(rows), owner)
+				if len(ledger) != 0 {
+					t.Fatalf("%s: model replica %s holds %d ledger rows, want them all on %s", key, m.Name, len(ledger), owner)
 				}
 				continue
 			}
-			if len(rows) != len(want)-1 {
-				t.Fatalf("%s: the replacement's ledger on %s has %d rows, want %d (call 0 imported, then the new calls): %v", id, owner, len(rows), len(want)-1, rows)
+			if len(ledger) != len(want)-crashes {
+				t.Fatalf("%s: the ledger on %s has %d rows, want %d (the delivered calls): %v", key, owner, len(ledger), len(want)-crashes, ledger)
 			}
-			for j, row := range rows {
-				if row["call_id"] == undelivered[id] {
-					t.Fatalf("%s: the undelivered call %s is in the ledger", id, undelivered[id])
+			for j, row := range ledger {
+				if slices.Contains(undelivered[id], row["call_id"].(string)) {
+					t.Fatalf("%s: the undelivered call %v is in the ledger", key, row["call_id"])
 				}
-				if j > 0 && row["parent_call_id"] != rows[j-1]["call_id"] {
-					t.Fatalf("%s: lineage is broken: %v", id, rows)
+				if j > 0 && row["parent_call_id"] != ledger[j-1]["call_id"] {
+					t.Fatalf("%s: lineage is broken: %v", key, ledger)
 				}
 			}
 		}
@@ -315,7 +359,7 @@ func restoreIntoCounts(t *testing.T, to int) {
 			id = cand
 		}
 	}
-	assertReward(t, g.RunOK(counterRow(id, "counter_agent", 1, 2)), 1.0)
+	assertReward(t, f.RunOK(counterRow(id, "counter_agent", 1, 2)), 1.0)
 }
 
 // ledgerOn is the capture ledger of key on one model server replica: its
