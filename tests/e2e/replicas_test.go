@@ -8,9 +8,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/ops/collect"
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -386,4 +388,77 @@ func (f *Fleet) ledgerOn(modelURL, key string) []map[string]any {
 		out = append(out, r.(map[string]any))
 	}
 	return out
+}
+
+// TestReplicas_CollectResumesIntoOtherCounts preempts gymctl collect on a
+// fleet of two replicas of each kind (SIGTERM: a checkpoint, exit 75),
+// kills the fleet, and resumes the collection on a fleet of three of each
+// and on one of one of each. collect restores the checkpoint itself and
+// sends each continued row where replica.Pick over the live environments
+// names: every row is in the output once, as its continued attempt, with
+// the reward of an uninterrupted run and no delivered model call repeated.
+func TestReplicas_CollectResumesIntoOtherCounts(t *testing.T) {
+	for _, to := range []int{3, 1} {
+		t.Run(fmt.Sprintf("2Into%d", to), func(t *testing.T) {
+			f := startFleetOn(t, twoOfEach(), nil)
+			f.HoldSecondCalls()
+			var rows []map[string]any
+			var ids []string
+			for i := range 3 {
+				rows = append(rows, weatherRow(fmt.Sprintf("col-w%d", i), "weather_agent", "Paris"), counterRow(fmt.Sprintf("col-c%d", i), "counter_agent", 3, 1, 2))
+			}
+			was, moved := map[int]bool{}, 0
+			for _, r := range rows {
+				id := r[rollout.FieldRolloutID].(string)
+				ids = append(ids, id)
+				was[replica.Pick(id, 2)] = true
+				if replica.Pick(id, 2) != replica.Pick(id, to) {
+					moved++
+				}
+			}
+			if len(was) != 2 || moved == 0 {
+				t.Fatalf("the rows use environments %v of two, %d move: the test needs both, and some moving", was, moved)
+			}
+			ws := newWorkspace(t, rows...)
+			c := f.collect(ws)
+			for _, id := range ids {
+				f.WaitHeld(id, 2)
+			}
+			c.signal(syscall.SIGTERM)
+			c.requireExit(time.Minute, collect.ExitPreempted)
+			m, ok := ws.latest()
+			if !ok || len(m.Continued) != len(ids) {
+				t.Fatalf("the preemption checkpoint continues %v, want all %d rows", m, len(ids))
+			}
+			f.Crash()
+
+			workerPorts := f.workerPorts()
+			g := startFleetWith(t, fleetOptions{noInference: true, topo: func(tp *fleet.Topology) {
+				tp.InferenceWorkers = twoOfEach().workers
+				tp.Replicas = fleet.Each(to)
+				tp.Ports = reusePorts{first: workerPorts, rest: ports}
+			}})
+			g.Release()
+			r := g.collect(ws, "--resume")
+			r.requireExit(2*time.Minute, 0)
+			for id, attempt := range ws.exactlyOnce(ids...) {
+				if attempt != 1 {
+					t.Errorf("%s finished as attempt %d, want 1 (the continued attempt)", id, attempt)
+				}
+			}
+			for _, row := range rows {
+				id := row[rollout.FieldRolloutID].(string)
+				want := []int{2, 4, 4}
+				if _, counter := row["expected_count"]; counter {
+					want = []int{2, 4, 4, 6}
+				}
+				if got := g.MessageCounts(id); !slices.Equal(got, want) {
+					t.Errorf("%s: model calls (messages each) %v, want %v: delivered calls are never repeated", id, got, want)
+				}
+			}
+			if want := fmt.Sprintf("continued %d, restarted 0", len(ids)); !strings.Contains(r.out.String(), want) {
+				t.Errorf("the resumed run's summary does not say %q:\n%s", want, r.out.String())
+			}
+		})
+	}
 }
