@@ -98,11 +98,16 @@ type Partition struct {
 func (p Partition) Keeps(rolloutID string) bool { return Pick(rolloutID, p.Count) == p.Index }
 
 // Of is the partition of instance among count replicas of family, false when
-// instance is not one of Names(family, count).
+// instance is not one of Names(family, count). A lone replica keeps every
+// rollout whatever its suffix (a StatefulSet's only pod is x-0): its callers
+// have one replica to pick.
 func Of(family, instance string, count int) (Partition, bool) {
+	if count <= 1 {
+		return Partition{Index: 0, Count: 1}, Family(instance) == family
+	}
 	for i, n := range Names(family, count) {
 		if n == instance {
-			return Partition{Index: i, Count: max(count, 1)}, true
+			return Partition{Index: i, Count: count}, true
 		}
 	}
 	return Partition{}, false
@@ -167,9 +172,9 @@ func Place(former []Former, live []string) (Plan, error) {
 // each record goes where its rollout's calls now go. Every live replica
 // reads every former instance and keeps its Partition of the records, so
 // a rollout's state lands on the replica Pick names for it with the live
-// count, whatever the former count was. live must be exactly the names
-// Names(family, len(live)) (in any order): callers index replicas by
-// position, and a set not named so has no position to route by.
+// count, whatever the former count was. Several live replicas must be
+// exactly the names Names(family, len(live)) (in any order): callers index
+// replicas by position, and a set not named so has no position to route by.
 func Spread(family string, former []Former, live []string) (Plan, error) {
 	if len(live) == 0 {
 		return Plan{}, fmt.Errorf("no live replica to restore %d former instance(s) into", len(former))
