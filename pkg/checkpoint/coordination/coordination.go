@@ -671,10 +671,12 @@ var ReplicaCountChangeKinds = append(slices.Clone(OwnerRoutedKinds), RolloutRout
 // Otherwise it places every former instance of a changed family on its live
 // replicas (replica.Place for OwnerRoutedKinds, replica.Spread for
 // RolloutRoutedKinds) and returns each member's part, every member getting
-// the whole alias table; a family it cannot place (no live replica, or live
-// replicas not named as callers index them) is refused with
-// replicas_unsupported before any participant is called. A checkpoint whose
-// manifests cannot be listed is left to the participants (nil).
+// the whole alias table; a family it cannot place (no live replica though
+// the kind has members, or live replicas not named as callers index them)
+// is refused with replicas_unsupported before any participant is called. A
+// kind with no member is left alone: a coordinator may drive part of a
+// fleet. A checkpoint whose manifests cannot be listed is left to the
+// participants (nil).
 func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]*ctlwire.ReplicaPlan, error) {
 	store, err := ckptstore.OpenWith(dir, c.opts.Store)
 	if err != nil {
@@ -693,9 +695,11 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 		f := family{m.Kind, replica.Family(m.Instance)}
 		former[f] = append(former[f], replica.Former{Instance: m.Instance, Records: m.RecordCount})
 	}
+	kinds := map[string]bool{}
 	for _, m := range c.members {
 		f := family{m.Kind, replica.Family(m.Instance)}
 		live[f] = append(live[f], m.Instance)
+		kinds[m.Kind] = true
 	}
 	sources := map[string][]string{} // live instance -> former instances
 	aliases := map[string]string{}
@@ -714,7 +718,9 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 		sort.Strings(was)
 		now := append([]string(nil), live[f]...)
 		sort.Strings(now)
-		if slices.Equal(was, now) {
+		if slices.Equal(was, now) || !kinds[f.kind] {
+			// A kind with no member here is another coordinator's to
+			// restore: this one drives part of the fleet.
 			continue
 		}
 		changed = true

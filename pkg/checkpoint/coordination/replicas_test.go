@@ -71,6 +71,11 @@ func TestPlanReplicas(t *testing.T) {
 			code: apierror.ReplicasUnsupported,
 		},
 		{
+			name:    "a coordinator of part of the fleet leaves the kinds it has no member of",
+			live:    [][2]string{{"environment", "env"}, {"model", "policy_model"}},
+			nilPlan: true,
+		},
+		{
 			name: "an agent with no live replica is refused",
 			live: [][2]string{{"environment", "env"}, {"model", "policy_model"}, {"agent", "a-0"}, {"agent", "a-1"}},
 			code: apierror.ReplicasUnsupported,
