@@ -206,7 +206,7 @@ type bench struct {
 	fake     *fiwire.Control
 	// envURLs are the environment replicas' base URLs, replica i at i.
 	envURLs []string
-	ckptDir  string
+	ckptDir string
 	// client carries every /run, one h2c pool for all of them.
 	client *http.Client
 	// ctl carries fakeinference control calls and profile requests.
@@ -515,10 +515,10 @@ func benchTopology(opts Options, binDir, fleetDir, root string) fleet.Topology {
 		GenerationCuts:    true,
 		// No pacing: the bench measures the fleet, not the fake model.
 		TokensPerSecond: 0, MinCallSeconds: 0,
-		Replicas:        fleet.Each(max(opts.Replicas, 1)),
-		Resources:       []fleet.ResourcesSpec{{Name: resourceName, Type: "weather"}},
-		Agents:          []fleet.AgentSpec{{Name: agentName, Resources: resourceName, MaxSteps: 10}},
-		Routes:          []fleet.RouteSpec{{Name: agentName, Agent: agentName, Protocol: "single_agent_turn"}},
+		Replicas:  fleet.Each(max(opts.Replicas, 1)),
+		Resources: []fleet.ResourcesSpec{{Name: resourceName, Type: "weather"}},
+		Agents:    []fleet.AgentSpec{{Name: agentName, Resources: resourceName, MaxSteps: 10}},
+		Routes:    []fleet.RouteSpec{{Name: agentName, Agent: agentName, Protocol: "single_agent_turn"}},
 		// A line per request at 100,000 rollouts costs more than the work.
 		LogLevel:      "warn",
 		Pprof:         opts.Profile,
