@@ -134,7 +134,7 @@ func TestKindSums(t *testing.T) {
 	if err := replicatedResult().WriteTable(&buf); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"2 replica(s) of each kind", "environment, sum of 2 first 500.0 MiB 22 130 10.0 150.0 MiB, 31000 goroutines", "env-1 first 200.0 MiB"} {
+	for _, want := range []string{"2 replica(s) of each kind", "environment, sum of 2 first 500.0 MiB 22 130 10.0 150.0 MiB, 31000 goroutines (9.6 KiB per rollout)", "env-1 first 200.0 MiB 12 60 4.0 50.0 MiB, 15000 goroutines"} {
 		if !strings.Contains(squeeze(buf.String()), squeeze(want)) {
 			t.Errorf("the table lacks %q:\n%s", want, buf.String())
 		}

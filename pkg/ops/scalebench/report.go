@@ -353,7 +353,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if p.Fleet != "fresh" && p.FDsAtBoundary > 0 {
 			atBoundary = fmt.Sprint(p.FDsAtBoundary)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t%s\n", p.Name, p.Fleet, fmtBytes(int64(p.PeakRSSBytes)), atBoundary, p.PeakFDs, p.CPUSeconds, stacksAtBoundary(p, r.InFlight), p.Error)
+		stacks := stacksAtBoundary(p, r.InFlight)
+		if r.replicas() > 1 && processKind(p) != fleet.KindFakeInference && p.StackBytesAtBoundary > 0 {
+			// A replica holds only its share of the rollouts: per rollout
+			// is on its kind's sum below.
+			stacks = fmt.Sprintf("%s, %d goroutines", fmtBytes(int64(p.StackBytesAtBoundary)), p.GoroutinesAtBoundary)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t%s\n", p.Name, p.Fleet, fmtBytes(int64(p.PeakRSSBytes)), atBoundary, p.PeakFDs, p.CPUSeconds, stacks, p.Error)
 	}
 	for _, k := range r.KindSums() {
 		if k.Processes < 2 {
@@ -363,10 +369,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if k.Fleet != "fresh" && k.FDsAtBoundary > 0 {
 			atBoundary = fmt.Sprint(k.FDsAtBoundary)
 		}
-		stacks := "-"
-		if k.StackBytesAtBoundary > 0 {
-			stacks = fmt.Sprintf("%s, %d goroutines", fmtBytes(int64(k.StackBytesAtBoundary)), k.GoroutinesAtBoundary)
-		}
+		stacks := stacksAtBoundary(ProcessStat{StackBytesAtBoundary: k.StackBytesAtBoundary, GoroutinesAtBoundary: k.GoroutinesAtBoundary}, r.InFlight)
 		fmt.Fprintf(tw, "%s, sum of %d\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t\n", k.Kind, k.Processes, k.Fleet, fmtBytes(int64(k.PeakRSSBytes)), atBoundary, k.PeakFDs, k.CPUSeconds, stacks)
 	}
 	for _, f := range []string{"first", "fresh"} {
