@@ -141,8 +141,10 @@ N ?= 1000
 STACKS ?= lean,nethttp
 # TUNING=on or off sets every server's runtime.tuning (empty: their default).
 TUNING ?=
+# REPLICAS processes of each participant kind (bench-scale-N-rREPLICAS.json).
+REPLICAS ?= 1
 bench-scale: build
-	$(BIN)/gymctl bench-scale --rollouts $(N) --stacks $(STACKS) $(if $(TUNING),--tuning $(TUNING)) --json bench-scale-$(N).json
+	$(BIN)/gymctl bench-scale --rollouts $(N) --replicas $(REPLICAS) --stacks $(STACKS) $(if $(TUNING),--tuning $(TUNING)) --json bench-scale-$(N)$(if $(filter-out 1,$(REPLICAS)),-r$(REPLICAS)).json
 
 # The commits this branch adds: subjects of at most 72 characters.
 check-commits:

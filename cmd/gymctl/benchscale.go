@@ -14,6 +14,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/ops/scalebench"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
@@ -44,8 +45,21 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 	s3Endpoint := fs.String("s3-endpoint", "", "with --s3-root: the S3 server's base URL (empty: AWS)")
 	s3PathStyle := fs.Bool("s3-path-style", true, "with --s3-root: address buckets as <endpoint>/<bucket>")
 	tuning := fs.String("tuning", "", "every server's runtime.tuning (on: steer the Go runtime, off: Go's own behaviour); empty: the servers' default")
+	replicas := fs.Int("replicas", 1, "processes of each participant kind (environment, agent, resources, model); rollouts are spread over the environment replicas by rollout id")
+	portsFlag := fs.String("ports", "", "take the fleet's ports from this block (lo-hi, e.g. 13000-13999); empty: free ports the kernel chooses")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *replicas < 1 {
+		return fmt.Errorf("bench-scale: --replicas must be at least 1, got %d", *replicas)
+	}
+	var ports fleet.PortSource
+	if *portsFlag != "" {
+		block, err := fleet.ParsePortBlock(*portsFlag)
+		if err != nil {
+			return fmt.Errorf("bench-scale: --ports: %w", err)
+		}
+		ports = block
 	}
 	if *s3Root != "" && !ckptstore.IsS3(*s3Root) {
 		return fmt.Errorf("bench-scale: --s3-root %q is not an s3:// URL", *s3Root)
@@ -93,6 +107,8 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 			S3Root:         *s3Root,
 			S3:             ckptstore.S3Options{Endpoint: *s3Endpoint, PathStyle: *s3PathStyle},
 			Tuning:         runtimetune.Mode(*tuning),
+			Replicas:       *replicas,
+			Ports:          ports,
 		}
 		path := *jsonPath
 		if len(stacks) > 1 {

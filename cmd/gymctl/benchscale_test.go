@@ -42,6 +42,8 @@ func TestBenchScaleFlags(t *testing.T) {
 		{[]string{"--stacks", "lean,quic"}, `"quic" is not lean or nethttp`},
 		{[]string{"--stacks", "lean,lean"}, "lean is named twice"},
 		{[]string{"--stacks", ""}, "is not lean or nethttp"},
+		{[]string{"--replicas", "0"}, "--replicas must be at least 1"},
+		{[]string{"--ports", "13000"}, "--ports: port block"},
 	}
 	for _, tc := range tests {
 		if _, _, err := runBench(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {

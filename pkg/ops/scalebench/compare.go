@@ -29,6 +29,7 @@ func WriteComparison(w io.Writer, runs []*Result) error {
 	}
 	line("HTTP stack", func(r *Result) string { return r.Stack })
 	line("runtime tuning", func(r *Result) string { return r.Tuning })
+	line("replicas of each kind", func(r *Result) string { return fmt.Sprint(r.replicas()) })
 	line("load average at start", func(r *Result) string { return strings.Fields(r.Host.LoadAverage + " -")[0] })
 	secs("fleet start (s)", func(r *Result) float64 { return r.FleetStartSeconds })
 	secs("dispatch: every /run sent (s)", func(r *Result) float64 { return r.DispatchSentSeconds })
@@ -46,6 +47,22 @@ func WriteComparison(w io.Writer, runs []*Result) error {
 	for _, f := range []string{"first", "fresh"} {
 		line(f+" fleet, sum of peak RSS", func(r *Result) string { return fmtBytes(int64(r.FleetPeakRSS(f))) })
 		line(f+" fleet, CPU seconds", func(r *Result) string { return fmt.Sprintf("%.1f", r.fleetCPU(f)) })
+	}
+	// Per kind, so runs with different replica counts (env against env-0
+	// and env-1) line up.
+	for _, kind := range kindNames(runs) {
+		line(kind+" (first), sum of peak RSS", func(r *Result) string {
+			if k, ok := r.kindSum("first", kind); ok {
+				return fmtBytes(int64(k.PeakRSSBytes))
+			}
+			return "-"
+		})
+		line(kind+" (first), sum of fds at boundary", func(r *Result) string {
+			if k, ok := r.kindSum("first", kind); ok {
+				return fmt.Sprint(k.FDsAtBoundary)
+			}
+			return "-"
+		})
 	}
 	for _, name := range processNames(runs) {
 		line(name+" (first), peak RSS", func(r *Result) string {
@@ -97,18 +114,40 @@ func (r *Result) process(name, fleetLabel string) (ProcessStat, bool) {
 	return ProcessStat{}, false
 }
 
-// processNames lists the first fleet's processes of every run, in the
-// order the first run lists them.
+// processNames lists the first fleet's processes that every run has, in
+// the order the first run lists them: a process only some runs have (a
+// replica) is compared through its kind's sums.
 func processNames(runs []*Result) []string {
 	var names []string
-	seen := map[string]bool{}
-	for _, r := range runs {
-		for _, p := range r.Processes {
-			if p.Fleet == "first" && !seen[p.Name] {
-				seen[p.Name] = true
-				names = append(names, p.Name)
+	for _, p := range runs[0].Processes {
+		if p.Fleet != "first" {
+			continue
+		}
+		inAll := true
+		for _, r := range runs[1:] {
+			if _, ok := r.process(p.Name, "first"); !ok {
+				inAll = false
 			}
+		}
+		if inAll {
+			names = append(names, p.Name)
 		}
 	}
 	return names
+}
+
+// kindNames lists the participant kinds of every run's first fleet, in the
+// order the first run lists them.
+func kindNames(runs []*Result) []string {
+	var kinds []string
+	seen := map[string]bool{}
+	for _, r := range runs {
+		for _, k := range r.KindSums() {
+			if k.Fleet == "first" && !seen[k.Kind] {
+				seen[k.Kind] = true
+				kinds = append(kinds, k.Kind)
+			}
+		}
+	}
+	return kinds
 }

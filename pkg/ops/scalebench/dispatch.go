@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -89,10 +90,22 @@ type batch struct {
 	first string // the first notable outcome, for error messages
 }
 
+// router is the /run URL of a rollout.
+type router func(rolloutID string) string
+
+// runRouter sends a rollout's /run to the environment replica
+// replica.Pick chooses for its id, as gymctl collect does: every attempt
+// of a rollout reaches the same replica while the count is unchanged.
+func runRouter(envURLs []string) router {
+	return func(rolloutID string) string {
+		return envURLs[replica.Pick(rolloutID, len(envURLs))] + "/run"
+	}
+}
+
 // dispatch sends every row's /run as attempt, one goroutine each, through
-// one client. The env server's MaxConcurrentStreams decides how many h2c
+// one client, each to the URL route gives for its rollout. The env server's MaxConcurrentStreams decides how many h2c
 // connections they share (pkg/transport/httpclient bounds them).
-func dispatch(ctx context.Context, client *http.Client, url string, rows []row, attempt int) *batch {
+func dispatch(ctx context.Context, client *http.Client, route router, rows []row, attempt int) *batch {
 	ctx, cancel := context.WithCancel(ctx)
 	b := &batch{
 		rows: rows, attempt: attempt, start: time.Now(), cancel: cancel,
@@ -112,7 +125,7 @@ func dispatch(ctx context.Context, client *http.Client, url string, rows []row, 
 	for i, r := range rows {
 		go func() {
 			defer b.wg.Done()
-			o := send(tctx, client, url, r, attempt)
+			o := send(tctx, client, route(r.id), r, attempt)
 			b.out[i] = o
 			if o.status != 0 {
 				b.httpReplys.Add(1)

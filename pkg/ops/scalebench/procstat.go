@@ -270,7 +270,7 @@ func (b *bench) processStats(fleetLabel string, first bool) []ProcessStat {
 			continue
 		}
 		st, err := readStatus(t.pid)
-		ps := ProcessStat{Name: t.name, Fleet: t.fleet, PID: t.pid}
+		ps := ProcessStat{Name: t.name, Kind: b.kindOf(t.name), Fleet: t.fleet, PID: t.pid}
 		if err != nil {
 			ps.Error = err.Error()
 		}
@@ -287,6 +287,16 @@ func (b *bench) processStats(fleetLabel string, first bool) []ProcessStat {
 		out = append(out, ps)
 	}
 	return out
+}
+
+// kindOf is the participant kind of a fleet process: its endpoints'.
+func (b *bench) kindOf(process string) string {
+	for _, p := range b.cfg.Processes {
+		if p.Name == process && len(p.Endpoints) > 0 {
+			return p.Endpoints[0].Kind
+		}
+	}
+	return ""
 }
 
 // benchStats is the bench process's own peak memory and descriptors.

@@ -9,12 +9,17 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 )
 
 // Result is one run's figures. Times are in seconds, sizes in bytes; the
 // JSON form is for comparing runs.
 type Result struct {
 	Rollouts int `json:"rollouts"`
+	// Replicas is how many processes of each participant kind the fleet
+	// ran (reports from before replicas read 0: one).
+	Replicas int `json:"replicas"`
 	// Stack is the HTTP stack the fleet and the bench spoke (lean or
 	// nethttp, see pkg/transport/httpconf).
 	Stack string `json:"stack"`
@@ -73,6 +78,9 @@ type Result struct {
 	// before the kill, the fresh fleet's (and fakeinference's) at the end.
 	Processes []ProcessStat `json:"processes"`
 	Bench     ProcessStat   `json:"bench"`
+	// ProcessKinds sums Processes per fleet and participant kind: with
+	// replicas, a kind's memory and descriptors are its replicas' together.
+	ProcessKinds []KindSum `json:"process_kinds"`
 	// PhaseCPU is the CPU time spent in prepare, commit and restore.
 	PhaseCPU []PhaseCPU `json:"phase_cpu"`
 
@@ -136,7 +144,9 @@ type CommitKind struct {
 // RestoreKind is one participant kind's part of the restore: its slowest
 // participant's read (and verify) of its records and install of them.
 type RestoreKind struct {
-	Kind           string  `json:"kind"`
+	Kind string `json:"kind"`
+	// Participants is the kind's replicas that replied.
+	Participants   int     `json:"participants"`
 	ReadSeconds    float64 `json:"read_seconds"`
 	InstallSeconds float64 `json:"install_seconds"`
 	// CallSeconds is the restore call as the bench saw it, request sent
@@ -157,6 +167,8 @@ type LogSummary struct {
 // ProcessStat is one process's peak resident memory and descriptors.
 type ProcessStat struct {
 	Name string `json:"name"`
+	// Kind is the participant kind the process serves (fleet.Kind*).
+	Kind string `json:"kind,omitempty"`
 	// Fleet is "first" (before the crash), "fresh" (after it) or "kept"
 	// (fakeinference, which the crash spares).
 	Fleet        string `json:"fleet"`
@@ -175,6 +187,80 @@ type ProcessStat struct {
 	CPUSeconds float64 `json:"cpu_seconds"`
 	Error      string  `json:"error,omitempty"`
 }
+
+// KindSum is one participant kind's processes of one fleet together.
+// The replicas peak at different moments, so the sum of their peaks bounds
+// the kind's peak from above.
+type KindSum struct {
+	Fleet                string  `json:"fleet"`
+	Kind                 string  `json:"kind"`
+	Processes            int     `json:"processes"`
+	PeakRSSBytes         uint64  `json:"peak_rss_bytes"`
+	PeakFDs              int     `json:"peak_fds"`
+	FDsAtBoundary        int     `json:"fds_at_boundary"`
+	StackBytesAtBoundary uint64  `json:"stack_bytes_at_boundary,omitempty"`
+	GoroutinesAtBoundary int     `json:"goroutines_at_boundary,omitempty"`
+	CPUSeconds           float64 `json:"cpu_seconds"`
+}
+
+// processKind is a process's participant kind: its own record, else (a
+// report from before kinds were recorded) read from its process name.
+func processKind(p ProcessStat) string {
+	if p.Kind != "" {
+		return p.Kind
+	}
+	switch family := replica.Family(p.Name); {
+	case family == "env":
+		return fleet.KindEnvironment
+	case family == "agents":
+		return fleet.KindAgent
+	case family == "resources":
+		return fleet.KindResources
+	case family == "policy_model":
+		return fleet.KindModel
+	case strings.HasPrefix(p.Name, "fakeinference"):
+		return fleet.KindFakeInference
+	}
+	return p.Name
+}
+
+// KindSums sums the processes per fleet and kind, in the order the
+// processes are listed.
+func (r *Result) KindSums() []KindSum {
+	var out []KindSum
+	at := map[[2]string]int{}
+	for _, p := range r.Processes {
+		key := [2]string{p.Fleet, processKind(p)}
+		i, ok := at[key]
+		if !ok {
+			i = len(out)
+			at[key] = i
+			out = append(out, KindSum{Fleet: key[0], Kind: key[1]})
+		}
+		k := &out[i]
+		k.Processes++
+		k.PeakRSSBytes += p.PeakRSSBytes
+		k.PeakFDs += p.PeakFDs
+		k.FDsAtBoundary += p.FDsAtBoundary
+		k.StackBytesAtBoundary += p.StackBytesAtBoundary
+		k.GoroutinesAtBoundary += p.GoroutinesAtBoundary
+		k.CPUSeconds += p.CPUSeconds
+	}
+	return out
+}
+
+// kindSum is one fleet's sums of a kind.
+func (r *Result) kindSum(fleetLabel, kind string) (KindSum, bool) {
+	for _, k := range r.KindSums() {
+		if k.Fleet == fleetLabel && k.Kind == kind {
+			return k, true
+		}
+	}
+	return KindSum{}, false
+}
+
+// replicas is the replica count, one for reports that predate it.
+func (r *Result) replicas() int { return max(r.Replicas, 1) }
 
 // stacksAtBoundary is a process's goroutine stacks with every rollout in
 // flight, and per rollout in flight. The bench reads them only once every
@@ -212,8 +298,8 @@ func (r *Result) WriteJSON(path string) error {
 // WriteTable prints the result as one table of phases, then one of
 // processes.
 func (r *Result) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "scale bench: %d weather rollouts on single_agent_turn, checkpointing and generation cuts on, %s HTTP stack (%s, %d CPUs, %s, load %s), runtime tuning %s\n",
-		r.Rollouts, r.Stack, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage, r.Tuning)
+	fmt.Fprintf(w, "scale bench: %d weather rollouts on single_agent_turn, %d replica(s) of each kind, checkpointing and generation cuts on, %s HTTP stack (%s, %d CPUs, %s, load %s), runtime tuning %s\n",
+		r.Rollouts, r.replicas(), r.Stack, r.Host.Name, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAverage, r.Tuning)
 	if r.Profiled {
 		fmt.Fprintln(w, "profiled run: CPU profiling slows prepare, commit and restore")
 	}
@@ -267,7 +353,24 @@ func (r *Result) WriteTable(w io.Writer) error {
 		if p.Fleet != "fresh" && p.FDsAtBoundary > 0 {
 			atBoundary = fmt.Sprint(p.FDsAtBoundary)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t%s\n", p.Name, p.Fleet, fmtBytes(int64(p.PeakRSSBytes)), atBoundary, p.PeakFDs, p.CPUSeconds, stacksAtBoundary(p, r.InFlight), p.Error)
+		stacks := stacksAtBoundary(p, r.InFlight)
+		if r.replicas() > 1 && processKind(p) != fleet.KindFakeInference && p.StackBytesAtBoundary > 0 {
+			// A replica holds only its share of the rollouts: per rollout
+			// is on its kind's sum below.
+			stacks = fmt.Sprintf("%s, %d goroutines", fmtBytes(int64(p.StackBytesAtBoundary)), p.GoroutinesAtBoundary)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t%s\n", p.Name, p.Fleet, fmtBytes(int64(p.PeakRSSBytes)), atBoundary, p.PeakFDs, p.CPUSeconds, stacks, p.Error)
+	}
+	for _, k := range r.KindSums() {
+		if k.Processes < 2 {
+			continue
+		}
+		atBoundary := "-"
+		if k.Fleet != "fresh" && k.FDsAtBoundary > 0 {
+			atBoundary = fmt.Sprint(k.FDsAtBoundary)
+		}
+		stacks := stacksAtBoundary(ProcessStat{StackBytesAtBoundary: k.StackBytesAtBoundary, GoroutinesAtBoundary: k.GoroutinesAtBoundary}, r.InFlight)
+		fmt.Fprintf(tw, "%s, sum of %d\t%s\t%10s\t%15s\t%8d\t%11.1f\t%s\t\n", k.Kind, k.Processes, k.Fleet, fmtBytes(int64(k.PeakRSSBytes)), atBoundary, k.PeakFDs, k.CPUSeconds, stacks)
 	}
 	for _, f := range []string{"first", "fresh"} {
 		if sum := r.FleetPeakRSS(f); sum > 0 {

@@ -37,6 +37,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference/fiwire"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -107,6 +108,12 @@ type Options struct {
 	// default), to compare a fleet steering the Go runtime with one on
 	// Go's own behaviour.
 	Tuning runtimetune.Mode
+	// Replicas is how many processes of each participant kind the fleet
+	// runs (0 means 1): rollouts are spread over the environment replicas
+	// by replica.Pick, as gymctl collect spreads rows.
+	Replicas int
+	// Ports chooses the fleet's ports (nil: the kernel's free ports).
+	Ports fleet.PortSource
 }
 
 // DefaultProfileSeconds is a CPU profile window long enough for the
@@ -176,6 +183,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		b.res.Error = runErr.Error()
 	}
 	b.res.Violations = b.violations
+	b.res.ProcessKinds = b.res.KindSums()
 	if runErr == nil && len(b.violations) > 0 {
 		runErr = fmt.Errorf("the controller contract was violated: %s", strings.Join(b.violations, "; "))
 	}
@@ -196,8 +204,9 @@ type bench struct {
 	s3       *ckptstore.S3
 	launcher *fleet.Launcher
 	fake     *fiwire.Control
-	envURL   string
-	ckptDir  string
+	// envURLs are the environment replicas' base URLs, replica i at i.
+	envURLs []string
+	ckptDir string
 	// client carries every /run, one h2c pool for all of them.
 	client *http.Client
 	// ctl carries fakeinference control calls and profile requests.
@@ -287,7 +296,7 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		return err
 	}
 	b.logf("dispatching %d rollouts", n)
-	originals := dispatch(ctx, b.client, b.envURL+"/run", rows, 0)
+	originals := dispatch(ctx, b.client, runRouter(b.envURLs), rows, 0)
 	defer originals.close()
 	if err := b.awaitBoundary(ctx, originals); err != nil {
 		return err
@@ -415,7 +424,9 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		}
 	}
 	start = time.Now()
-	replacements := dispatch(ctx, b.client, b.envURL+"/run", again, 1)
+	// The same router as the originals': a replacement reaches the replica
+	// that restored its episode (same replica count, same hash).
+	replacements := dispatch(ctx, b.client, runRouter(b.envURLs), again, 1)
 	defer replacements.close()
 	if err := b.awaitReplacements(ctx, replacements); err != nil {
 		return err
@@ -469,31 +480,17 @@ func (b *bench) startFleet(ctx context.Context) error {
 			return err
 		}
 	}
-	b.topo = fleet.Topology{
-		Dir: fleetDir, BinDir: b.binDir, Token: controlToken,
-		CheckpointRoot: root, S3Endpoint: b.opts.S3.Endpoint, S3PathStyle: b.opts.S3.PathStyle,
-		// A whole run must never see its checkpoint reopen under it.
-		LeaseGraceSeconds: 3600,
-		GenerationCuts:    true,
-		// No pacing: the bench measures the fleet, not the fake model.
-		TokensPerSecond: 0, MinCallSeconds: 0,
-		Resources: []fleet.ResourcesSpec{{Name: resourceName, Type: "weather"}},
-		Agents:    []fleet.AgentSpec{{Name: agentName, Resources: resourceName, MaxSteps: 10}},
-		Routes:    []fleet.RouteSpec{{Name: agentName, Agent: agentName, Protocol: "single_agent_turn"}},
-		// A line per request at 100,000 rollouts costs more than the work.
-		LogLevel:      "warn",
-		Pprof:         b.opts.Profile,
-		HTTPStack:     b.opts.Stack,
-		RuntimeTuning: b.opts.Tuning,
-	}
+	b.topo = benchTopology(b.opts, b.binDir, fleetDir, root)
 	cfg, err := fleet.Generate(b.topo)
 	if err != nil {
 		return fmt.Errorf("generating the fleet: %w", err)
 	}
 	b.cfg = cfg
 	b.launcher = fleet.NewLauncher(cfg, fleet.Options{ReadyTimeout: readyTimeout, StopGrace: 5 * time.Second})
-	env, _ := cfg.Endpoint(envName)
-	b.envURL = env.URL
+	for _, name := range b.replicaNames(envName) {
+		e, _ := cfg.Endpoint(name)
+		b.envURLs = append(b.envURLs, e.URL)
+	}
 	b.logf("starting the fleet in %s", fleetDir)
 	start := time.Now()
 	if err := b.launcher.StartAll(ctx); err != nil {
@@ -501,6 +498,39 @@ func (b *bench) startFleet(ctx context.Context) error {
 	}
 	b.res.FleetStartSeconds = seconds(time.Since(start))
 	return nil
+}
+
+// benchTopology is the weather-only fleet the bench runs: one resources
+// server, one agent and one route, each kind in opts.Replicas replicas.
+// One fakeinference serves every model replica (InferenceWorkers stays 0):
+// the bench holds and counts model calls through its control API, which
+// sees one process's calls, and the inference stand-in survives the crash
+// and is not what the bench measures.
+func benchTopology(opts Options, binDir, fleetDir, root string) fleet.Topology {
+	return fleet.Topology{
+		Dir: fleetDir, BinDir: binDir, Token: controlToken,
+		CheckpointRoot: root, S3Endpoint: opts.S3.Endpoint, S3PathStyle: opts.S3.PathStyle,
+		// A whole run must never see its checkpoint reopen under it.
+		LeaseGraceSeconds: 3600,
+		GenerationCuts:    true,
+		// No pacing: the bench measures the fleet, not the fake model.
+		TokensPerSecond: 0, MinCallSeconds: 0,
+		Replicas:  fleet.Each(max(opts.Replicas, 1)),
+		Resources: []fleet.ResourcesSpec{{Name: resourceName, Type: "weather"}},
+		Agents:    []fleet.AgentSpec{{Name: agentName, Resources: resourceName, MaxSteps: 10}},
+		Routes:    []fleet.RouteSpec{{Name: agentName, Agent: agentName, Protocol: "single_agent_turn"}},
+		// A line per request at 100,000 rollouts costs more than the work.
+		LogLevel:      "warn",
+		Pprof:         opts.Profile,
+		HTTPStack:     opts.Stack,
+		RuntimeTuning: opts.Tuning,
+		Ports:         opts.Ports,
+	}
+}
+
+// replicaNames are the instance names of a server of the bench's fleet.
+func (b *bench) replicaNames(base string) []string {
+	return replica.Names(base, max(b.opts.Replicas, 1))
 }
 
 // url is an endpoint's base URL.
@@ -640,15 +670,17 @@ func (b *bench) awaitBoundary(ctx context.Context, originals *batch) error {
 // warm opens the dispatcher's first connection to the env server, so the
 // burst that follows finds one whose SETTINGS (its stream limit) are known.
 func (b *bench) warm(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.envURL+"/healthz", nil)
-	if err != nil {
-		return err
+	for _, u := range b.envURLs {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/healthz", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := b.client.Do(req)
+		if err != nil {
+			return fmt.Errorf("opening the dispatcher's connection to the env server %s: %w", u, err)
+		}
+		resp.Body.Close()
 	}
-	resp, err := b.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("opening the dispatcher's connection to the env server: %w", err)
-	}
-	resp.Body.Close()
 	return nil
 }
 
@@ -779,7 +811,10 @@ func inPrepareOrder[T any](byKind map[string]*T) []T {
 // each was held at its second model call, so none can have finished. The
 // continued set is what the environment exported.
 func (b *bench) checkExported(cm *coordination.CommitResult, rows []row) []rollout.EpisodeID {
-	exported := cm.ExportedBy(envName)
+	var exported []string
+	for _, name := range b.replicaNames(envName) {
+		exported = append(exported, cm.ExportedBy(name)...)
+	}
 	b.res.Exported = len(exported)
 	set := make(map[string]bool, len(exported))
 	for _, k := range exported {
@@ -819,13 +854,16 @@ func (b *bench) recordRestore(coord *coordination.Coordinator, rr *coordination.
 			k = &RestoreKind{Kind: m.Kind}
 			byKind[m.Kind] = k
 		}
+		k.Participants++
 		k.ReadSeconds = max(k.ReadSeconds, rep.ReadSeconds)
 		k.InstallSeconds = max(k.InstallSeconds, rep.InstallSeconds)
 		k.CallSeconds = max(k.CallSeconds, rr.Seconds[m.Name])
 	}
 	b.res.RestoreKinds = inPrepareOrder(byKind)
-	if rep, ok := rr.Replies[envName]; ok {
-		b.res.Restored = len(rep.Restored)
+	for _, name := range b.replicaNames(envName) {
+		if rep, ok := rr.Replies[name]; ok {
+			b.res.Restored += len(rep.Restored)
+		}
 	}
 	if b.res.Restored != want {
 		b.violate("the environment restored %d episodes, want %d", b.res.Restored, want)
@@ -977,6 +1015,7 @@ func newResult(opts Options) *Result {
 	}
 	return &Result{
 		Rollouts:  opts.Rollouts,
+		Replicas:  max(opts.Replicas, 1),
 		Stack:     string(httpconf.Config{Stack: opts.Stack}.EffectiveStack()),
 		Tuning:    string(runtimetune.Config{Tuning: opts.Tuning}.EffectiveMode()),
 		StartedAt: time.Now().UTC(),

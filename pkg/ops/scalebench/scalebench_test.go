@@ -179,7 +179,7 @@ func TestBatchClassifiesOutcomes(t *testing.T) {
 	}))
 	defer srv.Close()
 	client := httpclient.New(httpclient.Options{})
-	b := dispatch(context.Background(), client, srv.URL+"/run", weatherRows(4), 1)
+	b := dispatch(context.Background(), client, runRouter([]string{srv.URL}), weatherRows(4), 1)
 	defer b.close()
 	if err := b.wait(context.Background(), 30*time.Second); err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func TestBatchWaitTimesOut(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	b := dispatch(context.Background(), httpclient.New(httpclient.Options{}), srv.URL+"/run", weatherRows(2), 0)
+	b := dispatch(context.Background(), httpclient.New(httpclient.Options{}), runRouter([]string{srv.URL}), weatherRows(2), 0)
 	err := b.wait(context.Background(), 50*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "2 of 2 /run calls still open") {
 		t.Fatalf("wait = %v, want a timeout naming the open calls", err)

@@ -73,13 +73,13 @@ func (b *bench) awaitSessionsClosed(ctx context.Context) error {
 }
 
 // sessions reads the gauges of the fresh fleet's resources, agent and
-// environment servers, each server's /metrics once.
+// environment servers, every replica's /metrics once, and sums them.
 func (b *bench) sessions(ctx context.Context) (Sessions, error) {
 	var s Sessions
 	pages := map[string][]byte{}
 	for _, q := range []struct {
-		endpoint, metric string
-		into             *int
+		base, metric string
+		into         *int
 	}{
 		{resourceName, "gymfleet_resources_sessions", &s.ResourcesOpen},
 		{agentName, "gymfleet_agent_sessions", &s.AgentOpen},
@@ -87,19 +87,21 @@ func (b *bench) sessions(ctx context.Context) (Sessions, error) {
 		{envName, `gymfleet_env_cleanup_retries_total{outcome="done"}`, &s.RetriesDone},
 		{envName, `gymfleet_env_cleanup_retries_total{outcome="abandoned"}`, &s.RetriesAbandoned},
 	} {
-		page, ok := pages[q.endpoint]
-		if !ok {
-			var err error
-			if page, err = b.metricsPage(ctx, b.url(q.endpoint)); err != nil {
+		for _, endpoint := range b.replicaNames(q.base) {
+			page, ok := pages[endpoint]
+			if !ok {
+				var err error
+				if page, err = b.metricsPage(ctx, b.url(endpoint)); err != nil {
+					return s, err
+				}
+				pages[endpoint] = page
+			}
+			v, err := sampleValue(bytes.NewReader(page), q.metric)
+			if err != nil {
 				return s, err
 			}
-			pages[q.endpoint] = page
+			*q.into += int(v)
 		}
-		v, err := sampleValue(bytes.NewReader(page), q.metric)
-		if err != nil {
-			return s, err
-		}
-		*q.into = int(v)
 	}
 	return s, nil
 }
