@@ -48,6 +48,31 @@ func TestTwoReplicas_Scenario09_SecondCrashBeforeTheReplacementStarts(t *testing
 	secondCrash(t, twoOfEach())
 }
 
+// The same scenarios with two replicas of every kind sharing one inference
+// worker, the last cell of the one-or-two replicas by one-or-two workers
+// matrix: both model replicas' holds, cuts and call logs meet on one worker.
+func twoOfEachOneWorker() shape { return shape{workers: 1, replicas: 2} }
+
+func TestTwoReplicasOneWorker_Scenario01_SingleAgentTurnContinuesAfterCrash(t *testing.T) {
+	continueAfterCrash(t, "weather_agent", twoOfEachOneWorker())
+}
+
+func TestTwoReplicasOneWorker_Scenario04_TokenLineageContinues(t *testing.T) {
+	lineageContinues(t, twoOfEachOneWorker())
+}
+
+func TestTwoReplicasOneWorker_Scenario05_GenerationCutIsContinued(t *testing.T) {
+	generationCutContinued(t, twoOfEachOneWorker())
+}
+
+func TestTwoReplicasOneWorker_Scenario06_CheckpointWithoutCrashParksAndReleases(t *testing.T) {
+	parksAndReleases(t, twoOfEachOneWorker())
+}
+
+func TestTwoReplicasOneWorker_Scenario09_SecondCrashBeforeTheReplacementStarts(t *testing.T) {
+	secondCrash(t, twoOfEachOneWorker())
+}
+
 // reusePorts hands a regenerated fleet the ports of the fleet it replaces
 // for its first names (the inference workers, which survive the crash and
 // keep their call logs), and fresh ports for the rest.

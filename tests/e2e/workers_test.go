@@ -32,6 +32,14 @@ func TestTwoWorkers_Scenario05_GenerationCutIsContinued(t *testing.T) {
 	generationCutContinued(t, shape{workers: 2})
 }
 
+func TestTwoWorkers_Scenario06_CheckpointWithoutCrashParksAndReleases(t *testing.T) {
+	parksAndReleases(t, shape{workers: 2})
+}
+
+func TestTwoWorkers_Scenario09_SecondCrashBeforeTheReplacementStarts(t *testing.T) {
+	secondCrash(t, shape{workers: 2})
+}
+
 // workerOf maps each rollout id to the workers that saw its calls (the
 // rollouts here make one attempt each).
 func workerOf(t *testing.T, fs fakes) map[string][]int {
