@@ -27,7 +27,11 @@ build-faults:
 	@mkdir -p $(FAULT_BIN)
 	$(GO) build -tags gymfleet_faults -trimpath -ldflags '$(LDFLAGS)' -o $(FAULT_BIN)/ $(addprefix ./cmd/,$(CMDS))
 
-test: vet test-unit test-deploy test-fuzz test-e2e test-crashsweep test-hosts
+# The process-level suites spend most of their time waiting on processes
+# they start and kill, so they run side by side (on ports of their own),
+# each one's output printed whole when it ends.
+test: vet test-unit test-deploy test-fuzz
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-e2e test-crashsweep test-hosts
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
