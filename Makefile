@@ -96,11 +96,14 @@ test-crashsweep: build build-faults
 # sees, the processes of one host or of all killed, the state restored on
 # other hosts, on each HTTP stack. Namespaces take root; GYMFLEET_E2E_HOSTS=required makes the
 # test fail rather than skip without it.
+# Its processes listen inside the namespaces; anything the harness binds in
+# the host's own namespace comes from a block apart from the other suites'.
+HOSTS_PORTS ?= 15000-15999
 test-hosts: build
 	@$(call need,ip,iproute2)
 	@for s in $(E2E_STACKS); do \
 		echo "--- test-hosts on the $$s HTTP stack"; \
-		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s GYMFLEET_E2E_HOSTS=required \
+		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s GYMFLEET_E2E_HOSTS=required GYMFLEET_E2E_PORTS=$(HOSTS_PORTS) \
 			$(GO) test -count=1 -timeout 5m -run '^TestHosts$$' -v ./tests/e2e/ || exit 1; \
 	done
 
