@@ -8,14 +8,16 @@
 # The targets are read from each package's test files as `go list` selects
 # them for this platform (build constraints applied), not with
 # `go test -list`, which compiles and links every package's test binary
-# only to list it (35 s of a warm `make test`, minutes of a cold one). A
-# `func Fuzz` line of another form than `func FuzzX(f *testing.F)` stops
-# the script rather than going unrun.
+# only to list it. A `func Fuzz` line of another form than
+# `func FuzzX(f *testing.F)` stops the script rather than going unrun.
 set -euo pipefail
 fuzztime=${1:-100x}
 cd "$(dirname "$0")/.."
+cache="$(go env GOCACHE)/fuzz"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 status=0
-while read -r pkg files; do
+while read -r pkg dir files; do
 	[ -n "$files" ] || continue
 	# shellcheck disable=SC2086 # files is a list of paths without spaces
 	declared=$(grep -h '^func Fuzz' $files || true)
@@ -26,12 +28,24 @@ while read -r pkg files; do
 		echo "$declared"
 		exit 1
 	fi
+	[ -n "$targets" ] || continue
+	# One instrumented test binary per package, run once per target: go test
+	# -fuzz would link the package again for every target. The binary runs
+	# in the package's directory (its testdata/fuzz seed corpus) with the
+	# cache directory go test itself would give it.
+	bin="$work/$(basename "$pkg").fuzz.test"
+	if ! go test -c -fuzz . -o "$bin" "$pkg" >"$work/log" 2>&1; then
+		cat "$work/log"
+		status=1
+		continue
+	fi
 	for t in $targets; do
 		echo "fuzz $pkg $t ($fuzztime)"
-		if ! go test -run '^$' -fuzz "^${t}\$" -fuzztime "$fuzztime" "$pkg" >/tmp/gymfleet-fuzz.log 2>&1; then
-			cat /tmp/gymfleet-fuzz.log
+		if ! (cd "$dir" && "$bin" -test.run '^$' -test.fuzz "^${t}\$" -test.fuzztime "$fuzztime" \
+			-test.fuzzcachedir "$cache/$pkg" -test.timeout 10m -test.paniconexit0) >"$work/log" 2>&1; then
+			cat "$work/log"
 			status=1
 		fi
 	done
-done < <(go list -f '{{.ImportPath}}{{range .TestGoFiles}} {{$.Dir}}/{{.}}{{end}}{{range .XTestGoFiles}} {{$.Dir}}/{{.}}{{end}}' ./pkg/... ./cmd/...)
+done < <(go list -f '{{.ImportPath}} {{.Dir}}{{range .TestGoFiles}} {{$.Dir}}/{{.}}{{end}}{{range .XTestGoFiles}} {{$.Dir}}/{{.}}{{end}}' ./pkg/... ./cmd/...)
 exit $status
