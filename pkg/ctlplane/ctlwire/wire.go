@@ -134,7 +134,7 @@ type RestoreRequest struct {
 	// Absent (0): join the fleet's current epoch, fencing nothing.
 	Epoch uint64 `json:"epoch,omitempty"`
 	// Replicas, when present, is this participant's part of a restore
-	// into a different set of replicas (docs/ARCHITECTURE.md, "Replicas").
+	// into a different set of replicas (docs/CHECKPOINTS.md, "Replicas").
 	// Absent: the participant installs its own instance's records.
 	Replicas *ReplicaPlan `json:"replicas,omitempty"`
 }

@@ -77,7 +77,7 @@ type Options struct {
 	// EnvURLs, when set, are the environment's replicas (EnvURL is then
 	// their first): each row goes to the replica replica.Pick names for
 	// its rollout, so a replacement attempt after a restore reaches the
-	// replica that restored its episode (docs/ARCHITECTURE.md, "Replicas").
+	// replica that restored its episode (docs/CHECKPOINTS.md, "Replicas").
 	EnvURLs []string
 	// Concurrency bounds the rows in flight.
 	Concurrency int

@@ -30,7 +30,7 @@ type Config struct {
 	// several (the single URL is then unused). A rollout's calls all go to
 	// the replica replica.Pick names for its rollout id, as the
 	// environment's do, so its capture ledger, held responses and resources
-	// session stay on one replica (docs/ARCHITECTURE.md, "Replicas").
+	// session stay on one replica (docs/CHECKPOINTS.md, "Replicas").
 	ModelServerURLs     []string `mapstructure:"model_server_urls"`
 	ResourcesServerURLs []string `mapstructure:"resources_server_urls"`
 	// MaxSteps bounds model calls per activation; 0 means unlimited.

@@ -84,7 +84,7 @@ type AgentConfig struct {
 	// there are several (url is then unused): a new episode goes to the
 	// replica replica.Pick names for its rollout, and its boundaries record
 	// that replica, so a replacement attempt after a restore goes where its
-	// agent session was installed (docs/ARCHITECTURE.md, "Replicas").
+	// agent session was installed (docs/CHECKPOINTS.md, "Replicas").
 	Replicas []Replica `mapstructure:"replicas"`
 	// ResourcesURLs are the resources server's replicas, when there are
 	// several (resources_url is then unused); an episode's resources

@@ -41,7 +41,7 @@ const (
 	// checkpoint stands.
 	StorageFull Code = "storage_full"
 	// ReplicasUnsupported refuses a restore into a set of replicas it
-	// cannot place the checkpoint's records on (docs/ARCHITECTURE.md,
+	// cannot place the checkpoint's records on (docs/CHECKPOINTS.md,
 	// "Replicas"): before any participant is called.
 	ReplicasUnsupported Code = "replicas_unsupported"
 

@@ -139,7 +139,7 @@ func TestStatus_SpecTable(t *testing.T) {
 		apierror.MethodNotAllowed:       405,
 		apierror.Unavailable:            503,
 		apierror.UpstreamError:          502,
-		// Beyond SPEC §3, pinned as well (docs/ARCHITECTURE.md, "Error codes").
+		// Beyond SPEC §3, pinned as well (docs/WIRE.md, "Error codes").
 		apierror.StorageFull: 507,
 	}
 	for c, status := range want {
@@ -365,16 +365,16 @@ func TestWriteOpenAI(t *testing.T) {
 	}
 }
 
-// Ensure docs/ARCHITECTURE.md's table of error codes lists every code
+// Ensure docs/WIRE.md's table of error codes lists every code
 // with its status, and nothing else.
 func TestCodes_Documented(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "ARCHITECTURE.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "WIRE.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, table, ok := strings.Cut(string(b), "### Error codes\n")
+	_, table, ok := strings.Cut(string(b), "## Error codes\n")
 	if !ok {
-		t.Fatal("docs/ARCHITECTURE.md has no \"### Error codes\" section")
+		t.Fatal("docs/WIRE.md has no \"## Error codes\" section")
 	}
 	table, _, _ = strings.Cut(table, "\n#")
 	documented := map[string]string{}

@@ -2,7 +2,7 @@
 // routes a rollout and restores into a different number of replicas:
 // replicas' instance names, the replica a new rollout goes to, and the
 // placement of a checkpoint's former instances on live ones
-// (docs/ARCHITECTURE.md, "Replicas"). It is pure: servers, gymctl and the
+// (docs/CHECKPOINTS.md, "Replicas"). It is pure: servers, gymctl and the
 // coordinator share it, so every caller of a kind picks the same replica.
 package replica
 
