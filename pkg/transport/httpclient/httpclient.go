@@ -27,6 +27,7 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/backoff"
 	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpbody"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
@@ -384,6 +385,7 @@ func NewIdempotentClient(base *http.Client, retries int) *http.Client {
 	rc.RetryWaitMax = time.Second
 	rc.Logger = nil
 	rc.ErrorHandler = retryablehttp.PassthroughErrorHandler
+	rc.Backoff = idempotentBackoff
 	rc.CheckRetry = func(ctx context.Context, resp *http.Response, err error) (bool, error) {
 		if ctx.Err() != nil {
 			return false, ctx.Err()
@@ -393,6 +395,23 @@ func NewIdempotentClient(base *http.Client, retries int) *http.Client {
 	std := rc.StandardClient()
 	std.Transport = getOnly{std.Transport}
 	return std
+}
+
+// idempotentBackoff is the fleet's one backoff (pkg/infra/backoff) for
+// retryablehttp's retries, which count attempts from 0. A 429 or 503 that
+// names its own pause (Retry-After) gets it, but no more than max: a peer
+// does not get to hold a caller's retries for as long as it likes.
+func idempotentBackoff(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
+	pause := backoff.Policy{Initial: min, Max: max}.Delay(attempt + 1)
+	if resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
+		if asked := retryablehttp.DefaultBackoff(min, max, attempt, resp); asked > pause {
+			pause = asked
+		}
+	}
+	if max > 0 && pause > max {
+		pause = max
+	}
+	return pause
 }
 
 type getOnly struct{ next http.RoundTripper }
