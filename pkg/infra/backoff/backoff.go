@@ -1,8 +1,9 @@
 // Package backoff is the one retry pause of the fleet: exponential, capped,
 // optionally spread by jitter. Each retry loop (a request resent because no
 // connection carried it, a late cleanup step, a row refused while an outside
-// checkpoint held admission) keeps its own reasons to retry and its bound on
-// retries; this package only says how long to wait before the next one.
+// checkpoint held admission, a GET retried by retryablehttp) keeps its own
+// reasons to retry and its bound on retries; this package only says how
+// long to wait before the next one.
 package backoff
 
 import (
