@@ -690,10 +690,12 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 	}
 	type family struct{ kind, name string }
 	former := map[family][]replica.Former{}
+	legacyRuns := map[family]int{}
 	live := map[family][]string{}
 	for _, m := range mans {
 		f := family{m.Kind, replica.Family(m.Instance)}
 		former[f] = append(former[f], replica.Former{Instance: m.Instance, Records: m.RecordCount})
+		legacyRuns[f] += manifestCount(m.Extras[ctlwire.ManifestLegacyRuns])
 	}
 	kinds := map[string]bool{}
 	for _, m := range c.members {
@@ -727,6 +729,11 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 		if len(now) == 0 {
 			return nil, apierror.New(apierror.ReplicasUnsupported, "the checkpoint holds %s %s, and the fleet has no replica of %s to restore them into",
 				f.kind, strings.Join(was, ", "), f.name)
+		}
+		if n := legacyRuns[f]; n > 0 {
+			return nil, apierror.New(apierror.ReplicasUnsupported,
+				"the checkpoint holds %d legacy /run episodes on %s replicas %s, the fleet has %s: a legacy /run reaches its agent by rollout id, so they restore only into the same replicas",
+				n, f.kind, strings.Join(was, ", "), strings.Join(now, ", "))
 		}
 		var plan replica.Plan
 		switch {
@@ -768,6 +775,18 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 	}
 	c.log.Info("restoring into a different set of replicas", "checkpoint_dir", dir, "aliases", aliases, "partitioned", len(partitions))
 	return out, nil
+}
+
+// manifestCount reads a count a participant wrote into its manifest's
+// extras, which come back from JSON as float64; anything else counts 0.
+func manifestCount(v any) int {
+	switch n := v.(type) {
+	case float64:
+		return int(n)
+	case int:
+		return n
+	}
+	return 0
 }
 
 // Retire retires attempts everywhere: environments, then agents, then

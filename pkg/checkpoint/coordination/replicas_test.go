@@ -5,12 +5,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 )
@@ -109,6 +111,37 @@ func TestPlanReplicas(t *testing.T) {
 			}
 			tc.check(t, sources, aliases)
 		})
+	}
+}
+
+// A legacy /run reaches its agent by rollout id, not through a recorded
+// owner, so a checkpoint whose agents hold legacy episodes restores only
+// into the same agent replicas; other families may still change.
+func TestPlanReplicas_LegacyRunsRestoreOnlyIntoTheSameAgents(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "c1")
+	checkpointOf(t, dir, [][2]string{{"environment", "env"}, {"model", "policy_model"}, {"agent", "a-0"}})
+	legacy := func(context.Context, ctlplane.Scope, func(ctlplane.Record) error) (ctlplane.Extras, error) {
+		return ctlplane.Extras{Manifest: map[string]any{ctlwire.ManifestLegacyRuns: 2}}, nil
+	}
+	target := ckptstore.Target{Dir: dir, Kind: "agent", Instance: "a-1", CheckpointID: "c1"}
+	if _, err := ctlplanetest.WriteCheckpoint(context.Background(), target, ctlplane.Scope{}, legacy); err != nil {
+		t.Fatal(err)
+	}
+
+	into := func(live [][2]string) (map[string]*ctlwire.ReplicaPlan, error) {
+		return coordination.New(members(live), coordination.Options{Token: token}).PlanReplicas(context.Background(), dir)
+	}
+	_, err := into([][2]string{{"environment", "env"}, {"model", "policy_model"}, {"agent", "a-0"}, {"agent", "a-1"}, {"agent", "a-2"}})
+	if !apierror.HasCode(err, apierror.ReplicasUnsupported) || !strings.Contains(err.Error(), "2 legacy /run episodes") {
+		t.Fatalf("two agents holding legacy runs into three: %v, want replicas_unsupported naming them", err)
+	}
+	plans, err := into([][2]string{{"environment", "env"}, {"model", "policy_model"}, {"agent", "a-0"}, {"agent", "a-1"}})
+	if err != nil || plans != nil {
+		t.Fatalf("into the same agents: plans %v, err %v; want each restoring its own", plans, err)
+	}
+	plans, err = into([][2]string{{"environment", "env"}, {"model", "policy_model-0"}, {"model", "policy_model-1"}, {"agent", "a-0"}, {"agent", "a-1"}})
+	if err != nil || plans == nil || !slices.Equal(plans["a-1"].Sources, []string{"a-1"}) {
+		t.Fatalf("the same agents, two model servers: plans %v, err %v", plans, err)
 	}
 }
 

@@ -30,6 +30,13 @@ const (
 	KindResources   = "resources"
 )
 
+// ManifestLegacyRuns is the agent manifest's count of legacy /run
+// episodes, written only when there are some. A legacy /run reaches its
+// agent replica by rollout id while a restore places agent records by
+// former owner, so a coordinator refuses to restore such a checkpoint into
+// a different set of agent replicas.
+const ManifestLegacyRuns = "legacy_runs"
+
 // CheckpointRequest is the body of prepare, renew and resume.
 type CheckpointRequest struct {
 	CheckpointID string  `json:"checkpoint_id"`

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/infra/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/infra/parallel"
@@ -526,14 +527,19 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 	if err := emitWindows(out, emit); err != nil {
 		return ctlplane.Extras{}, err
 	}
+	legacy := 0
 	err := s.runs.Export(scope, func(r ctlplane.Record) error {
 		data, err := codec.Marshal(legacyRecord{Type: recordLegacy, EpisodeID: r.EpisodeID, Episode: r.Data})
 		if err != nil {
 			return err
 		}
+		legacy++
 		return emit(ctlplane.Record{EpisodeID: r.EpisodeID, Data: data})
 	})
-	return ctlplane.Extras{}, err
+	if err != nil || legacy == 0 {
+		return ctlplane.Extras{}, err
+	}
+	return ctlplane.Extras{Manifest: map[string]any{ctlwire.ManifestLegacyRuns: legacy}}, nil
 }
 
 // inScopeOrder puts out in the order of the scope's episodes, at[k] being

@@ -15,6 +15,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
+	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/servers/agent"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -180,6 +181,17 @@ func records(t *testing.T, dir, id string) []map[string]json.RawMessage {
 	return out
 }
 
+// manifestOf reads the agent's manifest of checkpoint id in dir.
+func manifestOf(t *testing.T, dir, id string) ckptstore.Manifest {
+	t.Helper()
+	store := ctlplanetest.Store(t, dir)
+	m, _, _, err := store.Read(context.Background(), ckptstore.Target{Dir: dir, Kind: ctlplane.KindAgent, Instance: agent.DefaultConfig().Name, CheckpointID: id}, nil)
+	if err != nil {
+		t.Fatalf("reading checkpoint %s: %v", id, err)
+	}
+	return m
+}
+
 // waitUntil polls cond until it holds or 10 s pass.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -340,6 +352,10 @@ func TestCheckpoint_RestoreContinuesPendingTools(t *testing.T) {
 	recs := records(t, dir, "c1")
 	if len(recs) != 1 {
 		t.Fatalf("records: %v", recs)
+	}
+	// Native sessions follow their recorded owner into any agent count.
+	if extras := manifestOf(t, dir, "c1").Extras; extras != nil {
+		t.Errorf("manifest extras %v, want none", extras)
 	}
 	first := recs[0]
 	if string(first["type"]) != `"agent_session"` || string(first["session_id"]) != `"s"` || compact(t, string(first["episode_id"])) != `{"rollout_id":"r","attempt":0}` {
@@ -560,6 +576,10 @@ func TestLegacy_ContinuesFromItsLoopBoundary(t *testing.T) {
 	recs := records(t, dir, "c1")
 	if len(recs) != 1 || string(recs[0]["type"]) != `"legacy_run"` {
 		t.Fatalf("records: %v", recs)
+	}
+	// What keeps a coordinator from restoring it into other agent replicas.
+	if n := manifestOf(t, dir, "c1").Extras[ctlwire.ManifestLegacyRuns]; n != float64(1) {
+		t.Errorf("manifest %s = %v, want 1", ctlwire.ManifestLegacyRuns, n)
 	}
 	b := field(t, string(recs[0]["episode"]), "boundary")
 	rsid := old.rec.all()[0].session
