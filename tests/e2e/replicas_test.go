@@ -15,6 +15,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ops/collect"
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
@@ -187,6 +188,70 @@ func restoreIntoAgents(t *testing.T, to int) {
 			}
 		}
 		assertReward(t, g.RunOK(weatherRow(id, "weather_agent", "Oslo")), 1.0)
+	}
+}
+
+// TestReplicas_LegacyRunsRestoreOnlyIntoTheSameAgents checkpoints two agent
+// replicas holding legacy /run episodes (the environment relays each row to
+// the agent replica.Pick names), kills every process, and asks fresh
+// processes with three agent replicas to restore: a replacement /run would
+// reach a replica by the new count while the episode was placed by its
+// former owner, so the restore is refused with replicas_unsupported before
+// any participant is called. Fresh processes with the checkpoint's two agent
+// replicas then restore it, and every rollout finishes once with no
+// delivered model call repeated.
+func TestReplicas_LegacyRunsRestoreOnlyIntoTheSameAgents(t *testing.T) {
+	f := startFleetWith(t, fleetOptions{topo: func(tp *fleet.Topology) { tp.Replicas.Agent = 2 }})
+	var rows []map[string]any
+	var scope []rollout.EpisodeID
+	for i := range 2 {
+		id := fmt.Sprintf("legacy-w%d", i)
+		rows = append(rows, weatherRow(id, "weather_agent_legacy", "Oslo"))
+		scope = append(scope, ep(id, 0))
+	}
+	f.HoldSecondCalls()
+	var firsts []*Run
+	for _, row := range rows {
+		firsts = append(firsts, f.Start(row))
+	}
+	for _, row := range rows {
+		f.WaitHeld(row[rollout.FieldRolloutID].(string), 2)
+	}
+	f.Checkpoint(f.Coord(), "c1", scope...)
+	f.Crash()
+	workerPorts := f.workerPorts()
+
+	three := startFleetWith(t, fleetOptions{noInference: true, topo: func(tp *fleet.Topology) {
+		tp.Replicas.Agent = 3
+		tp.Ports = reusePorts{first: workerPorts, rest: ports}
+	}})
+	_, err := three.Coord().Restore(context.Background(), "c1", f.Dir("c1"), scope, deadline(30*time.Second))
+	if !apierror.HasCode(err, apierror.ReplicasUnsupported) || !strings.Contains(err.Error(), "legacy /run") {
+		t.Fatalf("restore of legacy runs into three agent replicas: %v, want replicas_unsupported naming them", err)
+	}
+	three.Crash()
+
+	two := startFleetWith(t, fleetOptions{noInference: true, topo: func(tp *fleet.Topology) {
+		tp.Replicas.Agent = 2
+		tp.Ports = reusePorts{first: workerPorts, rest: ports}
+	}})
+	c := two.Coord()
+	if _, err := c.Restore(context.Background(), "c1", f.Dir("c1"), scope, deadline(30*time.Second)); err != nil {
+		t.Fatalf("restore c1 into the same two agent replicas: %v", err)
+	}
+	two.Resume(c, "c1")
+	two.Release()
+	for _, r := range firsts {
+		if rep := r.Wait(t, 30*time.Second); rep.Status == http.StatusOK {
+			t.Fatalf("the first attempt of %v replied across the crash: %v", r.Row[rollout.FieldRolloutID], rep.Body)
+		}
+	}
+	for _, row := range rows {
+		assertReward(t, two.RunOK(withAttempt(row, 1)), 1.0)
+		id := row[rollout.FieldRolloutID].(string)
+		if got, want := two.MessageCounts(id), []int{2, 4, 4}; !slices.Equal(got, want) {
+			t.Fatalf("%s: model calls (messages each) %v, want %v: delivered calls are never repeated", id, got, want)
+		}
 	}
 }
 
