@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
@@ -33,8 +34,8 @@ const proxyCostRound = 2000
 // httputil.ReverseProxy's (issue 34): the CPU time one chat completion adds
 // when it goes through a proxy rather than straight to the upstream, for
 // the reverse proxy, the model server without capture (plain
-// /v1/chat/completions) and with capture (/ng-rollout/<key>/..., a ledger
-// row per call). Every hop speaks HTTP/1.1 with keep-alive, as a wrk load
+// /v1/chat/completions), with capture (/ng-rollout/<key>/..., a ledger
+// row per call), and with capture and checkpointing on. Every hop speaks HTTP/1.1 with keep-alive, as a wrk load
 // and vLLM's uvicorn do. The upstream answers at once with a reply that
 // fakeinference gave for the same request (token ids and log-probs in
 // vLLM's shape), so the upstream's own CPU is the same on every path and
@@ -63,15 +64,23 @@ func BenchmarkProxyCPUPerCall(b *testing.B) {
 	rp.Transport = newHTTP1Transport()
 	reverseProxy := serveHTTP1(b, rp)
 
-	cfg := modelproxy.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Upstream.BaseURL, cfg.Upstream.Protocol = upstream+"/v1", modelproxy.ProtocolHTTP1
-	cfg.Capture.Dir = b.TempDir()
-	server, err := modelproxy.New(cfg, modelproxy.Deps{})
-	if err != nil {
-		b.Fatal(err)
+	newServer := func(ck ctlplane.Config) *modelproxy.Server {
+		cfg := modelproxy.DefaultConfig()
+		cfg.Listen = "127.0.0.1:0"
+		cfg.Upstream.BaseURL, cfg.Upstream.Protocol = upstream+"/v1", modelproxy.ProtocolHTTP1
+		cfg.Capture.Dir = b.TempDir()
+		cfg.Checkpoint = ck
+		server, err := modelproxy.New(cfg, modelproxy.Deps{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		serveForBench(b, server)
+		return server
 	}
-	serveForBench(b, server)
+	server := newServer(ctlplane.DefaultConfig())
+	// The same with checkpointing on (the ticket registry, the delivery gate
+	// and the epoch fence on every call), as a fleet runs it.
+	participant := newServer(ctlplane.Config{Enabled: true, ControlAuthToken: "bench", LeaseGraceSeconds: 600, Root: b.TempDir()})
 
 	clientBody := proxyCostClientBody(b)
 	targets := []struct {
@@ -86,6 +95,9 @@ func BenchmarkProxyCPUPerCall(b *testing.B) {
 		{"modelserver", func(int) string { return server.URL() + "/v1/chat/completions" }, clientBody},
 		{"modelserver-capture", func(call int) string {
 			return fmt.Sprintf("%s/ng-rollout/cost-%d/v1/chat/completions", server.URL(), call)
+		}, clientBody},
+		{"modelserver-capture-checkpointing", func(call int) string {
+			return fmt.Sprintf("%s/ng-rollout/cost-%d/v1/chat/completions", participant.URL(), call)
 		}, clientBody},
 	}
 	client := &http.Client{Transport: newHTTP1Transport()}
@@ -124,6 +136,7 @@ func BenchmarkProxyCPUPerCall(b *testing.B) {
 	if added[1] > 0 {
 		b.ReportMetric(added[2]/added[1], "modelserver/reverseproxy")
 		b.ReportMetric(added[3]/added[1], "capture/reverseproxy")
+		b.ReportMetric(added[4]/added[1], "checkpointing/reverseproxy")
 	}
 }
 
