@@ -34,6 +34,43 @@ func serveForBench(b *testing.B, s interface {
 	})
 }
 
+// zeroLatencyWorker serves a fakeinference that generates without delay
+// until the benchmark ends.
+func zeroLatencyWorker(b *testing.B) *fakeinference.Server {
+	b.Helper()
+	wcfg := fakeinference.DefaultConfig()
+	wcfg.Listen, wcfg.TokensPerSecond, wcfg.MinCallSeconds = "127.0.0.1:0", 0, 0
+	worker, err := fakeinference.New(wcfg, fakeinference.Deps{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	serveForBench(b, worker)
+	return worker
+}
+
+// weatherChat is a tool-calling chat request as a client sends it or, with
+// upstream, as the model server sends it on: with the token parameters
+// prepareChat (chat.go) adds to every call.
+func weatherChat(b *testing.B, upstream bool) []byte {
+	b.Helper()
+	body := map[string]any{
+		"model": "fake-model",
+		"messages": []any{
+			map[string]any{"role": "system", "content": "You are a weather assistant."},
+			map[string]any{"role": "user", "content": `What is the weather in Paris? Call get_weather with {"city": "Paris"}.`},
+		},
+		"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "get_weather", "parameters": map[string]any{"type": "object"}}}},
+	}
+	if upstream {
+		body["logprobs"], body["top_logprobs"], body["return_tokens_as_token_ids"], body["return_token_ids"] = true, 0, true, true
+	}
+	raw, err := codec.Marshal(body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return raw
+}
+
 // BenchmarkAddedLatency measures what the model proxy adds to one model
 // call: the same chat request sent straight to fakeinference (generating
 // without delay) and through the proxy with token capture (conversion of the
@@ -49,13 +86,7 @@ func BenchmarkAddedLatency(b *testing.B) {
 }
 
 func benchAddedLatency(b *testing.B, ck ctlplane.Config) {
-	wcfg := fakeinference.DefaultConfig()
-	wcfg.Listen, wcfg.TokensPerSecond, wcfg.MinCallSeconds = "127.0.0.1:0", 0, 0
-	worker, err := fakeinference.New(wcfg, fakeinference.Deps{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	serveForBench(b, worker)
+	worker := zeroLatencyWorker(b)
 	cfg := modelproxy.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Upstream.BaseURL, cfg.Upstream.H2C = worker.URL()+"/v1", true
@@ -69,26 +100,7 @@ func benchAddedLatency(b *testing.B, ck ctlplane.Config) {
 	client := httpclient.New(httpclient.Options{H2C: true})
 	b.Cleanup(client.CloseIdleConnections)
 
-	chat := func(direct bool) []byte {
-		body := map[string]any{
-			"model": "fake-model",
-			"messages": []any{
-				map[string]any{"role": "system", "content": "You are a weather assistant."},
-				map[string]any{"role": "user", "content": `What is the weather in Paris? Call get_weather with {"city": "Paris"}.`},
-			},
-			"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "get_weather", "parameters": map[string]any{"type": "object"}}}},
-		}
-		if direct {
-			// What the proxy asks the upstream for on every call.
-			body["logprobs"], body["top_logprobs"], body["return_tokens_as_token_ids"], body["return_token_ids"] = true, 0, true, true
-		}
-		raw, err := codec.Marshal(body)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return raw
-	}
-	directBody, proxyBody := chat(true), chat(false)
+	directBody, proxyBody := weatherChat(b, true), weatherChat(b, false)
 	call := func(url string, body []byte) time.Duration {
 		start := time.Now()
 		rep, err := httpclient.Do(context.Background(), client, http.MethodPost, url, nil, body)

@@ -15,10 +15,8 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
-	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
 // proxyCostConns is how many keep-alive connections the load keeps busy at
@@ -82,7 +80,7 @@ func BenchmarkProxyCPUPerCall(b *testing.B) {
 	// and the epoch fence on every call), as a fleet runs it.
 	participant := newServer(ctlplane.Config{Enabled: true, ControlAuthToken: "bench", LeaseGraceSeconds: 600, Root: b.TempDir()})
 
-	clientBody := proxyCostClientBody(b)
+	clientBody := weatherChat(b, false)
 	targets := []struct {
 		name string
 		url  func(call int) string
@@ -145,24 +143,8 @@ func BenchmarkProxyCPUPerCall(b *testing.B) {
 // reply.
 func cannedUpstream(b *testing.B) (request, reply []byte) {
 	b.Helper()
-	wcfg := fakeinference.DefaultConfig()
-	wcfg.Listen, wcfg.TokensPerSecond, wcfg.MinCallSeconds = "127.0.0.1:0", 0, 0
-	worker, err := fakeinference.New(wcfg, fakeinference.Deps{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	serveForBench(b, worker)
-	var body map[string]any
-	if err := codec.Unmarshal(proxyCostClientBody(b), &body); err != nil {
-		b.Fatal(err)
-	}
-	// What prepareChat adds for token capture (chat.go).
-	body["model"] = wcfg.Model
-	body["logprobs"], body["top_logprobs"], body["return_tokens_as_token_ids"], body["return_token_ids"] = true, 0, true, true
-	request, err = codec.Marshal(body)
-	if err != nil {
-		b.Fatal(err)
-	}
+	worker := zeroLatencyWorker(b)
+	request = weatherChat(b, true)
 	client := httpclient.New(httpclient.Options{})
 	defer client.CloseIdleConnections()
 	rep, err := httpclient.Do(context.Background(), client, http.MethodPost, worker.URL()+"/v1/chat/completions", nil, request)
@@ -173,23 +155,6 @@ func cannedUpstream(b *testing.B) (request, reply []byte) {
 		b.Fatalf("fakeinference's reply carries no token ids: %s", rep.Body)
 	}
 	return request, rep.Body
-}
-
-// proxyCostClientBody is a tool-calling chat request as a client sends it.
-func proxyCostClientBody(b *testing.B) []byte {
-	b.Helper()
-	raw, err := codec.Marshal(map[string]any{
-		"model": "fake-model",
-		"messages": []any{
-			map[string]any{"role": "system", "content": "You are a weather assistant."},
-			map[string]any{"role": "user", "content": `What is the weather in Paris? Call get_weather with {"city": "Paris"}.`},
-		},
-		"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "get_weather", "parameters": map[string]any{"type": "object"}}}},
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return raw
 }
 
 // loadCalls makes n calls from proxyCostConns goroutines, each on its own
