@@ -398,18 +398,16 @@ func NewIdempotentClient(base *http.Client, retries int) *http.Client {
 }
 
 // idempotentBackoff is the fleet's one backoff (pkg/infra/backoff) for
-// retryablehttp's retries, which count attempts from 0. A 429 or 503 that
-// names its own pause (Retry-After) gets it, but no more than max: a peer
-// does not get to hold a caller's retries for as long as it likes.
-func idempotentBackoff(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
-	pause := backoff.Policy{Initial: min, Max: max}.Delay(attempt + 1)
+// retryablehttp's retries, which count attempts from 0, between its
+// RetryWaitMin (lo) and RetryWaitMax (hi). A 429 or 503 that names its own
+// pause (Retry-After) gets it, but no more than hi: a peer does not get to
+// hold a caller's retries for as long as it likes.
+func idempotentBackoff(lo, hi time.Duration, attempt int, resp *http.Response) time.Duration {
+	pause := backoff.Policy{Initial: lo, Max: hi}.Delay(attempt + 1)
 	if resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
-		if asked := retryablehttp.DefaultBackoff(min, max, attempt, resp); asked > pause {
-			pause = asked
+		if asked := retryablehttp.DefaultBackoff(lo, hi, attempt, resp); asked > pause {
+			pause = min(asked, hi)
 		}
-	}
-	if max > 0 && pause > max {
-		pause = max
 	}
 	return pause
 }

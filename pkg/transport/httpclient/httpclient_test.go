@@ -244,6 +244,31 @@ func TestIdempotentClient_RetriesGet(t *testing.T) {
 	}
 }
 
+// A peer's Retry-After is honoured only up to the client's cap, so a 503
+// asking for an hour is retried within the context's much shorter bound
+// (idempotentBackoff; retryablehttp's own backoff would wait the hour).
+func TestIdempotentClient_CapsRetryAfter(t *testing.T) {
+	var n atomic.Int32
+	rc, srv, base := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.Header().Set("Retry-After", "3600")
+			writeBody(503, "application/json", `{"error":{"code":"unavailable","detail":"come back in an hour"}}`)(w, r)
+			return
+		}
+		writeBody(200, "application/json", `{"echo":"ready"}`)(w, r)
+	})
+	c := httpclient.NewIdempotentClient(base, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out pong
+	if _, err := httpclient.GetJSON(ctx, c, srv.URL+"/_ckpt/status", nil, &out); err != nil {
+		t.Fatalf("the retry waited for the peer's Retry-After: %v", err)
+	}
+	if out.Echo != "ready" || len(rc.requests()) != 2 {
+		t.Fatalf("out %+v after %d requests, want ready after 2", out, len(rc.requests()))
+	}
+}
+
 func TestIdempotentClient_GivesUpWithTheLastReply(t *testing.T) {
 	rc, srv, base := newServer(t, writeBody(503, "application/json", `{"error":{"code":"unavailable","detail":"still not ready"}}`))
 	c := httpclient.NewIdempotentClient(base, 1)
