@@ -780,13 +780,8 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 // manifestCount reads a count a participant wrote into its manifest's
 // extras, which come back from JSON as float64; anything else counts 0.
 func manifestCount(v any) int {
-	switch n := v.(type) {
-	case float64:
-		return int(n)
-	case int:
-		return n
-	}
-	return 0
+	n, _ := v.(float64)
+	return int(n)
 }
 
 // Retire retires attempts everywhere: environments, then agents, then
