@@ -283,7 +283,9 @@ type StreamEvent struct {
 	Delta          *string      `json:"delta,omitempty"`
 	Text           *string      `json:"text,omitempty"`
 	Arguments      *string      `json:"arguments,omitempty"`
-	Logprobs       []any        `json:"logprobs,omitempty"`
-	Code           string       `json:"code,omitempty"`
-	Message        string       `json:"message,omitempty"`
+	// Logprobs is a JSON list on text delta and done events (OpenAI sends
+	// one on each, [] when none were asked for); absent on the others.
+	Logprobs codec.RawMessage `json:"logprobs,omitempty"`
+	Code     string           `json:"code,omitempty"`
+	Message  string           `json:"message,omitempty"`
 }
