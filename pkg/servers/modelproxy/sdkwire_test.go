@@ -55,6 +55,9 @@ func TestOpenAIErrors_ShouldRetry(t *testing.T) {
 			if err := json.Unmarshal(resp.body, &env); err != nil || env.Error.Message == "" || env.Error.Message != env.Error.Detail {
 				t.Fatalf("error body %s: want OpenAI's message beside our detail", resp.body)
 			}
+			if c.status == http.StatusBadGateway && !strings.HasSuffix(env.Error.Message, ": engine died") && !strings.HasSuffix(env.Error.Message, ": overloaded") {
+				t.Fatalf("message %q: want vLLM's message, not its body", env.Error.Message)
+			}
 		})
 	}
 }

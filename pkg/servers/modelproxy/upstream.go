@@ -339,7 +339,13 @@ func asAPIError(err error) error {
 		}
 		return e
 	}
-	return &apierror.Error{Code: apierror.UpstreamError, Detail: us.Error(), Retry: upstreamSaysRetry(us)}
+	detail := us.Error()
+	if ue, ok := parseUpstreamError(us.body); ok && !us.midStream {
+		// vLLM's message, not its whole body: what an SDK shows as
+		// e.message reads as a sentence.
+		detail = fmt.Sprintf("upstream answered %d: %s", us.status, ue.Message)
+	}
+	return &apierror.Error{Code: apierror.UpstreamError, Detail: detail, Retry: upstreamSaysRetry(us)}
 }
 
 // upstreamSaysRetry reports an upstream reply that asks to be called again
