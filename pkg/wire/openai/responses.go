@@ -184,6 +184,9 @@ type Response struct {
 	Instructions      *string            `json:"instructions"`
 	Metadata          map[string]string  `json:"metadata"`
 	MaxOutputTokens   *int               `json:"max_output_tokens"`
+	// TopLogprobs echoes the request's, as OpenAI's Response does; absent
+	// when the request had none.
+	TopLogprobs *int `json:"top_logprobs,omitempty"`
 }
 
 // IncompleteDetails says why a response stopped early.

@@ -35,6 +35,7 @@ def test_chat_stream_logprobs(model, key):
 
 def test_responses_include_logprobs(model, fake, key):
     r = model.client(key).responses.create(model="m", input="hi", include=INCLUDE, top_logprobs=2)
+    assert r.top_logprobs == 2, "echoed, as OpenAI's Response does"
     part = only(only(r.output).content)
     _, gen, lps = assert_token_fields(r.output[0])
     assert [e.logprob for e in part.logprobs] == lps
