@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
 
-.PHONY: all check-commits build build-faults test test-unit test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
+.PHONY: all check-commits build build-faults test test-unit test-interop-sdk test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -77,6 +77,19 @@ test-e2e: build
 	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for s in $(E2E_STACKS); do echo "--- e2e on the $$s HTTP stack"; cat $$logs/$$s.log; done; \
 	rm -rf $$logs; exit $$rc
+
+# The official OpenAI Python SDK against the model server in front of
+# fakeinference (tests/interop/sdk): the SDK and pytest pinned with hashes in
+# tests/interop/envs/openai, installed once into ~/.cache/gymfleet by
+# scripts/pyenv.sh (which says so when PyPI does not answer), then every
+# scenario of the pytest suite, each a subtest. SDK_PYTEST adds pytest
+# arguments: make test-interop-sdk SDK_PYTEST='-k chat_stream'.
+SDK_PORTS  ?= 13500-13999
+SDK_PYTEST ?=
+test-interop-sdk: build
+	@env=$$(scripts/pyenv.sh openai) && \
+	GYMFLEET_BIN=$(BIN) GYMFLEET_PYENV_OPENAI=$$env GYMFLEET_E2E_PORTS=$(SDK_PORTS) GYMFLEET_SDK_PYTEST='$(SDK_PYTEST)' \
+		$(GO) test -count=1 -timeout 8m -v -run '^TestOpenAISDK$$' ./tests/interop/sdk/
 
 # The crash sweep (tests/e2e/crashsweep_test.go): every fault point armed in
 # every process it can fire in, each on a fleet of its own; the process dies

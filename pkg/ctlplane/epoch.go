@@ -358,6 +358,7 @@ type epochWriter struct {
 	http.ResponseWriter
 	c       *Controller
 	r       *http.Request
+	write   ErrorWriter
 	decided bool
 	refused bool
 	// streaming is set by the first flush after the headers went out.
@@ -376,7 +377,7 @@ func (w *epochWriter) decide() bool {
 		for k := range h {
 			delete(h, k)
 		}
-		apierror.Write(w.ResponseWriter, w.r, nil, err)
+		w.write(w.ResponseWriter, w.r, err)
 		return false
 	}
 	w.ResponseWriter.Header().Set(EpochHeader, strconv.FormatUint(w.c.epoch.cur.Load(), 10))

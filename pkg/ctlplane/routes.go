@@ -1,7 +1,9 @@
 package ctlplane
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"time"
 
@@ -220,27 +222,40 @@ func ByPrefix(a Admission) Classifier {
 	}
 }
 
+// ErrorWriter answers a refused request in the shape of the server's
+// routes.
+type ErrorWriter func(w http.ResponseWriter, r *http.Request, err error)
+
 // Middleware applies the attempt fence and admission to a server's data
 // routes. It must run after the /ng-rollout prefix is stripped (it is, as
-// httpserver.RouterOptions.Middleware).
+// httpserver.RouterOptions.Middleware). Its refusals are apierror.Write's.
 func (c *Controller) Middleware(classify Classifier) func(http.Handler) http.Handler {
+	return c.MiddlewareWith(classify, nil)
+}
+
+// MiddlewareWith is Middleware answering its refusals with write (nil:
+// apierror.Write), for a server whose routes speak another error shape.
+func (c *Controller) MiddlewareWith(classify Classifier, write ErrorWriter) func(http.Handler) http.Handler {
 	if classify == nil {
 		classify = ByPrefix(AdmitPass)
+	}
+	if write == nil {
+		write = func(w http.ResponseWriter, r *http.Request, err error) { apierror.Write(w, r, nil, err) }
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !exemptFromEpoch(r) {
 				if err := c.peerEpoch(r.Header); err != nil {
 					c.metrics.refusal(apierror.StaleEpoch)
-					apierror.Write(w, r, nil, err)
+					write(w, r, err)
 					return
 				}
-				w = &epochWriter{ResponseWriter: w, c: c, r: r}
+				w = &epochWriter{ResponseWriter: w, c: c, r: r, write: write}
 			}
 			id, named, adm := classify(r)
 			if named {
 				if err := c.CheckFence(id); err != nil {
-					apierror.Write(w, r, nil, err)
+					write(w, r, err)
 					return
 				}
 			}
@@ -248,18 +263,24 @@ func (c *Controller) Middleware(classify Classifier) func(http.Handler) http.Han
 			case AdmitRefuse:
 				if closed, _ := c.gate.state(); closed {
 					c.metrics.refusal(apierror.AdmissionClosed)
-					apierror.Write(w, r, nil, apierror.New(apierror.AdmissionClosed, "a checkpoint is in progress; resend this request unchanged after it"))
+					write(w, r, apierror.New(apierror.AdmissionClosed, "a checkpoint is in progress; resend this request unchanged after it"))
 					return
 				}
 			case AdmitWait:
+				if closed, _ := c.gate.state(); closed {
+					if err := readBodyFirst(r); err != nil {
+						write(w, r, err)
+						return
+					}
+				}
 				if err := c.gate.wait(r.Context()); err != nil {
-					apierror.Write(w, r, nil, err)
+					write(w, r, err)
 					return
 				}
 				// A retire may have run while this waited.
 				if named {
 					if err := c.CheckFence(id); err != nil {
-						apierror.Write(w, r, nil, err)
+						write(w, r, err)
 						return
 					}
 				}
@@ -267,4 +288,22 @@ func (c *Controller) Middleware(classify Classifier) func(http.Handler) http.Han
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// readBodyFirst reads an HTTP/1.x request's body before the request waits
+// for admission. net/http notices a client that hung up (its context ends)
+// only once the body has been read; unread, a client that gave up while the
+// checkpoint held its call (an SDK's timeout, then its retry) would still
+// have its call sent upstream after the resume, to generate for nobody.
+// HTTP/2 ends a stream's context when the client resets it, body or not.
+func readBodyFirst(r *http.Request) error {
+	if r.ProtoMajor >= 2 || r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	b, err := httpserver.ReadBody(r)
+	if err != nil {
+		return err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	return nil
 }

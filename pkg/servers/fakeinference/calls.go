@@ -35,6 +35,7 @@ type call struct {
 	continuedFrom string
 	sched         schedule // paces tokens[reused:]
 	script        *Script  // the script the call was planned with, if any
+	request       CallRequest
 	// failure, when set, is the error the call ends with after its tokens
 	// (a scripted stream_error).
 	failure *RequestError
@@ -260,6 +261,7 @@ func (c *call) info(now time.Time) CallInfo {
 		Held:               c.everHeld,
 		ReusedPrefixTokens: c.reused,
 		ReceivedAt:         c.receivedAt,
+		Request:            c.request,
 	}
 	if c.episode != nil {
 		key, rid, attempt := c.episode.CaptureKey(), c.episode.RolloutID, c.episode.Attempt

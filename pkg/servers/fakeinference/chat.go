@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/gencut"
+	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference/fiwire"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/transport/sse"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
@@ -376,8 +377,9 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 		truncated:     truncated,
 		reused:        len(reused),
 		continuedFrom: continuedFrom,
-		sched:         schedule{m: len(tokens) - len(reused), tps: s.cfg.TokensPerSecond, minCall: s.cfg.MinCallSeconds},
+		sched:         schedule{m: len(tokens) - len(reused), tps: pace(s.cfg.TokensPerSecond, script), minCall: s.cfg.MinCallSeconds},
 		script:        script,
+		request:       recordRequest(req),
 		failure:       failure,
 		cutShort:      cutShort,
 	}
@@ -392,6 +394,45 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 		c.id = id
 	}
 	return c, nil
+}
+
+// recordRequest is what the call log keeps of a request's parameters.
+func recordRequest(req *openai.ChatRequest) CallRequest {
+	cut := func(s string) string {
+		if len(s) > fiwire.MaxRecordedName {
+			return s[:fiwire.MaxRecordedName]
+		}
+		return s
+	}
+	out := CallRequest{
+		Model: cut(req.Model), MaxTokens: maxTokens(req), Temperature: req.Temperature, TopP: req.TopP,
+		Logprobs: req.Logprobs != nil && *req.Logprobs, TopLogprobs: req.TopLogprobs,
+		ReturnTokenIDs:         req.ReturnTokenIDs != nil && *req.ReturnTokenIDs,
+		ReturnTokensAsTokenIDs: req.ReturnTokensAsTokenIDs != nil && *req.ReturnTokensAsTokenIDs,
+		IncludeUsage:           req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		Tools:                  []string{},
+	}
+	for _, t := range req.Tools {
+		if len(out.Tools) == fiwire.MaxRecordedTools {
+			break
+		}
+		out.Tools = append(out.Tools, cut(t.Function.Name))
+	}
+	switch mode, name := ToolChoiceOf(req); mode {
+	case ToolChoiceFunction:
+		out.ToolChoice = "function:" + cut(name)
+	default:
+		out.ToolChoice = cut(mode)
+	}
+	return out
+}
+
+// pace is a call's tokens per second: its script's, else the server's.
+func pace(server float64, script *Script) float64 {
+	if script != nil && script.TokensPerSecond > 0 {
+		return script.TokensPerSecond
+	}
+	return server
 }
 
 // errClosing ends calls when the server closes.

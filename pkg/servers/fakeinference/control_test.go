@@ -221,8 +221,10 @@ func TestCalls_Log(t *testing.T) {
 	r := f.get("/_ctl/calls")
 	got := timeField.ReplaceAllString(strings.TrimSpace(string(r.body)), `"$1":"T"`)
 	want := `{"calls":[` +
-		`{"index":0,"call_id":"mc-1","capture_key":"w-1-a2","rollout_id":"w-1","attempt":2,"n_messages":1,"stream":false,"prompt_tokens":86,"completion_tokens":29,"finish_reason":"tool_calls","status":"returned","held":false,"continued_from":null,"reused_prefix_tokens":0,"received_at":"T","finished_at":"T"},` +
-		`{"index":1,"call_id":"call-2","capture_key":null,"rollout_id":null,"attempt":null,"n_messages":1,"stream":true,"prompt_tokens":6,"completion_tokens":14,"finish_reason":"stop","status":"returned","held":false,"continued_from":null,"reused_prefix_tokens":0,"received_at":"T","finished_at":"T"}]}`
+		`{"index":0,"call_id":"mc-1","capture_key":"w-1-a2","rollout_id":"w-1","attempt":2,"n_messages":1,"stream":false,"prompt_tokens":86,"completion_tokens":29,"finish_reason":"tool_calls","status":"returned","held":false,"continued_from":null,"reused_prefix_tokens":0,"received_at":"T","finished_at":"T",` +
+		`"request":{"model":"fake-model","tools":["get_weather"],"tool_choice":"","max_tokens":null,"temperature":null,"top_p":null,"logprobs":false,"top_logprobs":null,"return_token_ids":false,"return_tokens_as_token_ids":false,"include_usage":false}},` +
+		`{"index":1,"call_id":"call-2","capture_key":null,"rollout_id":null,"attempt":null,"n_messages":1,"stream":true,"prompt_tokens":6,"completion_tokens":14,"finish_reason":"stop","status":"returned","held":false,"continued_from":null,"reused_prefix_tokens":0,"received_at":"T","finished_at":"T",` +
+		`"request":{"model":"","tools":[],"tool_choice":"","max_tokens":null,"temperature":null,"top_p":null,"logprobs":false,"top_logprobs":null,"return_token_ids":false,"return_tokens_as_token_ids":false,"include_usage":false}}]}`
 	if got != want {
 		t.Errorf("GET /_ctl/calls =\n%s\nwant\n%s", got, want)
 	}

@@ -68,13 +68,21 @@ func Decide(req *openai.ChatRequest, script *Script) Decision {
 	tools := offeredTools(req)
 	if len(tools) > 0 {
 		rounds, n := plannedRounds(req, tools, script)
-		if d.Round < n {
+		mode, forced := ToolChoiceOf(req)
+		// vLLM constrains the output to a tool call when tool_choice is
+		// "required" or names a function (structured outputs), whatever
+		// the model would have said: the call is made even past the
+		// planned rounds, and a named choice calls that function.
+		if d.Round < n || mode == ToolChoiceRequired || mode == ToolChoiceFunction {
 			call := ScriptToolCall{Name: tools[0], Arguments: codec.RawMessage("{}")}
 			switch {
 			case d.Round < len(rounds):
 				call = rounds[d.Round]
 			case len(rounds) > 0:
 				call = rounds[len(rounds)-1]
+			}
+			if mode == ToolChoiceFunction && call.Name != forced {
+				call = ScriptToolCall{Name: forced, Arguments: codec.RawMessage("{}")}
 			}
 			d.ToolCall, d.ToolName, d.Arguments = true, call.Name, string(call.Arguments)
 			return d
@@ -95,9 +103,41 @@ func Decide(req *openai.ChatRequest, script *Script) Decision {
 	return d
 }
 
+// Tool choice modes (ToolChoiceOf).
+const (
+	ToolChoiceAuto     = "auto"
+	ToolChoiceRequired = "required"
+	ToolChoiceNone     = "none"
+	ToolChoiceFunction = "function"
+)
+
+// ToolChoiceOf reads a request's tool_choice: its mode ("" when absent or
+// null) and, for a named function, its name. The request was validated
+// (checkToolUsage), so a named choice has a name.
+func ToolChoiceOf(req *openai.ChatRequest) (mode, name string) {
+	tc := bytes.TrimSpace(req.ToolChoice)
+	if len(tc) == 0 || string(tc) == "null" {
+		return "", ""
+	}
+	if tc[0] == '"' {
+		var s string
+		_ = codec.Unmarshal(tc, &s)
+		return s, ""
+	}
+	var named struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if codec.Unmarshal(tc, &named) != nil {
+		return "", ""
+	}
+	return ToolChoiceFunction, named.Function.Name
+}
+
 // offeredTools lists the function tools the model may call.
 func offeredTools(req *openai.ChatRequest) []string {
-	if tc := bytes.TrimSpace(req.ToolChoice); string(tc) == `"none"` {
+	if mode, _ := ToolChoiceOf(req); mode == ToolChoiceNone {
 		return nil
 	}
 	var names []string

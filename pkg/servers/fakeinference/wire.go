@@ -15,6 +15,7 @@ type (
 	ReleaseReply        = fiwire.ReleaseReply
 	CallCount           = fiwire.CallCount
 	CallInfo            = fiwire.CallInfo
+	CallRequest         = fiwire.CallRequest
 	CallsReply          = fiwire.CallsReply
 	CutsReply           = fiwire.CutsReply
 	ScriptReply         = fiwire.ScriptReply

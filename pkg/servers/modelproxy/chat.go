@@ -94,7 +94,9 @@ func (s *Server) prepareChat(f chatFields, clientLogprobs bool) ([]byte, error) 
 			switch string(bytes.TrimSpace(n)) {
 			case "1", "null":
 			default:
-				return nil, apierror.New(apierror.InvalidRequest, "n must be 1: token ids are captured for one choice")
+				e := apierror.New(apierror.InvalidRequest, "n must be 1: token ids are captured for one choice")
+				e.Param = "n"
+				return nil, e
 			}
 		}
 		if clientLogprobs {
@@ -224,7 +226,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if stream {
-		s.streamChat(w, r, t, up, digest)
+		s.streamChat(w, r, t, up, digest, clientLogprobs)
 		return
 	}
 	s.finish(w, r, t, s.chatOnce(r.Context(), t, up, digest, clientLogprobs))
@@ -432,7 +434,13 @@ func unfinished(sawDone bool) error {
 // upstream error event, a [DONE] or EOF before a finish_reason, a broken
 // connection) is a failed call: no ledger row, a capture failure recorded,
 // and, once the client's stream started, an error event and [DONE].
-func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string) {
+//
+// The log-probs the server asked for itself (return_token_ids without the
+// client's logprobs) are taken out of each chunk, as rewriteChatReply
+// takes them out of a complete reply: a client that did not ask for them
+// reads logprobs: null, as OpenAI answers.
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string, clientLogprobs bool) {
+	ownLogprobs := s.cfg.ReturnTokenIDs && !clientLogprobs
 	ctx, span := s.inferenceSpan(r.Context(), t, true)
 	defer span.End()
 	start := time.Now()
@@ -467,13 +475,17 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 			break
 		}
 		var ch openai.ChatChunk
+		data := ev.Data
 		if codec.Unmarshal(ev.Data, &ch) == nil {
 			if upErr = eventError(ch.Error, ev.Data); upErr != nil {
 				break
 			}
 			acc.Add(&ch)
+			if ownLogprobs && chunkHasLogprobs(&ch) {
+				data = withoutLogprobs(ev.Data)
+			}
 		}
-		if err := out.raw(ev.Name, ev.Data); err != nil {
+		if err := out.raw(ev.Name, data); err != nil {
 			s.done(t, outcomeCanceled)
 			return
 		}
@@ -511,6 +523,50 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 		return
 	}
 	s.done(t, outcomeOK)
+}
+
+func chunkHasLogprobs(ch *openai.ChatChunk) bool {
+	for i := range ch.Choices {
+		if ch.Choices[i].Logprobs != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// withoutLogprobs is a chunk without its choices' logprobs; a chunk that
+// does not decode as an object with a choices array is returned as is.
+func withoutLogprobs(data []byte) []byte {
+	var top map[string]codec.RawMessage
+	if codec.Unmarshal(data, &top) != nil || top == nil {
+		return data
+	}
+	var choices []map[string]codec.RawMessage
+	if codec.Unmarshal(top["choices"], &choices) != nil {
+		return data
+	}
+	arr := []byte{'['}
+	for i, c := range choices {
+		if i > 0 {
+			arr = append(arr, ',')
+		}
+		if c == nil {
+			arr = append(arr, "null"...)
+			continue
+		}
+		delete(c, "logprobs")
+		b, err := encodeObject(c)
+		if err != nil {
+			return data
+		}
+		arr = append(arr, b...)
+	}
+	top["choices"] = append(arr, ']')
+	out, err := encodeObject(top)
+	if err != nil {
+		return data
+	}
+	return out
 }
 
 // overflowChatStream answers a streaming call the upstream refused for its

@@ -53,7 +53,11 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
-		return nil, apierror.New(apierror.InvalidRequest, "unknown request fields: %s", strings.Join(unknown, ", ")).WithStatus(http.StatusUnprocessableEntity)
+		// param names the first, so an SDK's error.param names a field
+		// as it does for every other refused parameter.
+		e := apierror.New(apierror.InvalidRequest, "unknown request fields: %s", strings.Join(unknown, ", ")).WithStatus(http.StatusUnprocessableEntity)
+		e.Param = unknown[0]
+		return nil, e
 	}
 	if in, ok := top["input"]; !ok || string(bytes.TrimSpace(in)) == "null" {
 		return nil, apierror.New(apierror.InvalidRequest, "input is required").WithStatus(http.StatusUnprocessableEntity)

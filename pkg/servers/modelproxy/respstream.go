@@ -17,7 +17,8 @@ import (
 //	  output_text.delta…, output_text.done, content_part.done; for a call
 //	  function_call_arguments.delta…, function_call_arguments.done; then
 //	  output_item.done
-//	response.completed with the full Response
+//	response.completed with the full Response (response.incomplete when
+//	  it stopped early)
 //
 // Items open one at a time, in the order the final Response lists them
 // (reasoning, message, calls) as long as the model produces them in that
@@ -165,14 +166,32 @@ func (rs *responseStream) visibleText(text string) {
 		return
 	}
 	rs.message.text.WriteString(text)
-	ev := &openai.StreamEvent{Type: openai.EventOutputTextDelta, ItemID: rs.message.id, OutputIndex: intp(rs.message.index), ContentIndex: intp(0), Delta: &text}
+	ev := &openai.StreamEvent{Type: openai.EventOutputTextDelta, ItemID: rs.message.id, OutputIndex: intp(rs.message.index), ContentIndex: intp(0), Delta: &text,
+		Logprobs: noLogprobs}
 	if len(rs.logprobs) > 0 {
-		for _, lp := range openai.ResponseLogprobs(rs.logprobs) {
-			ev.Logprobs = append(ev.Logprobs, lp)
+		if b, err := codec.Marshal(openai.ResponseLogprobs(rs.logprobs)); err == nil {
+			ev.Logprobs = b
 		}
 		rs.logprobs = nil
 	}
 	rs.emit(ev)
+}
+
+// noLogprobs is the logprobs of a text event without any: OpenAI's text
+// delta and done events always carry the list (ResponseTextDeltaEvent's
+// logprobs is required in the openai SDK 3.63.0), so an SDK user iterates
+// it rather than meeting None.
+var noLogprobs = codec.RawMessage("[]")
+
+// partLogprobs is the logprobs of a finished output_text part, for its
+// done event.
+func partLogprobs(item *openai.Item) codec.RawMessage {
+	if item.Content != nil && len(item.Content.Parts) > 0 {
+		if lp := item.Content.Parts[0].Logprobs; len(lp) > 0 && string(lp) != "null" {
+			return lp
+		}
+	}
+	return noLogprobs
 }
 
 // maxToolCalls bounds the tool calls one reply may open.
@@ -233,7 +252,8 @@ func (rs *responseStream) closeItem(it *streamItem, final *openai.Item) {
 	case openai.ItemMessage:
 		text := final.Content.String()
 		part := openai.OutputText(text)
-		rs.emit(&openai.StreamEvent{Type: openai.EventOutputTextDone, ItemID: it.id, OutputIndex: intp(it.index), ContentIndex: intp(0), Text: &text})
+		rs.emit(&openai.StreamEvent{Type: openai.EventOutputTextDone, ItemID: it.id, OutputIndex: intp(it.index), ContentIndex: intp(0), Text: &text,
+			Logprobs: partLogprobs(final)})
 		rs.emit(&openai.StreamEvent{Type: openai.EventContentPartDone, ItemID: it.id, OutputIndex: intp(it.index), ContentIndex: intp(0), Part: &part})
 	case openai.ItemFunctionCall:
 		args := final.Arguments
@@ -314,13 +334,20 @@ func (rs *responseStream) complete(final *openai.Response) error {
 				part := openai.OutputText("")
 				rs.emit(&openai.StreamEvent{Type: openai.EventContentPartAdded, ItemID: it.id, OutputIndex: intp(it.index), ContentIndex: intp(0), Part: &part})
 				if text := item.Content.String(); text != "" {
-					rs.emit(&openai.StreamEvent{Type: openai.EventOutputTextDelta, ItemID: it.id, OutputIndex: intp(it.index), ContentIndex: intp(0), Delta: &text})
+					rs.emit(&openai.StreamEvent{Type: openai.EventOutputTextDelta, ItemID: it.id, OutputIndex: intp(it.index), ContentIndex: intp(0), Delta: &text,
+						Logprobs: noLogprobs})
 				}
 			}
 		}
 		rs.closeItem(it, item)
 	}
-	rs.emit(&openai.StreamEvent{Type: openai.EventResponseCompleted, Response: final})
+	// OpenAI ends a response that stopped early (max_output_tokens, a
+	// context overflow) with response.incomplete, not response.completed.
+	end := openai.EventResponseCompleted
+	if final.Status == openai.StatusIncomplete {
+		end = openai.EventResponseIncomplete
+	}
+	rs.emit(&openai.StreamEvent{Type: end, Response: final})
 	return rs.err
 }
 

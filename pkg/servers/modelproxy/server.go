@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -134,9 +135,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		// A ledger row a superseded process appends would be a call no
 		// live agent made: every append is written under the epoch guard.
 		ledger.SetFence(ctl.UnderEpoch)
-		mw = append(mw, ctl.Middleware(classify))
+		mw = append(mw, ctl.MiddlewareWith(classify, s.writeError))
 	}
-	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready})
+	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Middleware: mw, Pprof: cfg.Pprof, Ready: s.upstream.ready,
+		WriteError: s.writeError})
 	s.routes(r)
 	if s.ctl != nil {
 		s.ctl.Mount(r)
@@ -167,6 +169,30 @@ func (s *Server) routes(r chi.Router) {
 		r.Post("/retire", httpserver.Handle(s.log, s.handleRetire))
 		r.Post("/delete", httpserver.Handle(s.log, s.handleDelete))
 	})
+}
+
+// writeError answers a refusal in OpenAI's error shape on the OpenAI
+// routes (/v1/..., under a rollout prefix or not), whose callers are
+// OpenAI SDKs reading error.message and x-should-retry, and in the fleet's
+// envelope on the others (the ledger routes, the probes).
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if openAIPath(r.URL.Path) {
+		apierror.WriteOpenAI(w, r, s.log, err)
+		return
+	}
+	apierror.Write(w, r, s.log, err)
+}
+
+// openAIPath reports an OpenAI route's path: /v1/..., or the same under
+// /ng-rollout/<capture_key>/ when the router has not stripped the prefix
+// yet (a malformed one).
+func openAIPath(p string) bool {
+	if rest, ok := strings.CutPrefix(p, "/ng-rollout/"); ok {
+		_, p, _ = strings.Cut(rest, "/")
+		p = "/" + p
+		p = strings.TrimPrefix(p, "/training-token-capture")
+	}
+	return strings.HasPrefix(p, "/v1/")
 }
 
 // classify admits model calls with AdmitWait (a call arriving while a

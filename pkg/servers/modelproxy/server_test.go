@@ -251,8 +251,10 @@ func TestChat_StreamRelaysChunksAsTheyArrive(t *testing.T) {
 		fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", second)
 	})
 	p := newProxy(t, up, nil)
+	// The client asks for log-probs, so the chunks pass byte for byte (the
+	// server's own are taken out of them).
 	resp, err := http.Post(p.url+"/ng-rollout/s1/v1/chat/completions", "application/json",
-		strings.NewReader(`{"messages":[{"role":"user","content":"q"}],"stream":true}`))
+		strings.NewReader(`{"messages":[{"role":"user","content":"q"}],"stream":true,"logprobs":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +426,7 @@ func TestResponses_Incomplete(t *testing.T) {
 		types = append(types, ev.Name)
 	}
 	want := []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-		"response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"}
+		"response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"}
 	if status != 200 || !slices.Equal(types, want) {
 		t.Fatalf("streamed overflow: %d %v", status, types)
 	}
@@ -542,7 +544,7 @@ func TestResponses_StreamEmptyReply(t *testing.T) {
 		types = append(types, ev.Name)
 	}
 	want := []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-		"response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"}
+		"response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"}
 	if !slices.Equal(types, want) {
 		t.Fatalf("event types %v, want %v", types, want)
 	}

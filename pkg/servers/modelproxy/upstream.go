@@ -64,7 +64,8 @@ func (s *Server) inferenceSpan(ctx context.Context, t *ticket, stream bool) (con
 func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, stream bool) (*http.Response, error) {
 	client, err := s.upstream.client(ctx)
 	if err != nil {
-		return nil, transportError(ctx, err)
+		// The upstream was never reached: nothing was sent.
+		return nil, unsentError(transportError(ctx, err))
 	}
 	var tried []bool
 	if len(s.workers) > 1 {
@@ -92,6 +93,9 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 				return nil, err
 			}
 			s.workerFailed(i)
+			if unsent {
+				err = unsentError(err)
+			}
 			if tried == nil || !unsent {
 				return nil, err
 			}
@@ -329,13 +333,47 @@ func asAPIError(err error) error {
 		case http.StatusRequestTimeout, http.StatusTooManyRequests:
 			code = apierror.UpstreamError
 		}
-		e := &apierror.Error{Code: code, Detail: ue.Message, Status: us.status, Type: ue.Type}
+		e := &apierror.Error{Code: code, Detail: ue.Message, Status: us.status, Type: ue.Type, Retry: upstreamSaysRetry(us)}
 		if p, isText := ue.Param.(string); isText {
 			e.Param = p
 		}
 		return e
 	}
-	return &apierror.Error{Code: apierror.UpstreamError, Detail: us.Error()}
+	detail := us.Error()
+	if ue, ok := parseUpstreamError(us.body); ok && !us.midStream {
+		// vLLM's message, not its whole body: what an SDK shows as
+		// e.message reads as a sentence.
+		detail = fmt.Sprintf("upstream answered %d: %s", us.status, ue.Message)
+	}
+	return &apierror.Error{Code: apierror.UpstreamError, Detail: detail, Retry: upstreamSaysRetry(us)}
+}
+
+// upstreamSaysRetry reports an upstream reply that asks to be called again
+// later without having generated: 408, 429 and 503 before any stream
+// began. Any other failure may have generated, and the server never has
+// its client send a call again that may have (x-should-retry: false), as
+// it never sends one to a second worker.
+func upstreamSaysRetry(us *upstreamStatus) bool {
+	if us.midStream {
+		return false
+	}
+	switch us.status {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return true
+	}
+	return false
+}
+
+// unsentError marks the failure of a call the upstream never received as
+// one its client may send again.
+func unsentError(err error) error {
+	var e *apierror.Error
+	if errors.As(err, &e) && e.Code == apierror.UpstreamError {
+		c := *e
+		c.Retry = true
+		return &c
+	}
+	return err
 }
 
 func transportError(ctx context.Context, err error) error {

@@ -36,6 +36,11 @@ type RouterOptions struct {
 	Ready func() error
 	// MaxBodyBytes bounds request bodies; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// WriteError answers the router's own refusals (a malformed rollout
+	// prefix, no route, a method not allowed, a handler's panic); nil is
+	// apierror.Write. A server whose routes speak another error shape
+	// (the model server's OpenAI routes) answers them in it.
+	WriteError func(w http.ResponseWriter, r *http.Request, err error)
 	// Middleware runs after the fleet's own (recovery, metrics, limits, the
 	// rollout prefix) and before routing, e.g. the checkpoint fence.
 	Middleware []func(http.Handler) http.Handler
@@ -66,15 +71,19 @@ func NewRouter(opts RouterOptions) chi.Router {
 	opts.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newHTTPMetrics(opts.Registry)
 	log := opts.Logger
+	writeError := opts.WriteError
+	if writeError == nil {
+		writeError = func(w http.ResponseWriter, r *http.Request, err error) { apierror.Write(w, r, log, err) }
+	}
 
 	r := chi.NewRouter()
 	// Metrics outermost, so a recovered panic is counted as the 500 the
 	// client got rather than as an unwritten (200) response.
 	r.Use(m.middleware)
-	r.Use(recoverer(log))
+	r.Use(recoverer(log, writeError))
 	r.Use(limitBody(opts.MaxBodyBytes))
 	r.Use(rollout.StripPrefix(func(w http.ResponseWriter, req *http.Request, err error) {
-		apierror.Write(w, req, log, apierror.Wrap(apierror.InvalidRequest, err))
+		writeError(w, req, apierror.Wrap(apierror.InvalidRequest, err))
 	}))
 	// After the prefix is stripped, so the span names its capture key.
 	r.Use(traceRequests(opts.Tracer))
@@ -82,10 +91,10 @@ func NewRouter(opts RouterOptions) chi.Router {
 		r.Use(mw)
 	}
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
-		apierror.Write(w, req, log, apierror.New(apierror.NotFound, "no route %s %s", req.Method, req.URL.Path))
+		writeError(w, req, apierror.New(apierror.NotFound, "no route %s %s", req.Method, req.URL.Path))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
-		apierror.Write(w, req, log, apierror.New(apierror.MethodNotAllowed, "method %s not allowed on %s", req.Method, req.URL.Path))
+		writeError(w, req, apierror.New(apierror.MethodNotAllowed, "method %s not allowed on %s", req.Method, req.URL.Path))
 	})
 	ok := func(w http.ResponseWriter, _ *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -204,7 +213,7 @@ func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter 
 // recoverer turns a handler panic into a 500 envelope and a log line with the
 // stack, so no input can take a server down. http.ErrAbortHandler is re-raised
 // as net/http expects.
-func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
+func recoverer(log *slog.Logger, writeError func(http.ResponseWriter, *http.Request, error)) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			defer func() {
@@ -216,7 +225,7 @@ func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
 					panic(v)
 				}
 				log.ErrorContext(r.Context(), "handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				apierror.Write(w, r, nil, apierror.New(apierror.Internal, "internal error"))
+				writeError(w, r, apierror.New(apierror.Internal, "internal error"))
 			}()
 			next.ServeHTTP(w, r)
 		})

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -135,6 +136,14 @@ type Error struct {
 	// by WriteOpenAI; empty Type is derived from the status.
 	Type  string
 	Param string
+	// Retry marks a refusal that did no work for the request and may pass
+	// when the same request is sent again (not ready yet, an upstream that
+	// never received it or asked to be called later). WriteOpenAI says so
+	// in x-should-retry, which OpenAI's SDKs obey over their own rule
+	// (they retry 408, 409, 429 and every 5xx): every other error says
+	// false, so no SDK sends again a request that was refused for good or
+	// may already have generated.
+	Retry bool
 	cause error
 }
 
@@ -266,8 +275,18 @@ func OpenAIType(status int) string {
 	return "server_error"
 }
 
+// ShouldRetryHeader is the header OpenAI's SDKs read to decide whether to
+// send a failed request again (_should_retry in the Python SDK's
+// _base_client.py, openai 3.63.0), over their own rule by status.
+const ShouldRetryHeader = "X-Should-Retry"
+
+// Retryable reports whether a client may send the request that got e again
+// unchanged: e says so (Retry), or the server is not ready yet.
+func (e *Error) Retryable() bool { return e.Retry || e.Code == Unavailable }
+
 // WriteOpenAI answers a request on an OpenAI-compatible route with err in
-// OpenAIEnvelope; otherwise it is Write.
+// OpenAIEnvelope, and tells OpenAI's SDKs whether to send it again
+// (ShouldRetryHeader, Retryable); otherwise it is Write.
 func WriteOpenAI(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	e := From(err)
 	status := e.HTTPStatus()
@@ -278,6 +297,7 @@ func WriteOpenAI(w http.ResponseWriter, r *http.Request, log *slog.Logger, err e
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set(ShouldRetryHeader, strconv.FormatBool(e.Retryable()))
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
 }

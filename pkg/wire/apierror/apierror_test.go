@@ -400,3 +400,28 @@ func TestCodes_Documented(t *testing.T) {
 		t.Errorf("the table lists %s, which is no code", c)
 	}
 }
+
+// OpenAI's SDKs retry 408, 409, 429 and 5xx unless x-should-retry says
+// otherwise (openai 3.63.0, _base_client.py _should_retry): only an error
+// marked Retry, or not ready yet, lets them.
+func TestWriteOpenAI_ShouldRetry(t *testing.T) {
+	for _, c := range []struct {
+		err  *apierror.Error
+		want string
+	}{
+		{apierror.New(apierror.StaleAttempt, "retired"), "false"},
+		{apierror.New(apierror.UpstreamError, "engine died"), "false"},
+		{apierror.New(apierror.InvalidRequest, "bad"), "false"},
+		{apierror.New(apierror.Unavailable, "not ready"), "true"},
+		{&apierror.Error{Code: apierror.UpstreamError, Detail: "never sent", Retry: true}, "true"},
+	} {
+		rec := httptest.NewRecorder()
+		apierror.WriteOpenAI(rec, httptest.NewRequest(http.MethodPost, "/v1/responses", nil), nil, c.err)
+		if got := rec.Header().Get(apierror.ShouldRetryHeader); got != c.want {
+			t.Errorf("%v: x-should-retry %q, want %q", c.err, got, c.want)
+		}
+		if got := c.err.WithStatus(499).Retryable(); got != (c.want == "true") {
+			t.Errorf("%v: WithStatus dropped Retry", c.err)
+		}
+	}
+}

@@ -489,6 +489,7 @@ func ChatToResponse(req *ResponsesRequest, c *ChatCompletion, opts ResponseOptio
 		Instructions:      req.Instructions,
 		Metadata:          req.Metadata,
 		MaxOutputTokens:   req.MaxOutputTokens,
+		TopLogprobs:       req.TopLogprobs,
 	}
 	if resp.Model == "" {
 		resp.Model = c.Model

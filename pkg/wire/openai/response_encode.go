@@ -76,6 +76,10 @@ func (r *Response) AppendJSON(b []byte) ([]byte, error) {
 	b = appendStringMap(b, r.Metadata)
 	b = append(b, `,"max_output_tokens":`...)
 	b = appendIntOrNull(b, r.MaxOutputTokens)
+	if r.TopLogprobs != nil {
+		b = append(b, `,"top_logprobs":`...)
+		b = strconv.AppendInt(b, int64(*r.TopLogprobs), 10)
+	}
 	return append(b, '}'), nil
 }
 

@@ -50,7 +50,7 @@ func TestResponseAppendJSON_MatchesMarshal(t *testing.T) {
 			Usage: &ResponseUsage{InputTokens: 1, OutputTokens: 2, TotalTokens: 3, InputTokensDetails: InputTokensDetails{CachedTokens: &n}},
 			Error: codec.RawMessage(`{"code":"x"}`), Instructions: &tricky,
 			Metadata:        map[string]string{"b": tricky, "a": "1", tricky: "", "\xff": "x", "\u2028": "y"},
-			MaxOutputTokens: &n,
+			MaxOutputTokens: &n, TopLogprobs: &n,
 		},
 		"invalid tool choice": {ToolChoice: codec.RawMessage(`{"type":`)},
 		"empty error":         {Error: codec.RawMessage{}},
@@ -70,7 +70,7 @@ func TestResponseAppendJSON_KnowsEveryField(t *testing.T) {
 		fields   int
 		appender string
 	}{
-		{reflect.TypeFor[Response](), 17, "Response.AppendJSON (response_encode.go)"},
+		{reflect.TypeFor[Response](), 18, "Response.AppendJSON (response_encode.go)"},
 		{reflect.TypeFor[Tool](), 5, "Tool.appendJSON (response_encode.go)"},
 		{reflect.TypeFor[ResponseUsage](), 5, "ResponseUsage.AppendJSON (response_encode.go)"},
 		{reflect.TypeFor[InputTokensDetails](), 1, "ResponseUsage.AppendJSON (response_encode.go)"},

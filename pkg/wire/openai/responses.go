@@ -184,6 +184,9 @@ type Response struct {
 	Instructions      *string            `json:"instructions"`
 	Metadata          map[string]string  `json:"metadata"`
 	MaxOutputTokens   *int               `json:"max_output_tokens"`
+	// TopLogprobs echoes the request's, as OpenAI's Response does; absent
+	// when the request had none.
+	TopLogprobs *int `json:"top_logprobs,omitempty"`
 }
 
 // IncompleteDetails says why a response stopped early.
@@ -283,7 +286,9 @@ type StreamEvent struct {
 	Delta          *string      `json:"delta,omitempty"`
 	Text           *string      `json:"text,omitempty"`
 	Arguments      *string      `json:"arguments,omitempty"`
-	Logprobs       []any        `json:"logprobs,omitempty"`
-	Code           string       `json:"code,omitempty"`
-	Message        string       `json:"message,omitempty"`
+	// Logprobs is a JSON list on text delta and done events (OpenAI sends
+	// one on each, [] when none were asked for); absent on the others.
+	Logprobs codec.RawMessage `json:"logprobs,omitempty"`
+	Code     string           `json:"code,omitempty"`
+	Message  string           `json:"message,omitempty"`
 }

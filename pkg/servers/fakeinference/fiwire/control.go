@@ -65,7 +65,38 @@ type CallInfo struct {
 	ReusedPrefixTokens int        `json:"reused_prefix_tokens"`
 	ReceivedAt         time.Time  `json:"received_at"`
 	FinishedAt         *time.Time `json:"finished_at"`
+	// Request is what the call asked for besides its messages.
+	Request CallRequest `json:"request"`
 }
+
+// CallRequest is what a call asked for besides its messages: the
+// parameters a proxy in front of the server sets or forwards, so a test
+// can tell what reached the backend. Names are cut at MaxRecordedName
+// bytes and tools at MaxRecordedTools, so a call's record stays small.
+type CallRequest struct {
+	Model string `json:"model"`
+	// Tools names the function tools offered, in order.
+	Tools []string `json:"tools"`
+	// ToolChoice is "auto", "required", "none", "function:<name>", or ""
+	// when the request had none.
+	ToolChoice string `json:"tool_choice"`
+	// MaxTokens is the limit vLLM reads: max_completion_tokens, else
+	// max_tokens; nil when neither was sent.
+	MaxTokens              *int     `json:"max_tokens"`
+	Temperature            *float64 `json:"temperature"`
+	TopP                   *float64 `json:"top_p"`
+	Logprobs               bool     `json:"logprobs"`
+	TopLogprobs            *int     `json:"top_logprobs"`
+	ReturnTokenIDs         bool     `json:"return_token_ids"`
+	ReturnTokensAsTokenIDs bool     `json:"return_tokens_as_token_ids"`
+	IncludeUsage           bool     `json:"include_usage"`
+}
+
+// Bounds of a CallRequest.
+const (
+	MaxRecordedName  = 128
+	MaxRecordedTools = 64
+)
 
 // CallsReply answers GET /_ctl/calls, in arrival order.
 type CallsReply struct {

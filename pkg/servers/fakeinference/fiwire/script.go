@@ -86,7 +86,10 @@ type ScriptRoutedExperts struct {
 //   - RoutedExperts is a routed_experts value (a string, a
 //     [tokens][layers][topk] list, or {layers, topk, experts} to generate
 //     one row per prompt and generated token), placed per RoutedExpertsIn
-//     ("message", the default; "choice"; or "both").
+//     ("message", the default; "choice"; or "both");
+//   - TokensPerSecond, when above 0, paces this call's generation instead
+//     of the server's tokens_per_second (a slow generation, for a client's
+//     timeout).
 type Script struct {
 	ToolRounds *int             `json:"tool_rounds,omitempty"`
 	ToolCalls  []ScriptToolCall `json:"tool_calls,omitempty"`
@@ -96,7 +99,13 @@ type Script struct {
 	TruncateStream  *ScriptTruncate    `json:"truncate_stream,omitempty"`
 	RoutedExperts   codec.RawMessage   `json:"routed_experts,omitempty"`
 	RoutedExpertsIn string             `json:"routed_experts_in,omitempty"`
+
+	TokensPerSecond float64 `json:"tokens_per_second,omitempty"`
 }
+
+// MinScriptTokensPerSecond is the slowest pace a script may ask for, so a
+// scripted call still ends within minutes.
+const MinScriptTokensPerSecond = 0.1
 
 // ScriptToolCall is one scripted tool call. Arguments is a JSON object, or a
 // JSON string holding one; absent means {}.
@@ -108,7 +117,8 @@ type ScriptToolCall struct {
 // IsZero reports a script that sets nothing (the body {} clears the script).
 func (s *Script) IsZero() bool {
 	return s == nil || (s.ToolRounds == nil && s.ToolCalls == nil && s.FinalText == "" &&
-		s.StreamError == nil && s.TruncateStream == nil && len(s.RoutedExperts) == 0 && s.RoutedExpertsIn == "")
+		s.StreamError == nil && s.TruncateStream == nil && len(s.RoutedExperts) == 0 && s.RoutedExpertsIn == "" &&
+		s.TokensPerSecond == 0)
 }
 
 // ParseScript decodes and normalises a script from JSON text. Unknown fields
@@ -187,6 +197,9 @@ func (s *Script) normalizeFaults() error {
 	}
 	if s.StreamError != nil && s.TruncateStream != nil {
 		return errors.New("set stream_error or truncate_stream, not both")
+	}
+	if tps := s.TokensPerSecond; tps != 0 && !(tps >= MinScriptTokensPerSecond && tps <= 1e9) {
+		return fmt.Errorf("tokens_per_second must be 0 (the server's pace) or in [%v, 1e9], got %v", MinScriptTokensPerSecond, tps)
 	}
 	switch s.RoutedExpertsIn {
 	case "", RoutedExpertsInMessage, RoutedExpertsInChoice, RoutedExpertsInBoth:
