@@ -39,7 +39,7 @@ func TestCounterExample(t *testing.T) {
 	if man["record_count"] != float64(1) || man["resources_type"] != "counter" || man["checkpoint_mode"] != "saved" || jsonOf(t, m["episode_ids"]) != `["r-a1"]` {
 		t.Fatalf("commit reply = %v", m)
 	}
-	if got := records(t, dir, "counter", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":1},"state":{"count":3}}`}) {
+	if got := records(t, dir, "counter", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"episode_id":{"rollout_id":"r","attempt":1},"session_id":"s1","state":{"count":3}}`}) {
 		t.Fatalf("records = %v", got)
 	}
 	src.mustCtl("resume", ckptReq("c1"))
@@ -66,7 +66,7 @@ func TestCounterExample(t *testing.T) {
 // keeps its state, so a counter at 4 continues to 6.
 func TestRestoredSessionReseeded(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"row-7": `{"session_id":"s1","episode_id":{"rollout_id":"row-7","attempt":0},"state":{"count":4}}`,
+		"row-7": `{"episode_id":{"rollout_id":"row-7","attempt":0},"session_id":"s1","state":{"count":4}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.mustCtl("restore", scopeReq("c1", dir, episodes("row-7")...))
@@ -84,7 +84,7 @@ func TestStatelessRestore(t *testing.T) {
 	src.mustCtl("prepare", ckptReq("c1"))
 	dir := t.TempDir()
 	src.mustCtl("commit", scopeReq("c1", dir, episodes("w")...))
-	if got := records(t, dir, "weather", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"session_id":"s1","episode_id":{"rollout_id":"w","attempt":0},"state":null}`}) {
+	if got := records(t, dir, "weather", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"episode_id":{"rollout_id":"w","attempt":0},"session_id":"s1","state":null}`}) {
 		t.Fatalf("records = %v", got)
 	}
 	src.mustCtl("resume", ckptReq("c1"))
@@ -106,7 +106,7 @@ func TestStatelessRestore(t *testing.T) {
 // checkpoint has no state until the next attempt seeds it.
 func TestRestoredStatelessCounter(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":null}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":null}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, resources.ModeStateless, "")
 	ts.mustCtl("restore", scopeReq("c1", dir, episodes("r")...))
@@ -168,8 +168,8 @@ func TestRequestsWaitDuringCheckpoint(t *testing.T) {
 	dir := t.TempDir()
 	ts.mustCtl("commit", scopeReq("c1", dir, episodes("r", "q", "c")...))
 	want := []string{
-		`{"session_id":"s3","episode_id":{"rollout_id":"c","attempt":0},"state":{"count":0}}`,
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":1}}`,
+		`{"episode_id":{"rollout_id":"c","attempt":0},"session_id":"s3","state":{"count":0}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":1}}`,
 	}
 	if got := records(t, dir, "counter", "c1"); jsonOf(t, got) != jsonOf(t, want) {
 		t.Fatalf("records = %v\nwant %v", got, want)
@@ -243,7 +243,7 @@ func TestRestartOnly(t *testing.T) {
 // TestRestartOnly_RefusesRecords: a restart_only server restores nothing.
 func TestRestartOnly_RefusesRecords(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":1}}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":1}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, resources.ModeRestartOnly, "")
 	got := ts.ctl("restore", scopeReq("c1", dir, episodes("r")...))
@@ -257,21 +257,20 @@ func TestRestartOnly_RefusesRecords(t *testing.T) {
 // TestInstallAllOrNothing: one bad record fails the restore, nothing is
 // installed and the phase stays idle.
 func TestInstallAllOrNothing(t *testing.T) {
-	good := `{"session_id":"s1","episode_id":{"rollout_id":"good","attempt":0},"state":{"count":1}}`
+	good := `{"episode_id":{"rollout_id":"good","attempt":0},"session_id":"s1","state":{"count":1}}`
 	cases := []struct {
 		name, key, record, detail string
 		manifest                  map[string]any
 	}{
-		{"count not an integer", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":"x"}}`, "invalid counter state", nil},
-		{"fractional count", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1.5}}`, "invalid counter state", nil},
-		{"null state", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":null}`, "invalid counter state", nil},
-		{"extra state field", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1,"x":2}}`, "invalid counter state", nil},
-		{"state missing", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0}}`, "state is missing", nil},
-		{"bad session id", "bad", `{"session_id":"a b","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1}}`, "session_id", nil},
-		{"unknown field", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1},"owner":"x"}`, "unknown field", nil},
-		{"episode mismatch", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"other","attempt":0},"state":{"count":1}}`, "names episode other", nil},
-		{"duplicate session", "bad", `{"session_id":"s1","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1}}`, "appears twice", nil},
-		{"other type", "fine", `{"session_id":"s2","episode_id":{"rollout_id":"fine","attempt":0},"state":{"count":1}}`, "weather server", map[string]any{"resources_type": "weather"}},
+		{"count not an integer", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":"x"}}`, "invalid counter state", nil},
+		{"fractional count", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":1.5}}`, "invalid counter state", nil},
+		{"null state", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":null}`, "invalid counter state", nil},
+		{"extra state field", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":1,"x":2}}`, "invalid counter state", nil},
+		{"state missing", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2"}`, "state is missing", nil},
+		{"bad session id", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"a b","state":{"count":1}}`, "session_id", nil},
+		{"unknown field", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":1},"owner":"x"}`, "unknown field", nil},
+		{"duplicate session", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s1","state":{"count":1}}`, "appears twice", nil},
+		{"other type", "fine", `{"episode_id":{"rollout_id":"fine","attempt":0},"session_id":"s2","state":{"count":1}}`, "weather server", map[string]any{"resources_type": "weather"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -383,7 +382,7 @@ func TestRetire_Counter(t *testing.T) {
 // hold up a retire of its attempt, and is refused afterwards.
 func TestRetire_SeedWaitingOutRestore(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":2}}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":2}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.mustCtl("restore", scopeReq("c1", dir, episodes("r")...))
@@ -399,8 +398,8 @@ func TestRetire_SeedWaitingOutRestore(t *testing.T) {
 // whose scope drops it, unless a request used it since the restore.
 func TestCommitDropsUnusedRestoredSessions(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c0", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":7}}`,
-		"q": `{"session_id":"s2","episode_id":{"rollout_id":"q","attempt":0},"state":{"count":1}}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":7}}`,
+		"q": `{"episode_id":{"rollout_id":"q","attempt":0},"session_id":"s2","state":{"count":1}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.mustCtl("restore", scopeReq("c0", dir, episodes("r", "q")...))
@@ -410,8 +409,8 @@ func TestCommitDropsUnusedRestoredSessions(t *testing.T) {
 	dir1 := t.TempDir()
 	ts.mustCtl("commit", scopeReq("c1", dir1, episodes("r-a1", "q-a1")...))
 	want := []string{
-		`{"session_id":"s2","episode_id":{"rollout_id":"q","attempt":1},"state":{"count":1}}`,
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":1},"state":{"count":7}}`,
+		`{"episode_id":{"rollout_id":"q","attempt":1},"session_id":"s2","state":{"count":1}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":1},"session_id":"s1","state":{"count":7}}`,
 	}
 	if got := records(t, dir1, "counter", "c1"); jsonOf(t, got) != jsonOf(t, want) {
 		t.Fatalf("records = %v\nwant %v", got, want)
