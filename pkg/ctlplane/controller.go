@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -919,10 +920,10 @@ func (c *Controller) Resume(req CheckpointRequest) (*ResumeReply, error) {
 // Retire raises the fence for the attempts, then has the participant stop
 // their work and free their state.
 func (c *Controller) Retire(ctx context.Context, req RetireRequest) (map[string]any, error) {
-	if req.CheckpointID != "" {
-		if err := validCheckpointID(req.CheckpointID); err != nil {
-			return nil, err
-		}
+	// Required, as NeMo Gym's RetireRequest and ForgetRequest require it
+	// (control.py): outside a checkpoint only its form is checked.
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
 	}
 	deadline, err := c.deadline(req.DeadlineTS)
 	if err != nil {
@@ -961,10 +962,10 @@ func (c *Controller) Retire(ctx context.Context, req RetireRequest) (map[string]
 
 // Forget drops the fence marks of rollouts that are done for good.
 func (c *Controller) Forget(ctx context.Context, req ForgetRequest) (map[string]any, error) {
-	if req.CheckpointID != "" {
-		if err := validCheckpointID(req.CheckpointID); err != nil {
-			return nil, err
-		}
+	// Required, as NeMo Gym's RetireRequest and ForgetRequest require it
+	// (control.py): outside a checkpoint only its form is checked.
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
 	}
 	deadline, err := c.deadline(req.DeadlineTS)
 	if err != nil {
@@ -991,19 +992,8 @@ func (c *Controller) Forget(ctx context.Context, req ForgetRequest) (map[string]
 		return nil, err
 	}
 	c.fence.Forget(req.RolloutIDs)
-	return map[string]any{"forgotten": dedupe(req.RolloutIDs)}, nil
-}
-
-func dedupe(ss []string) []string {
-	seen := make(map[string]bool, len(ss))
-	out := make([]string, 0, len(ss))
-	for _, s := range ss {
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	return out
+	// sorted(request.rollout_ids), as NeMo Gym's control.py replies.
+	return map[string]any{"forgotten": slices.Sorted(slices.Values(req.RolloutIDs))}, nil
 }
 
 // Status is GET status: phase, lease, fence size, readiness and extras.

@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -94,6 +95,9 @@ type Coordinator struct {
 	client  *http.Client
 	log     *slog.Logger
 	tracer  tracing.Tracer
+	// lastID is the last checkpoint id this coordinator drove (a string),
+	// which retire and forget name when their caller names none.
+	lastID atomic.Value
 }
 
 // Error is a coordination failure: the operation and each failing server's
@@ -129,8 +133,11 @@ func (e *Error) Code() apierror.Code {
 	return code
 }
 
+// newClient is the control client: h2c to our servers, HTTP/1.1 to a
+// server that speaks only that (NeMo Gym's, under uvicorn), found out per
+// host.
 func newClient(hc httpconf.Config) *http.Client {
-	return httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: 4, HTTP: hc})
+	return httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto, MaxConnsPerHost: 4, HTTP: hc})
 }
 
 // New returns a coordinator of already discovered members.
@@ -187,7 +194,7 @@ func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordin
 				Instance string `json:"instance"`
 			}
 			h := http.Header{"Authorization": {"Bearer " + opts.Token}}
-			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+ctlwire.RoutePrefix+"/status", h, &st)
+			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+ctlwire.ReferenceRoutePrefix+"/status", h, &st)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -240,7 +247,7 @@ func (c *Coordinator) call(ctx context.Context, m Member, op string, deadline ti
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(ReplyGrace))
 	defer cancel()
 	h := http.Header{"Authorization": {"Bearer " + c.opts.Token}}
-	method, url := http.MethodPost, m.URL+ctlwire.RoutePrefix+"/"+op
+	method, url := http.MethodPost, m.URL+ctlwire.ReferenceRoutePrefix+"/"+op
 	if op == "status" {
 		method = http.MethodGet
 		body = nil
@@ -334,20 +341,32 @@ func (c *Coordinator) Status(ctx context.Context) (map[string]map[string]any, er
 func (c *Coordinator) nextEpoch(ctx context.Context) (uint64, error) {
 	var mu sync.Mutex
 	var top uint64
+	unannounced := 0
 	failures := fanOut(c.members, func(m Member) error {
 		var st struct {
-			Epoch uint64 `json:"epoch"`
+			Epoch *uint64 `json:"epoch"`
 		}
 		if err := c.call(ctx, m, "status", time.Now().Add(30*time.Second), nil, &st); err != nil {
 			return err
 		}
 		mu.Lock()
-		top = max(top, st.Epoch)
+		if st.Epoch == nil {
+			unannounced++
+		} else {
+			top = max(top, *st.Epoch)
+		}
 		mu.Unlock()
 		return nil
 	})
 	if len(failures) > 0 {
 		return 0, &Error{Op: "restore", Failures: failures}
+	}
+	if unannounced > 0 {
+		// A participant that announces no epoch (NeMo Gym's: its
+		// RestoreRequest forbids unknown fields, control.py) gets
+		// upstream's restore body, and so does every other: an epoch
+		// only some processes adopt would fence nothing.
+		return 0, nil
 	}
 	return top + 1, nil
 }
@@ -417,6 +436,7 @@ func (r *PrepareResult) Continued(inFlight []rollout.EpisodeID) []rollout.Episod
 // stops at the first stage not prepared. The result keeps every stage's
 // replies, prepared or not.
 func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time) (_ *PrepareResult, err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "prepare", id, len(c.members))
 	defer endSpan(span, &err)
 	res := &PrepareResult{}
@@ -509,6 +529,7 @@ func (r *CommitResult) ExportedBy(name string) []string {
 // restarts). The controller publishes its own checkpoint only if this
 // succeeds everywhere.
 func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time, stop bool) (_ *CommitResult, err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "commit", id, len(c.members))
 	span.SetAttributes(tracing.AttrEpisodes.Int(len(scope)), tracing.AttrStop.Bool(stop))
 	defer endSpan(span, &err)
@@ -541,6 +562,7 @@ func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollou
 // reopens before the servers it calls), continuing past failures; an
 // unreachable participant reopens when its lease expires.
 func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time) (err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "resume", id, len(c.members))
 	defer endSpan(span, &err)
 	failures := map[string]error{}
@@ -576,6 +598,7 @@ type RestoreResult struct {
 // installed), every participant is resumed, and the error is returned. The
 // participants stay closed on success until Resume.
 func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time) (_ *RestoreResult, err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "restore", id, len(c.members))
 	span.SetAttributes(tracing.AttrEpisodes.Int(len(scope)))
 	defer endSpan(span, &err)
@@ -786,9 +809,11 @@ func manifestCount(v any) int {
 
 // Retire retires attempts everywhere: environments, then agents, then
 // models and resources. Refused while a checkpoint is open (resume first).
-// checkpointID may be empty; it names the restored checkpoint when retiring
-// inside a restore.
+// checkpointID names the restored checkpoint when retiring inside a
+// restore; empty, the last checkpoint this coordinator drove is named
+// (the body requires one: NeMo Gym's RetireRequest, control.py).
 func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rollout.EpisodeID, deadline time.Time) (err error) {
+	checkpointID = c.checkpointIDOr(checkpointID)
 	ctx, span := c.span(ctx, "retire", checkpointID, len(c.members))
 	span.SetAttributes(tracing.AttrEpisodes.Int(len(ids)))
 	defer endSpan(span, &err)
@@ -807,12 +832,17 @@ func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rol
 	return nil
 }
 
-// Forget drops the retired marks of rollouts done for good, in retire order.
+// Forget drops the retired marks of rollouts done for good, in retire
+// order. The body names the last checkpoint this coordinator drove and
+// lists the rollouts sorted, once each, as NeMo Gym's coordination.py
+// sends it.
 func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline time.Time) (err error) {
-	ctx, span := c.span(ctx, "forget", "", len(c.members))
+	checkpointID := c.checkpointIDOr("")
+	ctx, span := c.span(ctx, "forget", checkpointID, len(c.members))
 	span.SetAttributes(tracing.AttrRollouts.Int(len(rolloutIDs)))
 	defer endSpan(span, &err)
-	body, err := encodeOnce(ctlwire.ForgetRequest{DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
+	rolloutIDs = slices.Compact(slices.Sorted(slices.Values(rolloutIDs)))
+	body, err := encodeOnce(ctlwire.ForgetRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
 	if err != nil {
 		return err
 	}
@@ -855,4 +885,22 @@ func (c *Coordinator) VerifyWith(ctx context.Context, dir, id string, o ckptstor
 		out = append(out, man)
 	}
 	return out, nil
+}
+
+// DefaultCheckpointID names retires and forgets of a coordinator that has
+// driven no checkpoint yet: their bodies require an id (NeMo Gym's
+// control.py), which a participant outside a checkpoint only checks for
+// form.
+const DefaultCheckpointID = "gymfleet-controller"
+
+// checkpointIDOr is id, else the last checkpoint this coordinator drove,
+// else DefaultCheckpointID.
+func (c *Coordinator) checkpointIDOr(id string) string {
+	if id != "" {
+		return id
+	}
+	if last, ok := c.lastID.Load().(string); ok && last != "" {
+		return last
+	}
+	return DefaultCheckpointID
 }

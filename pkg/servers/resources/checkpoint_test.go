@@ -96,7 +96,7 @@ func TestStatelessRestore(t *testing.T) {
 		t.Fatalf("status after restore = %v", st)
 	}
 	expectCode(t, "the restored session is bound to w-a1", dst.post("/ng-rollout/w/get_weather", "s1", `{"city":"Oslo"}`), 409, "stale_attempt")
-	dst.mustCtl("retire", map[string]any{"episode_ids": episodes("w-a1")})
+	dst.mustCtl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("w-a1")})
 	if st := dst.status(); st["sessions"] != float64(0) || st["retired_sessions"] != float64(1) {
 		t.Fatalf("status after retire = %v", st)
 	}
@@ -313,12 +313,12 @@ func TestRetire(t *testing.T) {
 	held := ts.async("/ng-rollout/r-a1/verify", "s1", verifyBody)
 	ts.waitCount(`{"started":1,"finished":0,"waiting":1}`)
 
-	retire := map[string]any{"episode_ids": episodes("r-a1"), "deadline_ts": deadlineIn(300 * time.Millisecond)}
+	retire := map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r-a1"), "deadline_ts": deadlineIn(300 * time.Millisecond)}
 	expectCode(t, "retire cut short", ts.ctl("retire", retire), 409, "deadline_exceeded")
 	if st := ts.status(); st["sessions"] != float64(1) || st["retired_sessions"] != float64(1) {
 		t.Fatalf("status after a cut-short retire = %v", st)
 	}
-	expectCode(t, "forget before the retire finished", ts.ctl("forget", map[string]any{"rollout_ids": []string{"r"}}), 409, "retire_incomplete")
+	expectCode(t, "forget before the retire finished", ts.ctl("forget", map[string]any{"checkpoint_id": "ops", "rollout_ids": []string{"r"}}), 409, "retire_incomplete")
 	expectCode(t, "late tool call by cookie", ts.post("/get_weather", "s1", `{"city":"Oslo"}`), 409, "stale_attempt")
 	expectCode(t, "late seed", ts.post("/ng-rollout/r-a1/seed_session", "s1", `{}`), 409, "stale_attempt")
 	expectCode(t, "next attempt's seed while the retire is unfinished", ts.post("/ng-rollout/r-a2/seed_session", "s1", `{}`), 409, "retire_incomplete")
@@ -332,7 +332,7 @@ func TestRetire(t *testing.T) {
 	// The retried retire waits for the verify, then frees the session.
 	retried := make(chan reply, 1)
 	go func() {
-		retried <- ts.ctl("retire", map[string]any{"episode_ids": episodes("r-a1")})
+		retried <- ts.ctl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r-a1")})
 	}()
 	ts.waitHTTPInFlight(2) // the held verify and the retire
 	pending(t, "retire with a request in flight", retried)
@@ -350,7 +350,7 @@ func TestRetire(t *testing.T) {
 	// The next attempt seeds the same id afresh.
 	expect(t, "next attempt's seed", ts.post("/ng-rollout/r-a2/seed_session", "s1", `{}`), 200, `{}`)
 	expect(t, "next attempt's tool call", ts.post("/ng-rollout/r-a2/get_weather", "s1", `{"city":"Oslo"}`), 200, `{"city":"Oslo","weather_description":"The weather in Oslo is rainy."}`)
-	ts.mustCtl("forget", map[string]any{"rollout_ids": []string{"r"}})
+	ts.mustCtl("forget", map[string]any{"checkpoint_id": "ops", "rollout_ids": []string{"r"}})
 	if st := ts.status(); st["sessions"] != float64(2) || st["retired_sessions"] != float64(0) {
 		t.Fatalf("status after forget = %v", st)
 	}
@@ -363,14 +363,14 @@ func TestRetire_Counter(t *testing.T) {
 	ts.post("/ng-rollout/r-a1/seed_session", "s1", `{"initial_count":5}`)
 	ts.post("/ng-rollout/r-a1/increment", "s1", `{"by":1}`)
 	ts.post("/ng-rollout/r/seed_session", "s0", `{}`) // an earlier attempt's session goes too
-	ts.mustCtl("retire", map[string]any{"episode_ids": episodes("r-a1")})
+	ts.mustCtl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r-a1")})
 	if st := ts.status(); st["sessions"] != float64(0) || st["retired_sessions"] != float64(2) {
 		t.Fatalf("status after retire = %v", st)
 	}
 	expectCode(t, "late increment by cookie", ts.post("/increment", "s1", `{"by":1}`), 409, "stale_attempt")
 	expectCode(t, "late increment by prefix", ts.post("/ng-rollout/r-a1/increment", "s1", `{"by":1}`), 409, "stale_attempt")
 	expectCode(t, "next attempt before seeding", ts.post("/ng-rollout/r-a2/increment", "s1", `{"by":1}`), 404, "unknown_session")
-	ts.mustCtl("forget", map[string]any{"rollout_ids": []string{"r"}})
+	ts.mustCtl("forget", map[string]any{"checkpoint_id": "ops", "rollout_ids": []string{"r"}})
 	if st := ts.status(); st["retired_sessions"] != float64(0) {
 		t.Fatalf("status after forget = %v", st)
 	}
@@ -439,7 +439,7 @@ func TestRetireIndex(t *testing.T) {
 	for i := range 20 {
 		ts.post(fmt.Sprintf("/ng-rollout/r%d/seed_session", i), fmt.Sprintf("s%d", i), `{"initial_count":1}`)
 	}
-	ts.mustCtl("retire", map[string]any{"episode_ids": episodes("r3", "r7")})
+	ts.mustCtl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r3", "r7")})
 	if st := ts.status(); st["sessions"] != float64(18) || st["retired_sessions"] != float64(2) {
 		t.Fatalf("status = %v", st)
 	}
