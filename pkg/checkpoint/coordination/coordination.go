@@ -22,13 +22,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -37,10 +37,10 @@ import (
 // episodes first, then the policy model holds undelivered responses (pinning
 // agents at a boundary), then agents report ready, and resources last,
 // because agents and environments call them until they park.
-var PrepareOrder = []string{ctlwire.KindEnvironment, ctlwire.KindModel, ctlwire.KindAgent, ctlwire.KindResources}
+var PrepareOrder = []string{control.KindEnvironment, control.KindModel, control.KindAgent, control.KindResources}
 
 // RetireOrder is the stage order of retire and forget: callers before callees.
-var RetireOrder = [][]string{{ctlwire.KindEnvironment}, {ctlwire.KindAgent}, {ctlwire.KindModel, ctlwire.KindResources}}
+var RetireOrder = [][]string{{control.KindEnvironment}, {control.KindAgent}, {control.KindModel, control.KindResources}}
 
 // ReplyGrace is added to a call's deadline for the reply already on the wire.
 const ReplyGrace = 5 * time.Second
@@ -194,7 +194,7 @@ func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordin
 				Instance string `json:"instance"`
 			}
 			h := http.Header{"Authorization": {"Bearer " + opts.Token}}
-			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+ctlwire.ReferenceRoutePrefix+"/status", h, &st)
+			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+control.CheckpointRoutePrefix+"/status", h, &st)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -217,7 +217,7 @@ func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordin
 		return nil, errors.New("coordination discover: no server of the fleet takes part in checkpoints (is checkpoint.enabled set?)")
 	}
 	c := New(members, opts)
-	if !opts.AllowNoModel && len(c.ofKinds(ctlwire.KindModel)) == 0 {
+	if !opts.AllowNoModel && len(c.ofKinds(control.KindModel)) == 0 {
 		return nil, errors.New("coordination discover: no policy model takes part in checkpoints")
 	}
 	return c, nil
@@ -247,7 +247,7 @@ func (c *Coordinator) call(ctx context.Context, m Member, op string, deadline ti
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(ReplyGrace))
 	defer cancel()
 	h := http.Header{"Authorization": {"Bearer " + c.opts.Token}}
-	method, url := http.MethodPost, m.URL+ctlwire.ReferenceRoutePrefix+"/"+op
+	method, url := http.MethodPost, m.URL+control.CheckpointRoutePrefix+"/"+op
 	if op == "status" {
 		method = http.MethodGet
 		body = nil
@@ -375,7 +375,7 @@ func (c *Coordinator) nextEpoch(ctx context.Context) (uint64, error) {
 // stage took.
 type StageResult struct {
 	Kind     string                          `json:"kind"`
-	Replies  map[string]ctlwire.PrepareReply `json:"replies"`
+	Replies  map[string]control.PrepareReply `json:"replies"`
 	Duration time.Duration                   `json:"duration"`
 }
 
@@ -390,7 +390,7 @@ func (r *PrepareResult) Blockers() map[string][]string {
 	out := map[string][]string{}
 	for _, s := range r.Stages {
 		for name, rep := range s.Replies {
-			if rep.Phase != ctlwire.PhasePrepared {
+			if rep.Phase != control.PhasePrepared {
 				out[name] = rep.Report.Blockers
 			}
 		}
@@ -449,11 +449,11 @@ func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time
 		start := time.Now()
 		sctx, stageSpan := c.tracer.Start(ctx, tracing.SpanCoordinatePrefix+"prepare."+kind, trace.WithAttributes(
 			tracing.AttrCheckpointID.String(id), tracing.AttrParticipants.Int(len(members))))
-		stage := StageResult{Kind: kind, Replies: map[string]ctlwire.PrepareReply{}}
+		stage := StageResult{Kind: kind, Replies: map[string]control.PrepareReply{}}
 		var mu sync.Mutex
 		failures := fanOut(members, func(m Member) error {
-			var rep ctlwire.PrepareReply
-			if err := c.call(sctx, m, "prepare", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
+			var rep control.PrepareReply
+			if err := c.call(sctx, m, "prepare", deadline, control.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
 				return err
 			}
 			mu.Lock()
@@ -476,7 +476,7 @@ func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time
 		}
 		stageSpan.End()
 		for _, rep := range stage.Replies {
-			if rep.Phase != ctlwire.PhasePrepared {
+			if rep.Phase != control.PhasePrepared {
 				return res, nil
 			}
 		}
@@ -538,7 +538,7 @@ func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollou
 	}
 	res := &CommitResult{Replies: map[string]map[string]any{}}
 	var mu sync.Mutex
-	body, err := encodeOnce(ctlwire.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop})
+	body, err := encodeOnce(control.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop})
 	if err != nil {
 		return nil, err
 	}
@@ -569,7 +569,7 @@ func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time)
 	for i := len(PrepareOrder) - 1; i >= 0; i-- {
 		members := c.ofKinds(PrepareOrder[i])
 		for n, err := range fanOut(members, func(m Member) error {
-			return c.call(ctx, m, "resume", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, nil)
+			return c.call(ctx, m, "resume", deadline, control.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, nil)
 		}) {
 			failures[n] = err
 		}
@@ -582,7 +582,7 @@ func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time)
 
 // RestoreResult keeps every participant's restore reply.
 type RestoreResult struct {
-	Replies map[string]ctlwire.RestoreReply `json:"replies"`
+	Replies map[string]control.RestoreReply `json:"replies"`
 	// Epoch is the epoch the restored fleet runs in: one past every
 	// participant's, so every earlier incarnation is fenced.
 	Epoch uint64 `json:"epoch"`
@@ -613,15 +613,15 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	if err != nil {
 		return nil, err
 	}
-	res := &RestoreResult{Replies: map[string]ctlwire.RestoreReply{}, Seconds: map[string]float64{}, Epoch: epoch}
+	res := &RestoreResult{Replies: map[string]control.RestoreReply{}, Seconds: map[string]float64{}, Epoch: epoch}
 	var mu sync.Mutex
-	req := ctlwire.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Epoch: epoch}
+	req := control.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Epoch: epoch}
 	body, err := encodeOnce(req)
 	if err != nil {
 		return nil, err
 	}
 	failures := fanOut(c.members, func(m Member) error {
-		var rep ctlwire.RestoreReply
+		var rep control.RestoreReply
 		start := time.Now()
 		b := any(body)
 		if plan := plans[m.Name]; plan != nil {
@@ -673,7 +673,7 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 // restore's aliases: a restore moves each former replica whole (all its
 // sessions together, replica.Place) as the reference places sessions over
 // worker counts.
-var OwnerRoutedKinds = []string{ctlwire.KindAgent}
+var OwnerRoutedKinds = []string{control.KindAgent}
 
 // RolloutRoutedKinds are the kinds whose callers reach them by a hash of
 // the rollout id over the live replicas (replica.Pick): the client reaches
@@ -682,7 +682,7 @@ var OwnerRoutedKinds = []string{ctlwire.KindAgent}
 // into another count places each rollout's records on the replica Pick now
 // names for it (replica.Spread): every caller finds them with no routing of
 // its own changed.
-var RolloutRoutedKinds = []string{ctlwire.KindEnvironment, ctlwire.KindResources, ctlwire.KindModel}
+var RolloutRoutedKinds = []string{control.KindEnvironment, control.KindResources, control.KindModel}
 
 // ReplicaCountChangeKinds are the kinds whose number of replicas a restore
 // may change: every kind, each by how its callers route to it.
@@ -700,7 +700,7 @@ var ReplicaCountChangeKinds = append(slices.Clone(OwnerRoutedKinds), RolloutRout
 // kind with no member is left alone: a coordinator may drive part of a
 // fleet. A checkpoint whose manifests cannot be listed is left to the
 // participants (nil).
-func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]*ctlwire.ReplicaPlan, error) {
+func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]*control.ReplicaPlan, error) {
 	store, err := ckptstore.OpenWith(dir, c.opts.Store)
 	if err != nil {
 		return nil, nil
@@ -718,7 +718,7 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 	for _, m := range mans {
 		f := family{m.Kind, replica.Family(m.Instance)}
 		former[f] = append(former[f], replica.Former{Instance: m.Instance, Records: m.RecordCount})
-		legacyRuns[f] += manifestCount(m.Extras[ctlwire.ManifestLegacyRuns])
+		legacyRuns[f] += manifestCount(m.Extras[control.ManifestLegacyRuns])
 	}
 	kinds := map[string]bool{}
 	for _, m := range c.members {
@@ -784,13 +784,13 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 	if !changed {
 		return nil, nil
 	}
-	out := map[string]*ctlwire.ReplicaPlan{}
+	out := map[string]*control.ReplicaPlan{}
 	for _, m := range c.members {
 		src, ok := sources[m.Instance]
 		if !ok {
 			src = []string{m.Instance}
 		}
-		rp := &ctlwire.ReplicaPlan{Sources: src, Aliases: aliases}
+		rp := &control.ReplicaPlan{Sources: src, Aliases: aliases}
 		if part, ok := partitions[m.Instance]; ok {
 			rp.Partition = &part
 		}
@@ -817,7 +817,7 @@ func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rol
 	ctx, span := c.span(ctx, "retire", checkpointID, len(c.members))
 	span.SetAttributes(tracing.AttrEpisodes.Int(len(ids)))
 	defer endSpan(span, &err)
-	body, err := encodeOnce(ctlwire.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
+	body, err := encodeOnce(control.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
 	if err != nil {
 		return err
 	}
@@ -842,7 +842,7 @@ func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline 
 	span.SetAttributes(tracing.AttrRollouts.Int(len(rolloutIDs)))
 	defer endSpan(span, &err)
 	rolloutIDs = slices.Compact(slices.Sorted(slices.Values(rolloutIDs)))
-	body, err := encodeOnce(ctlwire.ForgetRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
+	body, err := encodeOnce(control.ForgetRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
 	if err != nil {
 		return err
 	}

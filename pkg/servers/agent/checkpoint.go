@@ -13,13 +13,13 @@ import (
 	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/infra/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/infra/parallel"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -539,7 +539,7 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 	if err != nil || legacy == 0 {
 		return ctlplane.Extras{}, err
 	}
-	return ctlplane.Extras{Manifest: map[string]any{ctlwire.ManifestLegacyRuns: legacy}}, nil
+	return ctlplane.Extras{Manifest: map[string]any{control.ManifestLegacyRuns: legacy}}, nil
 }
 
 // inScopeOrder puts out in the order of the scope's episodes, at[k] being

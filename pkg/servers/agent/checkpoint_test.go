@@ -15,8 +15,8 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/servers/agent"
+	ckptcontrol "github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -584,8 +584,8 @@ func TestLegacy_ContinuesFromItsLoopBoundary(t *testing.T) {
 		t.Fatalf("records: %v", recs)
 	}
 	// What keeps a coordinator from restoring it into other agent replicas.
-	if n := manifestOf(t, dir, "c1").Extras[ctlwire.ManifestLegacyRuns]; n != float64(1) {
-		t.Errorf("manifest %s = %v, want 1", ctlwire.ManifestLegacyRuns, n)
+	if n := manifestOf(t, dir, "c1").Extras[ckptcontrol.ManifestLegacyRuns]; n != float64(1) {
+		t.Errorf("manifest %s = %v, want 1", ckptcontrol.ManifestLegacyRuns, n)
 	}
 	b := field(t, string(recs[0]["episode"]), "boundary")
 	rsid := old.rec.all()[0].session
