@@ -1,6 +1,7 @@
 package ctlplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -748,7 +749,11 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest, scope Scope) {
 	defer c.wg.Done()
 	start := time.Now()
-	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
+	// The directory may hold another checkpoint id than the restore's: NeMo
+	// Gym's restore reads whatever manifest the directory holds and replies
+	// its id as source_checkpoint_id, which NeMo RL's adapter checks
+	// (control.py _restore; gym_checkpoint_adapter.py @ ec883a24be08).
+	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance()}
 	// The Tuning learns the records' size once: before they are read into
 	// memory, or after for a backend that could not tell it (a runtime
 	// hold readied for a fresh process's few MB would not suit them).
@@ -830,7 +835,7 @@ func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest
 		keys[i] = id.CaptureKey()
 	}
 	reply := &RestoreReply{
-		Phase: PhaseRestored, SourceCheckpointID: t.id, Restored: keys, Records: len(recs),
+		Phase: PhaseRestored, SourceCheckpointID: cmp.Or(m.CheckpointID, t.id), Restored: keys, Records: len(recs),
 		ReadSeconds: read.Seconds(), InstallSeconds: (took - read).Seconds(),
 	}
 	c.st = Step(c.st, Input{Op: OpRestoreDone, CheckpointID: t.id, OK: true}).Next

@@ -478,8 +478,13 @@ func testRestore(t *testing.T, newSubject Factory) {
 	if p := o.phase(); p != "idle" {
 		t.Fatalf("phase after a refused restore = %s, want idle", p)
 	}
-	// A manifest of another checkpoint id is refused too.
-	o.want("restore", map[string]any{"checkpoint_id": "r3", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusUnprocessableEntity, "invalid_checkpoint_state")
+	// A directory another checkpoint id wrote restores, naming it as the
+	// source (NeMo Gym's control.py _restore; NeMo RL's adapter checks
+	// source_checkpoint_id).
+	if r := o.want("restore", map[string]any{"checkpoint_id": "r3", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusOK, ""); r["source_checkpoint_id"] != "r1" {
+		t.Fatalf("restore of r1's directory as r3 = %v, want source_checkpoint_id r1", r)
+	}
+	o.want("resume", req("r3"), http.StatusOK, "")
 	o.want("prepare", req("r4"), http.StatusOK, "")
 	o.want("resume", req("r4"), http.StatusOK, "")
 }
