@@ -50,7 +50,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Servers: func(cfg fakeinference.Config, rt lifecycle.Runtime) ([]lifecycle.Named, error) {
 			log := rt.Logger(name, name)
 			if cfg.ControlAuthToken == "" {
-				log.Warn("control_auth_token is empty: POST /_ckpt/generation-cut refuses every call")
+				log.Warn("control_auth_token is empty: POST /ng-control/v1/generation-cut refuses every call")
 			}
 			srv, err := fakeinference.New(cfg, fakeinference.Deps{Logger: log, Tracer: rt.Tracer})
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -38,6 +39,11 @@ type ckptOptions struct {
 	interval time.Duration
 	// tty says stdout is a terminal (frames replace each other).
 	tty bool
+	// gymConfig and gymHead name the participants by a NeMo Gym global
+	// config instead of the fleet file's endpoints: a YAML file, or the
+	// head server that serves it.
+	gymConfig string
+	gymHead   string
 }
 
 var ckptOps = []struct{ name, summary string }{
@@ -90,8 +96,13 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	fs.BoolVar(&o.watch, "watch", false, "status: redraw every --interval until Ctrl-C")
 	fs.DurationVar(&o.interval, "interval", time.Second, "status --watch: time between redraws")
 	fs.StringVar(&o.keyFile, "signing-key-file", "", "verify: check manifests' signatures with this key file (default: the fleet file's checkpoint.signing_key_file)")
+	fs.StringVar(&o.gymConfig, "gym-config", "", "discover the participants from this NeMo Gym global config (YAML) instead of the fleet file's endpoints")
+	fs.StringVar(&o.gymHead, "gym-head", "", "discover the participants from the global config this NeMo Gym head server serves (http://host:port)")
 	if err := parse(fs, args[1:]); err != nil {
 		return err
+	}
+	if o.gymConfig != "" && o.gymHead != "" {
+		return errors.New("ckpt: --gym-config and --gym-head are exclusive")
 	}
 	cfg, err := fleet.Load(o.config)
 	if err != nil {
@@ -115,15 +126,13 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 			return fmt.Errorf("ckpt: %w", err)
 		}
 	}
-	var eps []coordination.Endpoint
-	for _, p := range cfg.Processes {
-		for _, e := range p.Endpoints {
-			eps = append(eps, coordination.Endpoint{Name: e.Name, URL: e.URL})
-		}
-	}
 	hc, err := fleetHTTP(cfg, getenv)
 	if err != nil {
 		return err
+	}
+	eps, err := ckptEndpoints(ctx, o, cfg)
+	if err != nil {
+		return fmt.Errorf("ckpt: %w", err)
 	}
 	tp, err := newTracer(ctx, getenv)
 	if err != nil {
@@ -401,4 +410,31 @@ func checkpointDir(cfg *fleet.Config, dir string) (string, error) {
 		return "", fmt.Errorf("checkpoint directory %s is not beneath the fleet's checkpoint root %s (checkpoint.root), and every server would refuse it", dir, root)
 	}
 	return abs, nil
+}
+
+// ckptEndpoints are the servers to discover: those of a NeMo Gym global
+// config when one is named (a file, or its head server's
+// /global_config_dict_yaml), else the fleet file's endpoints.
+func ckptEndpoints(ctx context.Context, o ckptOptions, cfg *fleet.Config) ([]coordination.Endpoint, error) {
+	switch {
+	case o.gymConfig != "":
+		doc, err := os.ReadFile(o.gymConfig)
+		if err != nil {
+			return nil, err
+		}
+		return coordination.EndpointsFromGymConfig(doc)
+	case o.gymHead != "":
+		doc, err := coordination.FetchGymConfig(ctx, nil, o.gymHead)
+		if err != nil {
+			return nil, err
+		}
+		return coordination.EndpointsFromGymConfig(doc)
+	}
+	var eps []coordination.Endpoint
+	for _, p := range cfg.Processes {
+		for _, e := range p.Endpoints {
+			eps = append(eps, coordination.Endpoint{Name: e.Name, URL: e.URL})
+		}
+	}
+	return eps, nil
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // The CLI is a controller: it speaks the control API through its wire
-// contracts (ctlwire, fiwire) and links no server, router or metrics
+// contracts (pkg/wire/control, fiwire) and links no server, router or metrics
 // server code (issue 34).
 func TestLinksNoServerCode(t *testing.T) {
 	goTool, err := exec.LookPath("go")
@@ -35,7 +35,7 @@ func TestLinksNoServerCode(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(string(out), "github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire\n") {
-		t.Errorf("gymctl does not link ctlwire: is this list right?\n%s", out)
+	if !strings.Contains(string(out), "github.com/gymfleet/gymfleet/pkg/wire/control\n") {
+		t.Errorf("gymctl does not link pkg/wire/control: is this list right?\n%s", out)
 	}
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 )
 
 func runTop(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -109,7 +109,7 @@ func (tp *top) frame(ctx context.Context) []byte {
 		for _, name := range []string{"gymfleet_rollouts_in_flight", "gymfleet_model_calls_in_flight", "gymfleet_resources_sessions", "gymfleet_fakeinference_held_calls"} {
 			if v, ok := sum(mfs, name); ok {
 				inFlight = fmt.Sprint(v)
-				if name == "gymfleet_rollouts_in_flight" && e.Kind == ctlwire.KindEnvironment {
+				if name == "gymfleet_rollouts_in_flight" && e.Kind == control.KindEnvironment {
 					totalInFlight += v
 				}
 				break
@@ -126,7 +126,7 @@ func (tp *top) frame(ctx context.Context) []byte {
 		tp.last[e.Name] = sample{requests: reqs, at: now}
 		phase, ops := "-", "-"
 		if v, ok := sum(mfs, "gymfleet_ckpt_phase"); ok {
-			phase = ctlwire.Phase(v).String()
+			phase = control.Phase(v).String()
 			o, _ := sum(mfs, "gymfleet_ckpt_operations_total")
 			ops = fmt.Sprint(o)
 		}

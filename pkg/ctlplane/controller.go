@@ -1,6 +1,7 @@
 package ctlplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -747,7 +749,11 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest, scope Scope) {
 	defer c.wg.Done()
 	start := time.Now()
-	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance(), CheckpointID: t.id}
+	// The directory may hold another checkpoint id than the restore's: NeMo
+	// Gym's restore reads whatever manifest the directory holds and replies
+	// its id as source_checkpoint_id, which NeMo RL's adapter checks
+	// (control.py _restore; gym_checkpoint_adapter.py @ ec883a24be08).
+	target := ckptstore.Target{Dir: req.CheckpointDir, Kind: c.p.Kind(), Instance: c.p.Instance()}
 	// The Tuning learns the records' size once: before they are read into
 	// memory, or after for a backend that could not tell it (a runtime
 	// hold readied for a fresh process's few MB would not suit them).
@@ -829,7 +835,7 @@ func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest
 		keys[i] = id.CaptureKey()
 	}
 	reply := &RestoreReply{
-		Phase: PhaseRestored, SourceCheckpointID: t.id, Restored: keys, Records: len(recs),
+		Phase: PhaseRestored, SourceCheckpointID: cmp.Or(m.CheckpointID, t.id), Restored: keys, Records: len(recs),
 		ReadSeconds: read.Seconds(), InstallSeconds: (took - read).Seconds(),
 	}
 	c.st = Step(c.st, Input{Op: OpRestoreDone, CheckpointID: t.id, OK: true}).Next
@@ -919,10 +925,10 @@ func (c *Controller) Resume(req CheckpointRequest) (*ResumeReply, error) {
 // Retire raises the fence for the attempts, then has the participant stop
 // their work and free their state.
 func (c *Controller) Retire(ctx context.Context, req RetireRequest) (map[string]any, error) {
-	if req.CheckpointID != "" {
-		if err := validCheckpointID(req.CheckpointID); err != nil {
-			return nil, err
-		}
+	// Required, as NeMo Gym's RetireRequest and ForgetRequest require it
+	// (control.py): outside a checkpoint only its form is checked.
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
 	}
 	deadline, err := c.deadline(req.DeadlineTS)
 	if err != nil {
@@ -961,10 +967,10 @@ func (c *Controller) Retire(ctx context.Context, req RetireRequest) (map[string]
 
 // Forget drops the fence marks of rollouts that are done for good.
 func (c *Controller) Forget(ctx context.Context, req ForgetRequest) (map[string]any, error) {
-	if req.CheckpointID != "" {
-		if err := validCheckpointID(req.CheckpointID); err != nil {
-			return nil, err
-		}
+	// Required, as NeMo Gym's RetireRequest and ForgetRequest require it
+	// (control.py): outside a checkpoint only its form is checked.
+	if err := validCheckpointID(req.CheckpointID); err != nil {
+		return nil, err
 	}
 	deadline, err := c.deadline(req.DeadlineTS)
 	if err != nil {
@@ -991,19 +997,8 @@ func (c *Controller) Forget(ctx context.Context, req ForgetRequest) (map[string]
 		return nil, err
 	}
 	c.fence.Forget(req.RolloutIDs)
-	return map[string]any{"forgotten": dedupe(req.RolloutIDs)}, nil
-}
-
-func dedupe(ss []string) []string {
-	seen := make(map[string]bool, len(ss))
-	out := make([]string, 0, len(ss))
-	for _, s := range ss {
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	return out
+	// sorted(request.rollout_ids), as NeMo Gym's control.py replies.
+	return map[string]any{"forgotten": slices.Sorted(slices.Values(req.RolloutIDs))}, nil
 }
 
 // Status is GET status: phase, lease, fence size, readiness and extras.

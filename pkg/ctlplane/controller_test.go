@@ -398,7 +398,7 @@ func TestController_RetireRaisesTheFenceFirst(t *testing.T) {
 	id := rollout.EpisodeID{RolloutID: "r1", Attempt: 2}
 	var fencedDuringRetire bool
 	f.OnRetire = func([]rollout.EpisodeID) { fencedDuringRetire = c.Fence().Refuses(id) }
-	if _, err := c.Retire(context.Background(), ctlplane.RetireRequest{DeadlineTS: deadlineIn(ctlplane.RealClock{}, 30*time.Second), EpisodeIDs: []rollout.EpisodeID{id}}); err != nil {
+	if _, err := c.Retire(context.Background(), ctlplane.RetireRequest{CheckpointID: "c-retire", DeadlineTS: deadlineIn(ctlplane.RealClock{}, 30*time.Second), EpisodeIDs: []rollout.EpisodeID{id}}); err != nil {
 		t.Fatal(err)
 	}
 	if !fencedDuringRetire {
@@ -420,7 +420,7 @@ func TestController_RetireDeadline(t *testing.T) {
 	defer close(f.RetireGate)
 	c := newController(t, f, ctlplane.RealClock{}, nil)
 	id := rollout.EpisodeID{RolloutID: "r1"}
-	_, err := c.Retire(context.Background(), ctlplane.RetireRequest{DeadlineTS: deadlineIn(ctlplane.RealClock{}, 50*time.Millisecond), EpisodeIDs: []rollout.EpisodeID{id}})
+	_, err := c.Retire(context.Background(), ctlplane.RetireRequest{CheckpointID: "c-retire", DeadlineTS: deadlineIn(ctlplane.RealClock{}, 50*time.Millisecond), EpisodeIDs: []rollout.EpisodeID{id}})
 	if !apierror.HasCode(err, apierror.DeadlineExceeded) {
 		t.Fatalf("got %v, want deadline_exceeded", err)
 	}

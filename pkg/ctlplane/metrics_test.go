@@ -124,7 +124,7 @@ func TestMetrics_EveryCheckpointMetric(t *testing.T) {
 		t.Fatalf("a wrong token: %d", s)
 	}
 	// An earlier attempt after a retire is refused by the fence.
-	if s := call(url, "retire", ctlplane.RetireRequest{DeadlineTS: dl, EpisodeIDs: []rollout.EpisodeID{ep}}, "tok"); s != 200 {
+	if s := call(url, "retire", ctlplane.RetireRequest{CheckpointID: "c-retire", DeadlineTS: dl, EpisodeIDs: []rollout.EpisodeID{ep}}, "tok"); s != 200 {
 		t.Fatalf("retire: %d", s)
 	}
 	if s, _ := probe(url)(ctx, ep); s != 409 {

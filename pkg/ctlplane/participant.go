@@ -4,16 +4,16 @@ import (
 	"context"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
-// Participant kinds (ctlwire's).
+// Participant kinds (pkg/wire/control's).
 const (
-	KindEnvironment = ctlwire.KindEnvironment
-	KindModel       = ctlwire.KindModel
-	KindAgent       = ctlwire.KindAgent
-	KindResources   = ctlwire.KindResources
+	KindEnvironment = control.KindEnvironment
+	KindModel       = control.KindModel
+	KindAgent       = control.KindAgent
+	KindResources   = control.KindResources
 )
 
 // Participant is what a server implements to take part in checkpoints. The
@@ -104,21 +104,21 @@ type Extras struct {
 	Aliases map[string]string
 }
 
-// Report is a participant's readiness report (ctlwire's).
-type Report = ctlwire.Report
+// Report is a participant's readiness report (pkg/wire/control's).
+type Report = control.Report
 
 // MaxBlockers is how many blockers a reply lists; the count is always full.
-const MaxBlockers = ctlwire.MaxBlockers
+const MaxBlockers = control.MaxBlockers
 
 // Blockers sorts keys and keeps at most limit of them, the way every report
 // lists its blockers.
 func Blockers(keys []string, limit int) (listed []string, count int) {
-	return ctlwire.Blockers(keys, limit)
+	return control.Blockers(keys, limit)
 }
 
 // Scope is the set of episodes a commit continues or a restore installs
-// (ctlwire's).
-type Scope = ctlwire.Scope
+// (pkg/wire/control's).
+type Scope = control.Scope
 
 // NewScope builds a scope from episode ids.
-func NewScope(ids []rollout.EpisodeID) Scope { return ctlwire.NewScope(ids) }
+func NewScope(ids []rollout.EpisodeID) Scope { return control.NewScope(ids) }

@@ -6,22 +6,22 @@
 package ctlplane
 
 import (
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 )
 
 // Phase is where a participant is in a checkpoint; the type is the wire's
-// (ctlwire), the transitions between its values are this package's.
-type Phase = ctlwire.Phase
+// (pkg/wire/control), the transitions between its values are this package's.
+type Phase = control.Phase
 
 // The phases of SPEC §3. idle → preparing → prepared → committed, and
 // idle → restored; resume (also abort) and lease expiry return to idle.
 const (
-	PhaseIdle      = ctlwire.PhaseIdle
-	PhasePreparing = ctlwire.PhasePreparing
-	PhasePrepared  = ctlwire.PhasePrepared
-	PhaseCommitted = ctlwire.PhaseCommitted
-	PhaseRestored  = ctlwire.PhaseRestored
+	PhaseIdle      = control.PhaseIdle
+	PhasePreparing = control.PhasePreparing
+	PhasePrepared  = control.PhasePrepared
+	PhaseCommitted = control.PhaseCommitted
+	PhaseRestored  = control.PhaseRestored
 )
 
 // Op is an input of the phase machine: a control call, or an event the

@@ -23,10 +23,10 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -416,7 +416,7 @@ func (t *Tracker) ReadyChanged() <-chan struct{} {
 
 // Report lists at most limit blockers, counts and restarts. It scans the
 // episodes, so it is called once per reply.
-func (t *Tracker) Report(limit int) ctlwire.Report {
+func (t *Tracker) Report(limit int) control.Report {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var blockers []string
@@ -433,8 +433,8 @@ func (t *Tracker) Report(limit int) ctlwire.Report {
 		}
 	}
 	sort.Strings(restarts)
-	listed, n := ctlwire.Blockers(blockers, limit)
-	return ctlwire.Report{
+	listed, n := control.Blockers(blockers, limit)
+	return control.Report{
 		Ready: n == 0, Blockers: listed, BlockerCount: n, Restarts: restarts,
 		Counts: map[string]int{"episodes": len(t.episodes), "parked": parkedN, "restarts": len(restarts), "restored_pending": len(t.pending)},
 	}
@@ -445,7 +445,7 @@ func (t *Tracker) Report(limit int) ctlwire.Report {
 // and restored ones whose replacement has not started, which the scope names
 // by their replacement attempt. Records are emitted in capture key order,
 // each encoded as it is emitted: the lock is held only to list them.
-func (t *Tracker) Export(scope ctlwire.Scope, emit func(ctlwire.Record) error) error {
+func (t *Tracker) Export(scope control.Scope, emit func(control.Record) error) error {
 	type exported struct {
 		id rollout.EpisodeID
 		// rec is a live episode's *liveRecord, encoded outside the lock (a
@@ -484,7 +484,7 @@ func (t *Tracker) Export(scope ctlwire.Scope, emit func(ctlwire.Record) error) e
 		if buf, err = appendExported(buf[:0], r.rec); err != nil {
 			return fmt.Errorf("record of %s: %w", r.id, err)
 		}
-		if err := emit(ctlwire.Record{EpisodeID: r.id, Data: buf}); err != nil {
+		if err := emit(control.Record{EpisodeID: r.id, Data: buf}); err != nil {
 			return err
 		}
 	}
@@ -544,7 +544,7 @@ type liveRecord struct {
 
 // DeleteRestoredOutside drops restored records the scope leaves out (no
 // fence: the controller may start that rollout over as that attempt).
-func (t *Tracker) DeleteRestoredOutside(scope ctlwire.Scope) int {
+func (t *Tracker) DeleteRestoredOutside(scope control.Scope) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := 0
@@ -573,7 +573,7 @@ func (t *Tracker) Fresh() error {
 
 // Install validates every record and then installs every one as pending
 // under its episode's next attempt. It returns the next attempts.
-func (t *Tracker) Install(records []ctlwire.Record) ([]rollout.EpisodeID, error) {
+func (t *Tracker) Install(records []control.Record) ([]rollout.EpisodeID, error) {
 	recs := make([]*Record, 0, len(records))
 	for i, raw := range records {
 		var r Record

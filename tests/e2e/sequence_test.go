@@ -13,12 +13,12 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/servers/environment"
 	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -254,7 +254,7 @@ type seqRun struct {
 	t        *testing.T
 	f        *Fleet
 	c        *coordination.Coordinator
-	phase    ctlwire.Phase
+	phase    control.Phase
 	open     string // the checkpoint id open on the fleet, if any
 	next     int    // checkpoint ids
 	prepared *coordination.PrepareResult
@@ -290,7 +290,7 @@ func runSequence(t *testing.T, ops []seqOp) (err error) {
 		// long; every other control call's deadline is far beyond it.
 		tp.LeaseGraceSeconds = 0.5
 	})
-	s := &seqRun{t: t, f: f, phase: ctlwire.PhaseIdle}
+	s := &seqRun{t: t, f: f, phase: control.PhaseIdle}
 	if _, err := f.Fake.HoldAfterCalls(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -351,10 +351,10 @@ func (s *seqRun) apply(op seqOp) {
 	case "checkpoint":
 		// prepare, commit and (every other time) resume in one step, as
 		// a periodic controller does.
-		if s.phase == ctlwire.PhaseIdle {
+		if s.phase == control.PhaseIdle {
 			s.prepare(op.N)
 			s.commit(op.N%2 == 0)
-			if op.N%4 < 2 && s.phase == ctlwire.PhaseCommitted {
+			if op.N%4 < 2 && s.phase == control.PhaseCommitted {
 				s.resume()
 			}
 		}
@@ -500,7 +500,7 @@ func (s *seqRun) checkLedger(r *seqRollout, attempt int, retired bool) {
 // sendPending sends again, once admission is open, the rollouts refused
 // admission_closed and the replacements of restored or restarted ones.
 func (s *seqRun) sendPending() {
-	if s.phase != ctlwire.PhaseIdle {
+	if s.phase != control.PhaseIdle {
 		return
 	}
 	sent := false
@@ -555,7 +555,7 @@ func (s *seqRun) prepare(n int) {
 	s.next++
 	id := fmt.Sprintf("k%d", s.next)
 	res, err := s.c.Prepare(s.ctx(), id, dl())
-	if s.phase != ctlwire.PhaseIdle {
+	if s.phase != control.PhaseIdle {
 		if err == nil && res.Prepared {
 			s.failf("prepare of %s was accepted while %s is %s", id, s.open, s.phase)
 		}
@@ -571,7 +571,7 @@ func (s *seqRun) prepare(n int) {
 		}
 		return
 	}
-	s.phase, s.open, s.prepared = ctlwire.PhasePrepared, id, res
+	s.phase, s.open, s.prepared = control.PhasePrepared, id, res
 }
 
 // renew extends the lease of the open checkpoint; with none open every
@@ -583,11 +583,11 @@ func (s *seqRun) renew() {
 	}
 	for _, m := range s.c.Members() {
 		rep, err := httpclient.Do(s.ctx(), s.f.ctl, http.MethodPost, m.URL+ctlplane.RoutePrefix+"/renew",
-			http.Header{"Authorization": {"Bearer " + token}}, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(dl())})
+			http.Header{"Authorization": {"Bearer " + token}}, control.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(dl())})
 		if err != nil {
 			s.t.Fatal(err)
 		}
-		if ok := rep.OK(); ok != (s.phase != ctlwire.PhaseIdle) {
+		if ok := rep.OK(); ok != (s.phase != control.PhaseIdle) {
 			s.failf("renew of %q on %s in phase %s: %d %s", id, m.Name, s.phase, rep.Status, rep.Body)
 		}
 	}
@@ -599,8 +599,8 @@ func unix(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 // environment holds that the controller continues; in any other phase it
 // must be refused.
 func (s *seqRun) commit(stop bool) {
-	if s.phase != ctlwire.PhasePrepared {
-		if s.phase == ctlwire.PhaseIdle {
+	if s.phase != control.PhasePrepared {
+		if s.phase == control.PhaseIdle {
 			if _, err := s.c.Commit(s.ctx(), "none", s.f.Dir("none"), []rollout.EpisodeID{}, dl(), stop); err == nil {
 				s.failf("a commit with no checkpoint open was accepted")
 			}
@@ -618,7 +618,7 @@ func (s *seqRun) commit(stop bool) {
 	if _, err := s.c.Commit(s.ctx(), s.open, s.f.Dir(s.open), scope, dl(), stop); err != nil {
 		s.failf("commit %s with scope %v: %v", s.open, scope, err)
 	}
-	s.phase = ctlwire.PhaseCommitted
+	s.phase = control.PhaseCommitted
 	s.latest = &seqCkpt{id: s.open, scope: scope}
 }
 
@@ -644,7 +644,7 @@ func (s *seqRun) resume() {
 	if err := s.c.Resume(s.ctx(), id, dl()); err != nil {
 		s.failf("resume %s: %v", id, err)
 	}
-	s.phase, s.open, s.prepared = ctlwire.PhaseIdle, "", nil
+	s.phase, s.open, s.prepared = control.PhaseIdle, "", nil
 }
 
 // crash kills every server (fakeinference survives), starts fresh ones and
@@ -653,7 +653,7 @@ func (s *seqRun) resume() {
 // unfinished rollout starts over as its next attempt. A crash while a
 // restore is open is the second crash during restore.
 func (s *seqRun) crash(n int) {
-	if s.phase == ctlwire.PhaseRestored {
+	if s.phase == control.PhaseRestored {
 		s.recrashes++
 	}
 	for _, r := range s.rs {
@@ -665,7 +665,7 @@ func (s *seqRun) crash(n int) {
 	s.waitReplies()
 	s.f.Restart()
 	s.c = s.f.Coord()
-	s.phase, s.open, s.prepared = ctlwire.PhaseIdle, "", nil
+	s.phase, s.open, s.prepared = control.PhaseIdle, "", nil
 	byID := map[string]*seqRollout{}
 	for _, r := range s.rs {
 		byID[r.id] = r
@@ -718,7 +718,7 @@ func (s *seqRun) crash(n int) {
 		r.attempt, r.state = e.Attempt+1, stAwaiting
 	}
 	s.continued += len(scope)
-	s.phase, s.open = ctlwire.PhaseRestored, s.latest.id
+	s.phase, s.open = control.PhaseRestored, s.latest.id
 }
 
 // waitReplies waits for the reply of every /run in flight and takes it.
@@ -734,7 +734,7 @@ func (s *seqRun) waitReplies() {
 // restore: the controller retires every attempt in flight and starts each
 // unfinished one over.
 func (s *seqRun) crashOne(n int) {
-	if s.phase != ctlwire.PhaseIdle {
+	if s.phase != control.PhaseIdle {
 		return
 	}
 	names := []string{"policy_model", "resources", "agents", "env"}
@@ -777,7 +777,7 @@ func (s *seqRun) crashOne(n int) {
 // retire stops one running rollout for good.
 func (s *seqRun) retire(n int) {
 	run := s.running()
-	if s.phase != ctlwire.PhaseIdle || len(run) == 0 {
+	if s.phase != control.PhaseIdle || len(run) == 0 {
 		return
 	}
 	r := run[n%len(run)]
@@ -801,7 +801,7 @@ func (s *seqRun) forget(n int) {
 			cands = append(cands, r)
 		}
 	}
-	if s.phase != ctlwire.PhaseIdle || len(cands) == 0 {
+	if s.phase != control.PhaseIdle || len(cands) == 0 {
 		return
 	}
 	r := cands[n%len(cands)]
@@ -814,7 +814,7 @@ func (s *seqRun) forget(n int) {
 // lease opens a checkpoint with a deadline moments away and no controller
 // behind it: its lease expires and every participant reopens by itself.
 func (s *seqRun) lease() {
-	if s.phase != ctlwire.PhaseIdle {
+	if s.phase != control.PhaseIdle {
 		return
 	}
 	s.next++
@@ -824,7 +824,7 @@ func (s *seqRun) lease() {
 	}
 	s.f.WaitFor("every lease of "+id+" to expire", 30*time.Second, func() bool {
 		for _, st := range s.f.Status(s.c) {
-			if st["phase"] != ctlwire.PhaseIdle.String() {
+			if st["phase"] != control.PhaseIdle.String() {
 				return false
 			}
 		}
@@ -838,7 +838,7 @@ func (s *seqRun) check() {
 		if st["phase"] != s.phase.String() {
 			s.failf("%s is in phase %v, the model says %s", name, st["phase"], s.phase)
 		}
-		if s.phase != ctlwire.PhaseIdle && st["checkpoint_id"] != s.open {
+		if s.phase != control.PhaseIdle && st["checkpoint_id"] != s.open {
 			s.failf("%s has checkpoint %v open, the model says %s", name, st["checkpoint_id"], s.open)
 		}
 	}
@@ -849,7 +849,7 @@ func (s *seqRun) check() {
 // retired, and the fleet holds nothing.
 func (s *seqRun) drain() {
 	s.log = append(s.log, "drain")
-	if s.phase != ctlwire.PhaseIdle {
+	if s.phase != control.PhaseIdle {
 		s.resume()
 	}
 	if _, err := s.f.Fake.Release(s.ctx()); err != nil {

@@ -16,12 +16,12 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -255,14 +255,14 @@ func testZombie(t *testing.T, zombie string) {
 	}
 	// The checkpoint prepared before the pause cannot be committed.
 	for _, m := range members {
-		body := ctlwire.CommitRequest{CheckpointID: "c2", DeadlineTS: float64(deadline(30 * time.Second).Unix()), CheckpointDir: f.Dir("c2"), EpisodeIDs: ctlwire.EpisodeIDs{}}
+		body := control.CommitRequest{CheckpointID: "c2", DeadlineTS: float64(deadline(30 * time.Second).Unix()), CheckpointDir: f.Dir("c2"), EpisodeIDs: control.EpisodeIDs{}}
 		wantCode(t, "zombie commit of c2 on "+m.Name, f.post(m.URL+ctlplane.RoutePrefix+"/commit", auth, body), apierror.StaleEpoch)
-		rep := f.post(m.URL+ctlplane.RoutePrefix+"/resume", auth, ctlwire.CheckpointRequest{CheckpointID: "c2", DeadlineTS: float64(deadline(30 * time.Second).Unix())})
+		rep := f.post(m.URL+ctlplane.RoutePrefix+"/resume", auth, control.CheckpointRequest{CheckpointID: "c2", DeadlineTS: float64(deadline(30 * time.Second).Unix())})
 		if !rep.OK() {
 			t.Fatalf("zombie resume of c2 on %s: %d %s", m.Name, rep.Status, rep.Body)
 		}
 		// Nor can it take part in a later one.
-		wantCode(t, "zombie prepare of c3 on "+m.Name, f.post(m.URL+ctlplane.RoutePrefix+"/prepare", auth, ctlwire.CheckpointRequest{CheckpointID: "c3", DeadlineTS: float64(deadline(30 * time.Second).Unix())}), apierror.StaleEpoch)
+		wantCode(t, "zombie prepare of c3 on "+m.Name, f.post(m.URL+ctlplane.RoutePrefix+"/prepare", auth, control.CheckpointRequest{CheckpointID: "c3", DeadlineTS: float64(deadline(30 * time.Second).Unix())}), apierror.StaleEpoch)
 	}
 
 	// The zombie, refused once, now stamps its epoch and the restored

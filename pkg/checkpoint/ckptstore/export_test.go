@@ -12,10 +12,13 @@ func ReadRecordsBytes(b []byte) ([]Record, int, error) {
 	return recs, n, err
 }
 
-// ReadCanonical and AppendRecord expose the records line codec to tests.
+// ReadCanonical, DecodeLine and AppendRecord expose the records line codec
+// to tests.
 func ReadCanonical(line []byte) (Record, bool) { return readCanonical(line) }
 
-func AppendRecord(r Record) []byte { return appendRecord(nil, r) }
+func DecodeLine(line []byte) (Record, error) { return decodeLine(line) }
+
+func AppendRecord(r Record) ([]byte, error) { return appendRecord(nil, r) }
 
 // WritebackEvery is how many bytes of records are written between two
 // background writebacks.

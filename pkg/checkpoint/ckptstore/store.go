@@ -1,6 +1,6 @@
 // Package ckptstore is the checkpoint directory (SPEC §5):
 //
-//	<checkpoint_dir>/gym/<kind>/<instance>/records-<sha256>.jsonl  one JSON line per record
+//	<checkpoint_dir>/gym/<kind>/<instance>/records-<sha256>.jsonl  one flat JSON line per record (line.go)
 //	<checkpoint_dir>/gym/<kind>/<instance>/manifest.json            written last, create-only
 //
 // Records are written to a temp name (with direct I/O where the filesystem
@@ -31,7 +31,6 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -155,10 +154,13 @@ func (m *Manifest) fromFields(all map[string]codec.RawMessage) error {
 	return nil
 }
 
-// Record is one line of a records file.
+// Record is one line of a records file (line.go): the episode and the
+// record, a JSON object whose members are the line's. Read returns the
+// whole object, episode_id member included; of a line written before
+// records were flat, the record it wrapped.
 type Record struct {
-	EpisodeID rollout.EpisodeID `json:"episode_id"`
-	Data      codec.RawMessage  `json:"record"`
+	EpisodeID rollout.EpisodeID
+	Data      codec.RawMessage
 }
 
 // Errors.
@@ -466,10 +468,13 @@ func (s *Store) write(ctx context.Context, t Target, stop *WriteStop, emit func(
 			}
 			r.Data = compact.Bytes()
 		}
-		line = appendRecord(line[:0], r)
+		var err error
+		if line, err = appendRecord(line[:0], r); err != nil {
+			return fmt.Errorf("record %d (%s): %w", count, r.EpisodeID, err)
+		}
 		count++
 		written += int64(len(line))
-		_, err := bw.Write(line)
+		_, err = bw.Write(line)
 		if err != nil {
 			*sinkErr = err
 		}
@@ -522,25 +527,6 @@ func (s *Store) write(ctx context.Context, t Target, stop *WriteStop, emit func(
 	}
 	faultpoint.Hit(faultpoint.StoreManifestPublished)
 	return Written{Manifest: m, Bytes: size}, nil
-}
-
-// appendRecord appends r's line, the form readCanonical reads back:
-//
-//	{"episode_id":{"rollout_id":"<id>","attempt":<n>},"record":<data>}
-//
-// The episode id is written by hand (a valid rollout id needs no escaping,
-// so the bytes are what a JSON encoder writes); the record bytes are
-// written exactly as exported, so restored state serialises exactly as it
-// was captured.
-func appendRecord(dst []byte, r Record) []byte {
-	dst = append(dst, `{"episode_id":{"rollout_id":"`...)
-	dst = append(dst, r.EpisodeID.RolloutID...)
-	dst = append(dst, `","attempt":`...)
-	dst = strconv.AppendInt(dst, int64(r.EpisodeID.Attempt), 10)
-	dst = append(dst, `},"record":`...)
-	dst = append(dst, bytes.TrimSpace(r.Data)...)
-	dst = append(dst, '}', '\n')
-	return dst
 }
 
 // Read verifies one participant's commit and returns the records keep
@@ -653,13 +639,9 @@ func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) b
 		}
 		line := rest[: i+1 : i+1]
 		rest = rest[i+1:]
-		rec, ok := readCanonical(line)
-		if !ok {
-			// Not a line as the writer writes it: the strict decoder reads
-			// it (or says what is wrong with it).
-			if err := codec.UnmarshalStrict(line, &rec); err != nil {
-				return nil, 0, 0, fmt.Errorf("record %d: %s", n+1, codec.DescribeError(err))
-			}
+		rec, err := readLine(line)
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("record %d: %v", n+1, err)
 		}
 		if err := rec.EpisodeID.Validate(); err != nil {
 			return nil, 0, 0, fmt.Errorf("record %d: %v", n+1, err)
@@ -681,7 +663,7 @@ func readRecords(ctx context.Context, buf []byte, keep func(rollout.EpisodeID) b
 }
 
 // minLineBytes is fewer bytes than any line of a records file can have,
-// {"episode_id":{"rollout_id":"x"},"record":0} and its newline: the most
+// {"episode_id":{"rollout_id":"x"}} and its newline: the most
 // lines a buffer can hold is its length over it.
 const minLineBytes = 32
 
@@ -727,39 +709,6 @@ func readAll(r io.Reader, onSize func(int64)) ([]byte, error) {
 		return nil, errRecordsChanged
 	}
 	return buf, nil
-}
-
-// readCanonical reads a line exactly as appendRecord writes it, without
-// the reflection of a JSON decoder: a restore reads 100,000 lines and more.
-// Where the record is one JSON value it returns what the strict decoder
-// would (the id's string has no escapes, its attempt is a plain integer),
-// and ok false for any other line, which the caller decodes strictly.
-//
-// It does not check the record is one JSON value: Read returns records
-// only from a file whose digest matches its manifest, so every line is one
-// Write wrote, and Write checked each record; checking again would be a
-// visible share of a restore's CPU (BenchmarkInstall).
-func readCanonical(line []byte) (rec Record, ok bool) {
-	rest, ok := bytes.CutPrefix(line, []byte(`{"episode_id":`))
-	if !ok {
-		return Record{}, false
-	}
-	id, attempt, rest, ok := rollout.CutEpisodeIDJSON(rest)
-	if !ok {
-		return Record{}, false
-	}
-	if rest, ok = bytes.CutPrefix(rest, []byte(`,"record":`)); !ok {
-		return Record{}, false
-	}
-	data, ok := bytes.CutSuffix(rest, []byte("}\n"))
-	if !ok {
-		return Record{}, false
-	}
-	data = bytes.Trim(data, " \t\r\n")
-	if len(data) == 0 {
-		return Record{}, false
-	}
-	return Record{EpisodeID: rollout.EpisodeID{RolloutID: string(id), Attempt: attempt}, Data: data}, true
 }
 
 // readManifest returns dir's manifest and its fields as read, which its

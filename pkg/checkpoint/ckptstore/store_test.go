@@ -90,8 +90,9 @@ func testRoundTrip(t *testing.T, k kit) {
 	if told != w.Bytes {
 		t.Fatalf("OnSize was told %d bytes, want the records file's %d", told, w.Bytes)
 	}
-	// Record bytes come back exactly as exported, key order included.
-	if want := `{"a":"first","i":1,"tag":"x","z":"last"}`; string(recs[0].Data) != want {
+	// Record bytes come back exactly as exported, key order included, flat
+	// behind the episode id (nemo_gym/_checkpoint/store.py @ e7e449e9aa0d).
+	if want := `{"episode_id":{"rollout_id":"r1","attempt":1},"a":"first","i":1,"tag":"x","z":"last"}`; string(recs[0].Data) != want {
 		t.Fatalf("record data %s, want %s", recs[0].Data, want)
 	}
 	// Re-committing the same checkpoint with the same records returns the
@@ -503,7 +504,7 @@ func testRecordsWithLineBreaksReadBack(t *testing.T, k kit) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `{"a":[1,2],"s":"x\ny"}`; len(recs) != 1 || string(recs[0].Data) != want {
+	if want := `{"episode_id":{"rollout_id":"r1","attempt":0},"a":[1,2],"s":"x\ny"}`; len(recs) != 1 || string(recs[0].Data) != want {
 		t.Fatalf("read back %q, want one record %s", recs, want)
 	}
 }
@@ -726,7 +727,7 @@ func TestStore_NoSpaceIsStorageFull(t *testing.T) {
 			s := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &fullFS{FS: base, prefix: prefix} }))
 			_, err := s.Write(ctx, target(dir), nil, func(add func(ckptstore.Record) error) (map[string]any, error) {
 				for i := range 3 {
-					if err := add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: fmt.Sprint("r", i)}, Data: []byte(`"x"`)}); err != nil {
+					if err := add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: fmt.Sprint("r", i)}, Data: []byte(`{"x":1}`)}); err != nil {
 						return nil, fmt.Errorf("export stopped: %v", err) // not wrapped
 					}
 				}

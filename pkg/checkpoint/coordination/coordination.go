@@ -15,19 +15,20 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -36,10 +37,10 @@ import (
 // episodes first, then the policy model holds undelivered responses (pinning
 // agents at a boundary), then agents report ready, and resources last,
 // because agents and environments call them until they park.
-var PrepareOrder = []string{ctlwire.KindEnvironment, ctlwire.KindModel, ctlwire.KindAgent, ctlwire.KindResources}
+var PrepareOrder = []string{control.KindEnvironment, control.KindModel, control.KindAgent, control.KindResources}
 
 // RetireOrder is the stage order of retire and forget: callers before callees.
-var RetireOrder = [][]string{{ctlwire.KindEnvironment}, {ctlwire.KindAgent}, {ctlwire.KindModel, ctlwire.KindResources}}
+var RetireOrder = [][]string{{control.KindEnvironment}, {control.KindAgent}, {control.KindModel, control.KindResources}}
 
 // ReplyGrace is added to a call's deadline for the reply already on the wire.
 const ReplyGrace = 5 * time.Second
@@ -94,6 +95,9 @@ type Coordinator struct {
 	client  *http.Client
 	log     *slog.Logger
 	tracer  tracing.Tracer
+	// lastID is the last checkpoint id this coordinator drove (a string),
+	// which retire and forget name when their caller names none.
+	lastID atomic.Value
 }
 
 // Error is a coordination failure: the operation and each failing server's
@@ -129,8 +133,11 @@ func (e *Error) Code() apierror.Code {
 	return code
 }
 
+// newClient is the control client: h2c to our servers, HTTP/1.1 to a
+// server that speaks only that (NeMo Gym's, under uvicorn), found out per
+// host.
 func newClient(hc httpconf.Config) *http.Client {
-	return httpclient.New(httpclient.Options{H2C: true, MaxConnsPerHost: 4, HTTP: hc})
+	return httpclient.New(httpclient.Options{Protocol: httpclient.ProtocolAuto, MaxConnsPerHost: 4, HTTP: hc})
 }
 
 // New returns a coordinator of already discovered members.
@@ -187,7 +194,7 @@ func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordin
 				Instance string `json:"instance"`
 			}
 			h := http.Header{"Authorization": {"Bearer " + opts.Token}}
-			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+ctlwire.RoutePrefix+"/status", h, &st)
+			rep, err := httpclient.GetJSON(ctx, getter, strings.TrimRight(ep.URL, "/")+control.CheckpointRoutePrefix+"/status", h, &st)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -210,7 +217,7 @@ func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordin
 		return nil, errors.New("coordination discover: no server of the fleet takes part in checkpoints (is checkpoint.enabled set?)")
 	}
 	c := New(members, opts)
-	if !opts.AllowNoModel && len(c.ofKinds(ctlwire.KindModel)) == 0 {
+	if !opts.AllowNoModel && len(c.ofKinds(control.KindModel)) == 0 {
 		return nil, errors.New("coordination discover: no policy model takes part in checkpoints")
 	}
 	return c, nil
@@ -240,7 +247,7 @@ func (c *Coordinator) call(ctx context.Context, m Member, op string, deadline ti
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(ReplyGrace))
 	defer cancel()
 	h := http.Header{"Authorization": {"Bearer " + c.opts.Token}}
-	method, url := http.MethodPost, m.URL+ctlwire.RoutePrefix+"/"+op
+	method, url := http.MethodPost, m.URL+control.CheckpointRoutePrefix+"/"+op
 	if op == "status" {
 		method = http.MethodGet
 		body = nil
@@ -334,20 +341,32 @@ func (c *Coordinator) Status(ctx context.Context) (map[string]map[string]any, er
 func (c *Coordinator) nextEpoch(ctx context.Context) (uint64, error) {
 	var mu sync.Mutex
 	var top uint64
+	unannounced := 0
 	failures := fanOut(c.members, func(m Member) error {
 		var st struct {
-			Epoch uint64 `json:"epoch"`
+			Epoch *uint64 `json:"epoch"`
 		}
 		if err := c.call(ctx, m, "status", time.Now().Add(30*time.Second), nil, &st); err != nil {
 			return err
 		}
 		mu.Lock()
-		top = max(top, st.Epoch)
+		if st.Epoch == nil {
+			unannounced++
+		} else {
+			top = max(top, *st.Epoch)
+		}
 		mu.Unlock()
 		return nil
 	})
 	if len(failures) > 0 {
 		return 0, &Error{Op: "restore", Failures: failures}
+	}
+	if unannounced > 0 {
+		// A participant that announces no epoch (NeMo Gym's: its
+		// RestoreRequest forbids unknown fields, control.py) gets
+		// upstream's restore body, and so does every other: an epoch
+		// only some processes adopt would fence nothing.
+		return 0, nil
 	}
 	return top + 1, nil
 }
@@ -356,7 +375,7 @@ func (c *Coordinator) nextEpoch(ctx context.Context) (uint64, error) {
 // stage took.
 type StageResult struct {
 	Kind     string                          `json:"kind"`
-	Replies  map[string]ctlwire.PrepareReply `json:"replies"`
+	Replies  map[string]control.PrepareReply `json:"replies"`
 	Duration time.Duration                   `json:"duration"`
 }
 
@@ -371,7 +390,7 @@ func (r *PrepareResult) Blockers() map[string][]string {
 	out := map[string][]string{}
 	for _, s := range r.Stages {
 		for name, rep := range s.Replies {
-			if rep.Phase != ctlwire.PhasePrepared {
+			if rep.Phase != control.PhasePrepared {
 				out[name] = rep.Report.Blockers
 			}
 		}
@@ -417,6 +436,7 @@ func (r *PrepareResult) Continued(inFlight []rollout.EpisodeID) []rollout.Episod
 // stops at the first stage not prepared. The result keeps every stage's
 // replies, prepared or not.
 func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time) (_ *PrepareResult, err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "prepare", id, len(c.members))
 	defer endSpan(span, &err)
 	res := &PrepareResult{}
@@ -429,11 +449,11 @@ func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time
 		start := time.Now()
 		sctx, stageSpan := c.tracer.Start(ctx, tracing.SpanCoordinatePrefix+"prepare."+kind, trace.WithAttributes(
 			tracing.AttrCheckpointID.String(id), tracing.AttrParticipants.Int(len(members))))
-		stage := StageResult{Kind: kind, Replies: map[string]ctlwire.PrepareReply{}}
+		stage := StageResult{Kind: kind, Replies: map[string]control.PrepareReply{}}
 		var mu sync.Mutex
 		failures := fanOut(members, func(m Member) error {
-			var rep ctlwire.PrepareReply
-			if err := c.call(sctx, m, "prepare", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
+			var rep control.PrepareReply
+			if err := c.call(sctx, m, "prepare", deadline, control.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, &rep); err != nil {
 				return err
 			}
 			mu.Lock()
@@ -456,7 +476,7 @@ func (c *Coordinator) Prepare(ctx context.Context, id string, deadline time.Time
 		}
 		stageSpan.End()
 		for _, rep := range stage.Replies {
-			if rep.Phase != ctlwire.PhasePrepared {
+			if rep.Phase != control.PhasePrepared {
 				return res, nil
 			}
 		}
@@ -509,6 +529,7 @@ func (r *CommitResult) ExportedBy(name string) []string {
 // restarts). The controller publishes its own checkpoint only if this
 // succeeds everywhere.
 func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time, stop bool) (_ *CommitResult, err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "commit", id, len(c.members))
 	span.SetAttributes(tracing.AttrEpisodes.Int(len(scope)), tracing.AttrStop.Bool(stop))
 	defer endSpan(span, &err)
@@ -517,7 +538,7 @@ func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollou
 	}
 	res := &CommitResult{Replies: map[string]map[string]any{}}
 	var mu sync.Mutex
-	body, err := encodeOnce(ctlwire.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop})
+	body, err := encodeOnce(control.CommitRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Stop: stop})
 	if err != nil {
 		return nil, err
 	}
@@ -541,13 +562,14 @@ func (c *Coordinator) Commit(ctx context.Context, id, dir string, scope []rollou
 // reopens before the servers it calls), continuing past failures; an
 // unreachable participant reopens when its lease expires.
 func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time) (err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "resume", id, len(c.members))
 	defer endSpan(span, &err)
 	failures := map[string]error{}
 	for i := len(PrepareOrder) - 1; i >= 0; i-- {
 		members := c.ofKinds(PrepareOrder[i])
 		for n, err := range fanOut(members, func(m Member) error {
-			return c.call(ctx, m, "resume", deadline, ctlwire.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, nil)
+			return c.call(ctx, m, "resume", deadline, control.CheckpointRequest{CheckpointID: id, DeadlineTS: unix(deadline)}, nil)
 		}) {
 			failures[n] = err
 		}
@@ -560,7 +582,7 @@ func (c *Coordinator) Resume(ctx context.Context, id string, deadline time.Time)
 
 // RestoreResult keeps every participant's restore reply.
 type RestoreResult struct {
-	Replies map[string]ctlwire.RestoreReply `json:"replies"`
+	Replies map[string]control.RestoreReply `json:"replies"`
 	// Epoch is the epoch the restored fleet runs in: one past every
 	// participant's, so every earlier incarnation is fenced.
 	Epoch uint64 `json:"epoch"`
@@ -576,6 +598,7 @@ type RestoreResult struct {
 // installed), every participant is resumed, and the error is returned. The
 // participants stay closed on success until Resume.
 func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollout.EpisodeID, deadline time.Time) (_ *RestoreResult, err error) {
+	c.lastID.Store(id)
 	ctx, span := c.span(ctx, "restore", id, len(c.members))
 	span.SetAttributes(tracing.AttrEpisodes.Int(len(scope)))
 	defer endSpan(span, &err)
@@ -590,15 +613,15 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 	if err != nil {
 		return nil, err
 	}
-	res := &RestoreResult{Replies: map[string]ctlwire.RestoreReply{}, Seconds: map[string]float64{}, Epoch: epoch}
+	res := &RestoreResult{Replies: map[string]control.RestoreReply{}, Seconds: map[string]float64{}, Epoch: epoch}
 	var mu sync.Mutex
-	req := ctlwire.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Epoch: epoch}
+	req := control.RestoreRequest{CheckpointID: id, DeadlineTS: unix(deadline), CheckpointDir: dir, EpisodeIDs: scope, Epoch: epoch}
 	body, err := encodeOnce(req)
 	if err != nil {
 		return nil, err
 	}
 	failures := fanOut(c.members, func(m Member) error {
-		var rep ctlwire.RestoreReply
+		var rep control.RestoreReply
 		start := time.Now()
 		b := any(body)
 		if plan := plans[m.Name]; plan != nil {
@@ -650,7 +673,7 @@ func (c *Coordinator) Restore(ctx context.Context, id, dir string, scope []rollo
 // restore's aliases: a restore moves each former replica whole (all its
 // sessions together, replica.Place) as the reference places sessions over
 // worker counts.
-var OwnerRoutedKinds = []string{ctlwire.KindAgent}
+var OwnerRoutedKinds = []string{control.KindAgent}
 
 // RolloutRoutedKinds are the kinds whose callers reach them by a hash of
 // the rollout id over the live replicas (replica.Pick): the client reaches
@@ -659,7 +682,7 @@ var OwnerRoutedKinds = []string{ctlwire.KindAgent}
 // into another count places each rollout's records on the replica Pick now
 // names for it (replica.Spread): every caller finds them with no routing of
 // its own changed.
-var RolloutRoutedKinds = []string{ctlwire.KindEnvironment, ctlwire.KindResources, ctlwire.KindModel}
+var RolloutRoutedKinds = []string{control.KindEnvironment, control.KindResources, control.KindModel}
 
 // ReplicaCountChangeKinds are the kinds whose number of replicas a restore
 // may change: every kind, each by how its callers route to it.
@@ -677,7 +700,7 @@ var ReplicaCountChangeKinds = append(slices.Clone(OwnerRoutedKinds), RolloutRout
 // kind with no member is left alone: a coordinator may drive part of a
 // fleet. A checkpoint whose manifests cannot be listed is left to the
 // participants (nil).
-func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]*ctlwire.ReplicaPlan, error) {
+func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]*control.ReplicaPlan, error) {
 	store, err := ckptstore.OpenWith(dir, c.opts.Store)
 	if err != nil {
 		return nil, nil
@@ -695,7 +718,7 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 	for _, m := range mans {
 		f := family{m.Kind, replica.Family(m.Instance)}
 		former[f] = append(former[f], replica.Former{Instance: m.Instance, Records: m.RecordCount})
-		legacyRuns[f] += manifestCount(m.Extras[ctlwire.ManifestLegacyRuns])
+		legacyRuns[f] += manifestCount(m.Extras[control.ManifestLegacyRuns])
 	}
 	kinds := map[string]bool{}
 	for _, m := range c.members {
@@ -761,13 +784,13 @@ func (c *Coordinator) PlanReplicas(ctx context.Context, dir string) (map[string]
 	if !changed {
 		return nil, nil
 	}
-	out := map[string]*ctlwire.ReplicaPlan{}
+	out := map[string]*control.ReplicaPlan{}
 	for _, m := range c.members {
 		src, ok := sources[m.Instance]
 		if !ok {
 			src = []string{m.Instance}
 		}
-		rp := &ctlwire.ReplicaPlan{Sources: src, Aliases: aliases}
+		rp := &control.ReplicaPlan{Sources: src, Aliases: aliases}
 		if part, ok := partitions[m.Instance]; ok {
 			rp.Partition = &part
 		}
@@ -786,13 +809,15 @@ func manifestCount(v any) int {
 
 // Retire retires attempts everywhere: environments, then agents, then
 // models and resources. Refused while a checkpoint is open (resume first).
-// checkpointID may be empty; it names the restored checkpoint when retiring
-// inside a restore.
+// checkpointID names the restored checkpoint when retiring inside a
+// restore; empty, the last checkpoint this coordinator drove is named
+// (the body requires one: NeMo Gym's RetireRequest, control.py).
 func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rollout.EpisodeID, deadline time.Time) (err error) {
+	checkpointID = c.checkpointIDOr(checkpointID)
 	ctx, span := c.span(ctx, "retire", checkpointID, len(c.members))
 	span.SetAttributes(tracing.AttrEpisodes.Int(len(ids)))
 	defer endSpan(span, &err)
-	body, err := encodeOnce(ctlwire.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
+	body, err := encodeOnce(control.RetireRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), EpisodeIDs: ids})
 	if err != nil {
 		return err
 	}
@@ -807,12 +832,17 @@ func (c *Coordinator) Retire(ctx context.Context, checkpointID string, ids []rol
 	return nil
 }
 
-// Forget drops the retired marks of rollouts done for good, in retire order.
+// Forget drops the retired marks of rollouts done for good, in retire
+// order. The body names the last checkpoint this coordinator drove and
+// lists the rollouts sorted, once each, as NeMo Gym's coordination.py
+// sends it.
 func (c *Coordinator) Forget(ctx context.Context, rolloutIDs []string, deadline time.Time) (err error) {
-	ctx, span := c.span(ctx, "forget", "", len(c.members))
+	checkpointID := c.checkpointIDOr("")
+	ctx, span := c.span(ctx, "forget", checkpointID, len(c.members))
 	span.SetAttributes(tracing.AttrRollouts.Int(len(rolloutIDs)))
 	defer endSpan(span, &err)
-	body, err := encodeOnce(ctlwire.ForgetRequest{DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
+	rolloutIDs = slices.Compact(slices.Sorted(slices.Values(rolloutIDs)))
+	body, err := encodeOnce(control.ForgetRequest{CheckpointID: checkpointID, DeadlineTS: unix(deadline), RolloutIDs: rolloutIDs})
 	if err != nil {
 		return err
 	}
@@ -855,4 +885,22 @@ func (c *Coordinator) VerifyWith(ctx context.Context, dir, id string, o ckptstor
 		out = append(out, man)
 	}
 	return out, nil
+}
+
+// DefaultCheckpointID names retires and forgets of a coordinator that has
+// driven no checkpoint yet: their bodies require an id (NeMo Gym's
+// control.py), which a participant outside a checkpoint only checks for
+// form.
+const DefaultCheckpointID = "gymfleet-controller"
+
+// checkpointIDOr is id, else the last checkpoint this coordinator drove,
+// else DefaultCheckpointID.
+func (c *Coordinator) checkpointIDOr(id string) string {
+	if id != "" {
+		return id
+	}
+	if last, ok := c.lastID.Load().(string); ok && last != "" {
+		return last
+	}
+	return DefaultCheckpointID
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 )
 
@@ -121,14 +121,14 @@ func TestPlanReplicas_LegacyRunsRestoreOnlyIntoTheSameAgents(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "c1")
 	checkpointOf(t, dir, [][2]string{{"environment", "env"}, {"model", "policy_model"}, {"agent", "a-0"}})
 	legacy := func(context.Context, ctlplane.Scope, func(ctlplane.Record) error) (ctlplane.Extras, error) {
-		return ctlplane.Extras{Manifest: map[string]any{ctlwire.ManifestLegacyRuns: 2}}, nil
+		return ctlplane.Extras{Manifest: map[string]any{control.ManifestLegacyRuns: 2}}, nil
 	}
 	target := ckptstore.Target{Dir: dir, Kind: "agent", Instance: "a-1", CheckpointID: "c1"}
 	if _, err := ctlplanetest.WriteCheckpoint(context.Background(), target, ctlplane.Scope{}, legacy); err != nil {
 		t.Fatal(err)
 	}
 
-	into := func(live [][2]string) (map[string]*ctlwire.ReplicaPlan, error) {
+	into := func(live [][2]string) (map[string]*control.ReplicaPlan, error) {
 		return coordination.New(members(live), coordination.Options{Token: token}).PlanReplicas(context.Background(), dir)
 	}
 	_, err := into([][2]string{{"environment", "env"}, {"model", "policy_model"}, {"agent", "a-0"}, {"agent", "a-1"}, {"agent", "a-2"}})

@@ -19,8 +19,14 @@ import (
 )
 
 // Path is the worker's route, under its root URL (the OpenAI base URL
-// without its trailing /v1). It takes the worker's bearer token.
-const Path = "/_ckpt/generation-cut"
+// without its trailing /v1), NeMo Gym's GENERATION_CUT_ROUTE
+// (nemo_gym/_checkpoint/generation_cut.py @ 807db7d5bd6d), the route NeMo
+// RL's generation workers serve. It takes the worker's bearer token.
+const Path = "/ng-control/v1/generation-cut"
+
+// LegacyPath is the route our workers served before; fakeinference still
+// serves it, so a model server of an earlier release keeps its cuts.
+const LegacyPath = "/_ckpt/generation-cut"
 
 // Headers of a call that was cut or that continues a cut.
 const (

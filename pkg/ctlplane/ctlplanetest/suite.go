@@ -238,8 +238,8 @@ func testBadInput(t *testing.T, s Subject) {
 	c.t = t
 	c.want("prepare", req("c1"), http.StatusOK, "")
 	c.want("prepare", req("c2"), http.StatusConflict, "checkpoint_conflict")
-	c.want("retire", map[string]any{"deadline_ts": future(30), "episode_ids": []any{map[string]any{"rollout_id": "r", "attempt": 0}}}, http.StatusConflict, "invalid_phase")
-	c.want("forget", map[string]any{"deadline_ts": future(30), "rollout_ids": []string{"r"}}, http.StatusConflict, "invalid_phase")
+	c.want("retire", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "episode_ids": []any{map[string]any{"rollout_id": "r", "attempt": 0}}}, http.StatusConflict, "invalid_phase")
+	c.want("forget", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "rollout_ids": []string{"r"}}, http.StatusConflict, "invalid_phase")
 	c.want("restore", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusConflict, "invalid_phase")
 	if p := c.phase(); p != "prepared" {
 		t.Fatalf("phase = %s, want prepared", p)
@@ -429,7 +429,7 @@ func testCycle(t *testing.T, s Subject) {
 			}
 			c.want("commit", commitReq(id, t.TempDir(), nil), http.StatusConflict, "checkpoint_conflict")
 			c.want("commit", commitReq(id, dir, []rollout.EpisodeID{{RolloutID: "someone-else"}}), http.StatusConflict, "checkpoint_conflict")
-			c.want("retire", map[string]any{"deadline_ts": future(30), "episode_ids": []any{map[string]any{"rollout_id": "r"}}}, http.StatusConflict, "invalid_phase")
+			c.want("retire", map[string]any{"checkpoint_id": id, "deadline_ts": future(30), "episode_ids": []any{map[string]any{"rollout_id": "r"}}}, http.StatusConflict, "invalid_phase")
 			if r := c.want("resume", req(id), http.StatusOK, ""); r["phase"] != "idle" || r["idempotent"] != false {
 				t.Fatalf("resume reply = %v", r)
 			}
@@ -478,8 +478,13 @@ func testRestore(t *testing.T, newSubject Factory) {
 	if p := o.phase(); p != "idle" {
 		t.Fatalf("phase after a refused restore = %s, want idle", p)
 	}
-	// A manifest of another checkpoint id is refused too.
-	o.want("restore", map[string]any{"checkpoint_id": "r3", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusUnprocessableEntity, "invalid_checkpoint_state")
+	// A directory another checkpoint id wrote restores, naming it as the
+	// source (NeMo Gym's control.py _restore; NeMo RL's adapter checks
+	// source_checkpoint_id).
+	if r := o.want("restore", map[string]any{"checkpoint_id": "r3", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusOK, ""); r["source_checkpoint_id"] != "r1" {
+		t.Fatalf("restore of r1's directory as r3 = %v, want source_checkpoint_id r1", r)
+	}
+	o.want("resume", req("r3"), http.StatusOK, "")
 	o.want("prepare", req("r4"), http.StatusOK, "")
 	o.want("resume", req("r4"), http.StatusOK, "")
 }
@@ -491,7 +496,11 @@ func testFence(t *testing.T, s Subject) {
 	if st, code := s.Probe(ctx, retired); code == "stale_attempt" {
 		t.Fatalf("before retire the probe must not be fenced, got %d %s", st, code)
 	}
-	m := c.want("retire", map[string]any{"deadline_ts": future(30), "episode_ids": []rollout.EpisodeID{retired}}, http.StatusOK, "")
+	// Both bodies name a checkpoint, as NeMo Gym's RetireRequest and
+	// ForgetRequest require (nemo_gym/_checkpoint/control.py).
+	c.want("retire", map[string]any{"deadline_ts": future(30), "episode_ids": []rollout.EpisodeID{retired}}, http.StatusBadRequest, "invalid_request")
+	c.want("forget", map[string]any{"deadline_ts": future(30), "rollout_ids": []string{"fenced-1"}}, http.StatusBadRequest, "invalid_request")
+	m := c.want("retire", map[string]any{"checkpoint_id": "ops", "deadline_ts": future(30), "episode_ids": []rollout.EpisodeID{retired}}, http.StatusOK, "")
 	if fmt.Sprint(m["retired"]) != "[fenced-1-a1]" {
 		t.Fatalf("retire reply = %v", m)
 	}
@@ -506,7 +515,9 @@ func testFence(t *testing.T, s Subject) {
 	if st := c.want("status", nil, http.StatusOK, ""); st["retired_rollouts"] != float64(1) {
 		t.Fatalf("status retired_rollouts = %v, want 1", st["retired_rollouts"])
 	}
-	c.want("forget", map[string]any{"deadline_ts": future(30), "rollout_ids": []string{"fenced-1"}}, http.StatusOK, "")
+	if f := c.want("forget", map[string]any{"checkpoint_id": "ops", "deadline_ts": future(30), "rollout_ids": []string{"fenced-1", "a-done"}}, http.StatusOK, ""); fmt.Sprint(f["forgotten"]) != "[a-done fenced-1]" {
+		t.Fatalf("forget reply = %v, want the rollouts sorted", f)
+	}
 	if _, code := s.Probe(ctx, retired); code == "stale_attempt" {
 		t.Fatalf("forget must clear the fence")
 	}

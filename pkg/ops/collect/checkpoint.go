@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -236,7 +236,7 @@ func exportedByEnvironments(coord *coordination.Coordinator, cm *coordination.Co
 	seen := map[string]bool{}
 	out := []rollout.EpisodeID{}
 	for _, m := range coord.Members() {
-		if m.Kind != ctlwire.KindEnvironment {
+		if m.Kind != control.KindEnvironment {
 			continue
 		}
 		for _, key := range cm.ExportedBy(m.Name) {

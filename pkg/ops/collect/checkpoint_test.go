@@ -173,7 +173,7 @@ func keysOf(ids []rollout.EpisodeID) string {
 func (f *fakeFleet) handler(kind, instance string) http.Handler {
 	mux := http.NewServeMux()
 	ctl := func(op string, fn func(body map[string]json.RawMessage) (any, int)) {
-		mux.HandleFunc("/_ckpt/"+op, func(w http.ResponseWriter, r *http.Request) {
+		handle := func(w http.ResponseWriter, r *http.Request) {
 			if r.Header.Get("Authorization") != "Bearer "+fakeToken {
 				writeErr(w, 401, "unauthorized", "no")
 				return
@@ -185,7 +185,11 @@ func (f *fakeFleet) handler(kind, instance string) http.Handler {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(status)
 			_ = json.NewEncoder(w).Encode(out)
-		})
+		}
+		// The routes of both prefixes, as our servers mount them; the
+		// coordinator calls NeMo Gym's.
+		mux.HandleFunc("/_ckpt/"+op, handle)
+		mux.HandleFunc("/ng-control/v1/checkpoint/"+op, handle)
 	}
 	episodes := func(body map[string]json.RawMessage) []rollout.EpisodeID {
 		var ids []rollout.EpisodeID

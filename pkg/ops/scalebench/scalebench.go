@@ -31,12 +31,12 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference/fiwire"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -743,7 +743,7 @@ func (b *bench) recordPrepare(prep *coordination.PrepareResult) {
 	for _, s := range prep.Stages {
 		st := PrepareStage{Kind: s.Kind, Seconds: seconds(s.Duration), Servers: len(s.Replies)}
 		for name, rep := range s.Replies {
-			if rep.Phase != ctlwire.PhasePrepared {
+			if rep.Phase != control.PhasePrepared {
 				st.Blockers = append(st.Blockers, fmt.Sprintf("%s: phase %s, %d blocker(s) %v", name, rep.Phase, rep.Report.BlockerCount, rep.Report.Blockers))
 			}
 		}

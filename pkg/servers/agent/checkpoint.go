@@ -13,13 +13,13 @@ import (
 	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/infra/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/infra/parallel"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -400,8 +400,8 @@ const (
 
 // sessionRecord is a native session's record.
 type sessionRecord struct {
-	Type      string            `json:"type"`
 	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	Type      string            `json:"type"`
 	SessionID string            `json:"session_id"`
 	Session   sessionState      `json:"session"`
 	// Boundary is the loop state of the activation in progress, or null.
@@ -423,8 +423,8 @@ type sessionState struct {
 
 // legacyRecord is a legacy /run episode's record.
 type legacyRecord struct {
-	Type      string            `json:"type"`
 	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	Type      string            `json:"type"`
 	// Episode is the episode.Record the tracker exported.
 	Episode codec.RawMessage `json:"episode"`
 }
@@ -454,8 +454,8 @@ type exportedSession struct {
 // at its boundary (encodeBoundary) and its tests. Export writes a record
 // with its Boundary nil and the loop state's encoding given as it is.
 type sessionRecordOut struct {
-	Type      string            `json:"type"`
 	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	Type      string            `json:"type"`
 	SessionID string            `json:"session_id"`
 	Session   sessionState      `json:"session"`
 	Boundary  *LoopState        `json:"boundary"`
@@ -539,7 +539,7 @@ func (p participant) Export(ctx context.Context, scope ctlplane.Scope, emit func
 	if err != nil || legacy == 0 {
 		return ctlplane.Extras{}, err
 	}
-	return ctlplane.Extras{Manifest: map[string]any{ctlwire.ManifestLegacyRuns: legacy}}, nil
+	return ctlplane.Extras{Manifest: map[string]any{control.ManifestLegacyRuns: legacy}}, nil
 }
 
 // inScopeOrder puts out in the order of the scope's episodes, at[k] being
@@ -816,16 +816,32 @@ func invalidState(format string, args ...any) error {
 	return apierror.New(apierror.InvalidCheckpointState, format, args...)
 }
 
-// Export writes a record's type first; these are the bytes it starts with.
+// Export writes a record's episode id first and its type next (a records
+// line is the record flat, the episode id first: ckptstore line.go); a
+// record of a checkpoint written before records were flat starts with its
+// type. These are the bytes after the id, and those a former record starts
+// with.
 var (
-	sessionPrefix = []byte(`{"type":"` + recordSession + `",`)
-	legacyPrefix  = []byte(`{"type":"` + recordLegacy + `",`)
+	sessionTypeMember = []byte(`,"type":"` + recordSession + `",`)
+	legacyTypeMember  = []byte(`,"type":"` + recordLegacy + `",`)
+	sessionPrefix     = []byte(`{"type":"` + recordSession + `",`)
+	legacyPrefix      = []byte(`{"type":"` + recordLegacy + `",`)
 )
 
 // recordType reads a record's type: from the bytes it starts with when it
 // starts as Export writes it, else by decoding it. Either way the decoder
 // of that type checks it again.
 func recordType(data []byte) (string, error) {
+	if rest, ok := bytes.CutPrefix(data, []byte(`{"episode_id":`)); ok {
+		if _, _, rest, ok := rollout.CutEpisodeIDJSON(rest); ok {
+			switch {
+			case bytes.HasPrefix(rest, sessionTypeMember):
+				return recordSession, nil
+			case bytes.HasPrefix(rest, legacyTypeMember):
+				return recordLegacy, nil
+			}
+		}
+	}
 	switch {
 	case bytes.HasPrefix(data, sessionPrefix):
 		return recordSession, nil

@@ -15,8 +15,8 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/ckptstore"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
-	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlwire"
 	"github.com/gymfleet/gymfleet/pkg/servers/agent"
+	ckptcontrol "github.com/gymfleet/gymfleet/pkg/wire/control"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -136,7 +136,13 @@ func (c control) resume(id string) {
 
 func (c control) retire(keys ...string) map[string]any {
 	c.t.Helper()
-	return c.must("retire", map[string]any{"deadline_ts": deadline(30), "episode_ids": episodes(c.t, keys...)})
+	// The body names a checkpoint (NeMo Gym's RetireRequest requires one):
+	// the restored one while the server is restored, any other outside.
+	id, _ := c.status()["checkpoint_id"].(string)
+	if id == "" {
+		id = "ops"
+	}
+	return c.must("retire", map[string]any{"checkpoint_id": id, "deadline_ts": deadline(30), "episode_ids": episodes(c.t, keys...)})
 }
 
 func (c control) status() map[string]any {
@@ -544,7 +550,7 @@ func TestCheckpoint_RetireStopsAndFrees(t *testing.T) {
 	expectCode(t, "open by the retired attempt", ta.open("r", "s2", "rs"), 409, "stale_attempt")
 	expectCode(t, "activation by the retired attempt", ta.activate("r", "s", "1", weatherParams), 409, "stale_attempt")
 	expectCode(t, "close of the freed session", ta.closeSession("", "s"), 404, "unknown_session")
-	c.must("forget", map[string]any{"deadline_ts": deadline(30), "rollout_ids": []string{"r"}})
+	c.must("forget", map[string]any{"checkpoint_id": "ops", "deadline_ts": deadline(30), "rollout_ids": []string{"r"}})
 	if r := ta.open("r", "s2", "rs"); r.status != 200 {
 		t.Errorf("open after forget: %d %s", r.status, r.body)
 	}
@@ -578,8 +584,8 @@ func TestLegacy_ContinuesFromItsLoopBoundary(t *testing.T) {
 		t.Fatalf("records: %v", recs)
 	}
 	// What keeps a coordinator from restoring it into other agent replicas.
-	if n := manifestOf(t, dir, "c1").Extras[ctlwire.ManifestLegacyRuns]; n != float64(1) {
-		t.Errorf("manifest %s = %v, want 1", ctlwire.ManifestLegacyRuns, n)
+	if n := manifestOf(t, dir, "c1").Extras[ckptcontrol.ManifestLegacyRuns]; n != float64(1) {
+		t.Errorf("manifest %s = %v, want 1", ckptcontrol.ManifestLegacyRuns, n)
 	}
 	b := field(t, string(recs[0]["episode"]), "boundary")
 	rsid := old.rec.all()[0].session

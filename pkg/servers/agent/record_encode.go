@@ -26,10 +26,10 @@ import (
 // checkpoint held it for a restored session nothing has continued yet,
 // exported again without decoding it. On an error it returns no bytes.
 func appendSessionRecord(b []byte, rec *sessionRecordOut, restored codec.RawMessage) ([]byte, error) {
-	b = append(b, `{"type":`...)
-	b = codec.AppendString(b, rec.Type)
-	b = append(b, `,"episode_id":`...)
+	b = append(b, `{"episode_id":`...)
 	b = appendEpisodeID(b, rec.EpisodeID)
+	b = append(b, `,"type":`...)
+	b = codec.AppendString(b, rec.Type)
 	b = append(b, `,"session_id":`...)
 	b = codec.AppendString(b, rec.SessionID)
 	b = append(b, `,"session":`...)

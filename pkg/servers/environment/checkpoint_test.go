@@ -222,7 +222,7 @@ func TestEnvironment_WaitStepBlocksAndRetire(t *testing.T) {
 	ctl.call("resume", map[string]any{"checkpoint_id": "c1", "deadline_ts": dl(10 * time.Second)})
 	retired := make(chan map[string]any, 1)
 	go func() {
-		retired <- ctl.call("retire", map[string]any{"deadline_ts": dl(10 * time.Second), "episode_ids": []rollout.EpisodeID{id}})
+		retired <- ctl.call("retire", map[string]any{"checkpoint_id": "ops", "deadline_ts": dl(10 * time.Second), "episode_ids": []rollout.EpisodeID{id}})
 	}()
 	if st := <-done; st != 409 {
 		t.Fatalf("a retired episode's /run answers %d, want 409 stale_attempt", st)

@@ -40,7 +40,7 @@ type Config struct {
 	// Script is the default policy script as JSON text (see Script); empty
 	// means the policy derived from the conversation.
 	Script string `mapstructure:"script"`
-	// ControlAuthToken is the bearer POST /_ckpt/generation-cut requires.
+	// ControlAuthToken is the bearer POST /ng-control/v1/generation-cut requires.
 	// Empty disables generation cuts: the route then refuses every call
 	// with 401, so an unconfigured server can never be made to cut.
 	ControlAuthToken string `mapstructure:"control_auth_token"`

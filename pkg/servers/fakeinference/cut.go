@@ -37,7 +37,7 @@ func StagingKey(captureKey, modelCallID string) string {
 	return gencut.StagingKey(captureKey, modelCallID)
 }
 
-// Wire types of POST /_ckpt/generation-cut.
+// Wire types of POST /ng-control/v1/generation-cut (and /_ckpt/generation-cut).
 type (
 	CutRequest = gencut.Request
 	ActiveCall = gencut.ActiveCall

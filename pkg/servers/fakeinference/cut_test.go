@@ -212,7 +212,7 @@ func TestGenerationCut_Auth(t *testing.T) {
 		{"Bearer " + testToken, 200},
 		{"bearer " + testToken, 200}, // RFC 7235: the scheme is case-insensitive
 	} {
-		r := f.post(context.Background(), "/_ckpt/generation-cut", body, map[string]string{"Authorization": tt.auth})
+		r := f.post(context.Background(), "/ng-control/v1/generation-cut", body, map[string]string{"Authorization": tt.auth})
 		if r.status != tt.status {
 			t.Errorf("Authorization %q: %d %s, want %d", tt.auth, r.status, r.body, tt.status)
 		}
@@ -225,7 +225,7 @@ func TestGenerationCut_Auth(t *testing.T) {
 	// Without a configured token the route refuses everything.
 	open := start(t, func(c *fakeinference.Config) { c.ControlAuthToken = "" })
 	for _, auth := range []string{"", "Bearer ", "Bearer x"} {
-		r := open.post(context.Background(), "/_ckpt/generation-cut", body, map[string]string{"Authorization": auth})
+		r := open.post(context.Background(), "/ng-control/v1/generation-cut", body, map[string]string{"Authorization": auth})
 		if r.status != 401 || !strings.Contains(string(r.body), "generation cuts are disabled") {
 			t.Errorf("no token configured, Authorization %q: %d %s", auth, r.status, r.body)
 		}
@@ -246,7 +246,7 @@ func TestGenerationCut_BadBodies(t *testing.T) {
 		`{"checkpoint_id":"c1","server_name":"m","active":[{"model_call_id":"a","capture_key":"r1","x":1}]}`,
 		`{"checkpoint_id":"c1","server_name":"m","active":[]} {}`,
 	} {
-		r := f.post(context.Background(), "/_ckpt/generation-cut", body, map[string]string{"Authorization": "Bearer " + testToken})
+		r := f.post(context.Background(), "/ng-control/v1/generation-cut", body, map[string]string{"Authorization": "Bearer " + testToken})
 		if e := apierror.Parse(r.status, r.body); r.status != 422 || e == nil || e.Code != apierror.InvalidRequest {
 			t.Errorf("body %s: %d %s, want 422 invalid_request", body, r.status, r.body)
 		}

@@ -126,7 +126,7 @@ func FuzzCutRequest(f *testing.F) {
 	srv := newInProcess(f)
 	auth := map[string]string{"Authorization": "Bearer " + testToken}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		rec := serve(srv, "/_ckpt/generation-cut", body, auth)
+		rec := serve(srv, "/ng-control/v1/generation-cut", body, auth)
 		switch {
 		case rec.Code == http.StatusOK:
 			var rep fakeinference.CutReceipt

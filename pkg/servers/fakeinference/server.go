@@ -10,7 +10,7 @@
 // as vLLM does, truncate a stream, or add routed_experts (faults.go).
 // Generation is paced token by token, so calls are really in flight for a
 // while. Test control routes under /_ctl/ hold,
-// release, script and count calls, and POST /_ckpt/generation-cut is the
+// release, script and count calls, and POST /ng-control/v1/generation-cut is the
 // inference worker's side of the checkpoint protocol: it stops generations,
 // stages their prefixes in the token store this process keeps, and a later
 // call continues a staged prefix. The token store lives in this process on
@@ -142,6 +142,7 @@ func (s *Server) routes(r chi.Router) {
 		r.Post("/reset", h(s.handleReset))
 	})
 	r.Post(gencut.Path, h(s.handleGenerationCut))
+	r.Post(gencut.LegacyPath, h(s.handleGenerationCut))
 }
 
 // Handler is the server's routes, for tests that serve it in process.

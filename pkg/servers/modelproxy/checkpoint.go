@@ -619,7 +619,15 @@ func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.Episod
 			return nil
 		}
 		var staging []string
+		// A records line is the record flat, its episode id first
+		// (ckptstore line.go): the id's member, then the record's members,
+		// whose opening brace becomes the comma between.
+		b.data = appendEpisodeIDMember(b.data, id)
+		brace := len(b.data)
 		b.data, staging, err = appendModelRecord(b.data, rows, cut)
+		if err == nil {
+			b.data[brace] = ','
+		}
 		if err != nil {
 			stopped = fmt.Errorf("the record of %s: %w", key, err)
 			return stopped

@@ -495,7 +495,7 @@ func TestCheckpoint_RetireCancelsCalls(t *testing.T) {
 		n, err := w.ctl.CallCount(context.Background())
 		return inflight == 1 && err == nil && n.Held == 1
 	})
-	out := m.mustOp(t, "retire", map[string]any{"deadline_ts": future(10 * time.Second), "episode_ids": scopeOf("ret-1")})
+	out := m.mustOp(t, "retire", map[string]any{"checkpoint_id": "ops", "deadline_ts": future(10 * time.Second), "episode_ids": scopeOf("ret-1")})
 	if !reflect.DeepEqual(out["retired"], []any{"ret-1"}) {
 		t.Fatalf("retire = %v", out)
 	}
@@ -515,7 +515,7 @@ func TestCheckpoint_RetireCancelsCalls(t *testing.T) {
 	if r := m.call("ret-1", chatPath, chatRequest("late", "c")); r.status != http.StatusConflict || errorCode(r.body) != "stale_attempt" {
 		t.Fatalf("late call: %d %s", r.status, r.body)
 	}
-	m.mustOp(t, "forget", map[string]any{"deadline_ts": future(10 * time.Second), "rollout_ids": []string{"ret-1"}})
+	m.mustOp(t, "forget", map[string]any{"checkpoint_id": "ops", "deadline_ts": future(10 * time.Second), "rollout_ids": []string{"ret-1"}})
 	m.mustCall(t, "ret-1", chatPath, chatRequest("again", "d"))
 	if got := m.rowIDs(t, "ret-1"); len(got) != 1 {
 		t.Fatalf("after forget the attempt starts a new ledger: %v", got)

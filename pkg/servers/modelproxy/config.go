@@ -54,7 +54,7 @@ type Config struct {
 
 // GenerationCutsConfig configures generation cuts: when a checkpoint closes
 // admission, calls still generating upstream are cut by the worker each
-// runs on (POST <worker root>/_ckpt/generation-cut, the worker root being
+// runs on (POST <worker root>/ng-control/v1/generation-cut, the worker root being
 // its base URL without the trailing /v1), which stages their prefixes so
 // the re-issued call continues instead of regenerating.
 type GenerationCutsConfig struct {

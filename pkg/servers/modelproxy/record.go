@@ -5,15 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // ModelRecord is the model participant's record of one episode: the
 // ledger rows of its delivered calls and at most one generation cut (the
 // call the agent will re-issue, whose prefix the worker staged).
 type ModelRecord struct {
+	// EpisodeID is the records line's episode_id member, which a record
+	// read back from a checkpoint carries (records are flat: ckptstore
+	// line.go); absent in a record of a checkpoint written before.
+	EpisodeID      *rollout.EpisodeID `json:"episode_id,omitempty"`
 	Rows           []tokencapture.Row `json:"rows"`
 	GenerationCuts []GenerationCut    `json:"generation_cuts"`
 }
@@ -89,7 +95,7 @@ func DecodeModelRecord(data []byte) (*ModelRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &ModelRecord{GenerationCuts: rec.GenerationCuts}
+	m := &ModelRecord{EpisodeID: rec.EpisodeID, GenerationCuts: rec.GenerationCuts}
 	if rec.Rows != nil {
 		m.Rows = make([]tokencapture.Row, len(rec.Rows))
 	}
@@ -104,6 +110,7 @@ func DecodeModelRecord(data []byte) (*ModelRecord, error) {
 // importRecord is a ModelRecord as Install reads it: its rows as the
 // ledger imports them, with their token arrays validated but left as JSON.
 type importRecord struct {
+	EpisodeID      *rollout.EpisodeID       `json:"episode_id,omitempty"`
 	Rows           []tokencapture.ImportRow `json:"rows"`
 	GenerationCuts []GenerationCut          `json:"generation_cuts"`
 }
@@ -129,11 +136,21 @@ func decodeImportRecord(data []byte) (*importRecord, error) {
 // what Export writes: a restore then needs no generic decoder. ok false
 // means only that the record is laid out otherwise.
 func cutImportRecord(data []byte) (m *importRecord, ok bool) {
-	rest, ok := bytes.CutPrefix(data, []byte(`{"rows":[`))
-	if !ok {
+	var id *rollout.EpisodeID
+	var rest []byte
+	if after, flat := bytes.CutPrefix(data, []byte(`{"episode_id":`)); flat {
+		rid, attempt, after, cut := rollout.CutEpisodeIDJSON(after)
+		if !cut {
+			return nil, false
+		}
+		id = &rollout.EpisodeID{RolloutID: string(rid), Attempt: attempt}
+		if rest, ok = bytes.CutPrefix(after, []byte(`,"rows":[`)); !ok {
+			return nil, false
+		}
+	} else if rest, ok = bytes.CutPrefix(data, []byte(`{"rows":[`)); !ok {
 		return nil, false
 	}
-	m = &importRecord{Rows: []tokencapture.ImportRow{}}
+	m = &importRecord{EpisodeID: id, Rows: []tokencapture.ImportRow{}}
 	for len(rest) > 0 && rest[0] != ']' {
 		if len(m.Rows) > 0 {
 			if rest, ok = bytes.CutPrefix(rest, []byte(",")); !ok {
@@ -234,4 +251,14 @@ func (c GenerationCut) validate() error {
 		return errors.New("continuation.prefix_digest must be 1 to 256 characters")
 	}
 	return nil
+}
+
+// appendEpisodeIDMember appends {"episode_id":{…}, the start of a records
+// line (a valid rollout id needs no escaping).
+func appendEpisodeIDMember(dst []byte, id rollout.EpisodeID) []byte {
+	dst = append(dst, `{"episode_id":{"rollout_id":"`...)
+	dst = append(dst, id.RolloutID...)
+	dst = append(dst, `","attempt":`...)
+	dst = strconv.AppendInt(dst, int64(id.Attempt), 10)
+	return append(dst, '}')
 }

@@ -31,8 +31,10 @@ const (
 // State is the type's export of the session state in saved mode, and null
 // in stateless mode (the record keeps the session id routed to its episode).
 type SessionRecord struct {
-	SessionID string            `json:"session_id"`
+	// EpisodeID comes first: a records line is the record flat, the
+	// episode id first (ckptstore line.go), so it is written as it is.
 	EpisodeID rollout.EpisodeID `json:"episode_id"`
+	SessionID string            `json:"session_id"`
 	State     codec.RawMessage  `json:"state"`
 }
 

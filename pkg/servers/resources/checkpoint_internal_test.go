@@ -137,12 +137,12 @@ func TestFreshProcessHoldsEverything(t *testing.T) {
 // it refuses or installs, never panics, and an installed session works.
 func FuzzInstallRecord(f *testing.F) {
 	for _, s := range []string{
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":3}}`,
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":null}`,
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":1e2}}`,
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":9223372036854775808}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":3}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":null}`,
+		`{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":1e2}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":9223372036854775808}}`,
 		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":-1},"state":{"count":1}}`,
-		`{"session_id":"","episode_id":{"rollout_id":"r","attempt":0},"state":{}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"","state":{}}`,
 		`{"session_id":"s1","episode_id":{"rollout_id":"r"},"state":[1]}`,
 		`{"session_id":"s1"}`, `null`, `[]`, `{`, ``,
 	} {

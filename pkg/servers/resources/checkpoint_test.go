@@ -39,7 +39,7 @@ func TestCounterExample(t *testing.T) {
 	if man["record_count"] != float64(1) || man["resources_type"] != "counter" || man["checkpoint_mode"] != "saved" || jsonOf(t, m["episode_ids"]) != `["r-a1"]` {
 		t.Fatalf("commit reply = %v", m)
 	}
-	if got := records(t, dir, "counter", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":1},"state":{"count":3}}`}) {
+	if got := records(t, dir, "counter", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"episode_id":{"rollout_id":"r","attempt":1},"session_id":"s1","state":{"count":3}}`}) {
 		t.Fatalf("records = %v", got)
 	}
 	src.mustCtl("resume", ckptReq("c1"))
@@ -66,7 +66,7 @@ func TestCounterExample(t *testing.T) {
 // keeps its state, so a counter at 4 continues to 6.
 func TestRestoredSessionReseeded(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"row-7": `{"session_id":"s1","episode_id":{"rollout_id":"row-7","attempt":0},"state":{"count":4}}`,
+		"row-7": `{"episode_id":{"rollout_id":"row-7","attempt":0},"session_id":"s1","state":{"count":4}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.mustCtl("restore", scopeReq("c1", dir, episodes("row-7")...))
@@ -84,7 +84,7 @@ func TestStatelessRestore(t *testing.T) {
 	src.mustCtl("prepare", ckptReq("c1"))
 	dir := t.TempDir()
 	src.mustCtl("commit", scopeReq("c1", dir, episodes("w")...))
-	if got := records(t, dir, "weather", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"session_id":"s1","episode_id":{"rollout_id":"w","attempt":0},"state":null}`}) {
+	if got := records(t, dir, "weather", "c1"); jsonOf(t, got) != jsonOf(t, []string{`{"episode_id":{"rollout_id":"w","attempt":0},"session_id":"s1","state":null}`}) {
 		t.Fatalf("records = %v", got)
 	}
 	src.mustCtl("resume", ckptReq("c1"))
@@ -96,7 +96,7 @@ func TestStatelessRestore(t *testing.T) {
 		t.Fatalf("status after restore = %v", st)
 	}
 	expectCode(t, "the restored session is bound to w-a1", dst.post("/ng-rollout/w/get_weather", "s1", `{"city":"Oslo"}`), 409, "stale_attempt")
-	dst.mustCtl("retire", map[string]any{"episode_ids": episodes("w-a1")})
+	dst.mustCtl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("w-a1")})
 	if st := dst.status(); st["sessions"] != float64(0) || st["retired_sessions"] != float64(1) {
 		t.Fatalf("status after retire = %v", st)
 	}
@@ -106,7 +106,7 @@ func TestStatelessRestore(t *testing.T) {
 // checkpoint has no state until the next attempt seeds it.
 func TestRestoredStatelessCounter(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":null}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":null}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, resources.ModeStateless, "")
 	ts.mustCtl("restore", scopeReq("c1", dir, episodes("r")...))
@@ -168,8 +168,8 @@ func TestRequestsWaitDuringCheckpoint(t *testing.T) {
 	dir := t.TempDir()
 	ts.mustCtl("commit", scopeReq("c1", dir, episodes("r", "q", "c")...))
 	want := []string{
-		`{"session_id":"s3","episode_id":{"rollout_id":"c","attempt":0},"state":{"count":0}}`,
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":1}}`,
+		`{"episode_id":{"rollout_id":"c","attempt":0},"session_id":"s3","state":{"count":0}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":1}}`,
 	}
 	if got := records(t, dir, "counter", "c1"); jsonOf(t, got) != jsonOf(t, want) {
 		t.Fatalf("records = %v\nwant %v", got, want)
@@ -243,7 +243,7 @@ func TestRestartOnly(t *testing.T) {
 // TestRestartOnly_RefusesRecords: a restart_only server restores nothing.
 func TestRestartOnly_RefusesRecords(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":1}}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":1}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, resources.ModeRestartOnly, "")
 	got := ts.ctl("restore", scopeReq("c1", dir, episodes("r")...))
@@ -257,21 +257,20 @@ func TestRestartOnly_RefusesRecords(t *testing.T) {
 // TestInstallAllOrNothing: one bad record fails the restore, nothing is
 // installed and the phase stays idle.
 func TestInstallAllOrNothing(t *testing.T) {
-	good := `{"session_id":"s1","episode_id":{"rollout_id":"good","attempt":0},"state":{"count":1}}`
+	good := `{"episode_id":{"rollout_id":"good","attempt":0},"session_id":"s1","state":{"count":1}}`
 	cases := []struct {
 		name, key, record, detail string
 		manifest                  map[string]any
 	}{
-		{"count not an integer", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":"x"}}`, "invalid counter state", nil},
-		{"fractional count", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1.5}}`, "invalid counter state", nil},
-		{"null state", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":null}`, "invalid counter state", nil},
-		{"extra state field", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1,"x":2}}`, "invalid counter state", nil},
-		{"state missing", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0}}`, "state is missing", nil},
-		{"bad session id", "bad", `{"session_id":"a b","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1}}`, "session_id", nil},
-		{"unknown field", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1},"owner":"x"}`, "unknown field", nil},
-		{"episode mismatch", "bad", `{"session_id":"s2","episode_id":{"rollout_id":"other","attempt":0},"state":{"count":1}}`, "names episode other", nil},
-		{"duplicate session", "bad", `{"session_id":"s1","episode_id":{"rollout_id":"bad","attempt":0},"state":{"count":1}}`, "appears twice", nil},
-		{"other type", "fine", `{"session_id":"s2","episode_id":{"rollout_id":"fine","attempt":0},"state":{"count":1}}`, "weather server", map[string]any{"resources_type": "weather"}},
+		{"count not an integer", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":"x"}}`, "invalid counter state", nil},
+		{"fractional count", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":1.5}}`, "invalid counter state", nil},
+		{"null state", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":null}`, "invalid counter state", nil},
+		{"extra state field", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":1,"x":2}}`, "invalid counter state", nil},
+		{"state missing", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2"}`, "state is missing", nil},
+		{"bad session id", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"a b","state":{"count":1}}`, "session_id", nil},
+		{"unknown field", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s2","state":{"count":1},"owner":"x"}`, "unknown field", nil},
+		{"duplicate session", "bad", `{"episode_id":{"rollout_id":"bad","attempt":0},"session_id":"s1","state":{"count":1}}`, "appears twice", nil},
+		{"other type", "fine", `{"episode_id":{"rollout_id":"fine","attempt":0},"session_id":"s2","state":{"count":1}}`, "weather server", map[string]any{"resources_type": "weather"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -314,12 +313,12 @@ func TestRetire(t *testing.T) {
 	held := ts.async("/ng-rollout/r-a1/verify", "s1", verifyBody)
 	ts.waitCount(`{"started":1,"finished":0,"waiting":1}`)
 
-	retire := map[string]any{"episode_ids": episodes("r-a1"), "deadline_ts": deadlineIn(300 * time.Millisecond)}
+	retire := map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r-a1"), "deadline_ts": deadlineIn(300 * time.Millisecond)}
 	expectCode(t, "retire cut short", ts.ctl("retire", retire), 409, "deadline_exceeded")
 	if st := ts.status(); st["sessions"] != float64(1) || st["retired_sessions"] != float64(1) {
 		t.Fatalf("status after a cut-short retire = %v", st)
 	}
-	expectCode(t, "forget before the retire finished", ts.ctl("forget", map[string]any{"rollout_ids": []string{"r"}}), 409, "retire_incomplete")
+	expectCode(t, "forget before the retire finished", ts.ctl("forget", map[string]any{"checkpoint_id": "ops", "rollout_ids": []string{"r"}}), 409, "retire_incomplete")
 	expectCode(t, "late tool call by cookie", ts.post("/get_weather", "s1", `{"city":"Oslo"}`), 409, "stale_attempt")
 	expectCode(t, "late seed", ts.post("/ng-rollout/r-a1/seed_session", "s1", `{}`), 409, "stale_attempt")
 	expectCode(t, "next attempt's seed while the retire is unfinished", ts.post("/ng-rollout/r-a2/seed_session", "s1", `{}`), 409, "retire_incomplete")
@@ -333,7 +332,7 @@ func TestRetire(t *testing.T) {
 	// The retried retire waits for the verify, then frees the session.
 	retried := make(chan reply, 1)
 	go func() {
-		retried <- ts.ctl("retire", map[string]any{"episode_ids": episodes("r-a1")})
+		retried <- ts.ctl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r-a1")})
 	}()
 	ts.waitHTTPInFlight(2) // the held verify and the retire
 	pending(t, "retire with a request in flight", retried)
@@ -351,7 +350,7 @@ func TestRetire(t *testing.T) {
 	// The next attempt seeds the same id afresh.
 	expect(t, "next attempt's seed", ts.post("/ng-rollout/r-a2/seed_session", "s1", `{}`), 200, `{}`)
 	expect(t, "next attempt's tool call", ts.post("/ng-rollout/r-a2/get_weather", "s1", `{"city":"Oslo"}`), 200, `{"city":"Oslo","weather_description":"The weather in Oslo is rainy."}`)
-	ts.mustCtl("forget", map[string]any{"rollout_ids": []string{"r"}})
+	ts.mustCtl("forget", map[string]any{"checkpoint_id": "ops", "rollout_ids": []string{"r"}})
 	if st := ts.status(); st["sessions"] != float64(2) || st["retired_sessions"] != float64(0) {
 		t.Fatalf("status after forget = %v", st)
 	}
@@ -364,14 +363,14 @@ func TestRetire_Counter(t *testing.T) {
 	ts.post("/ng-rollout/r-a1/seed_session", "s1", `{"initial_count":5}`)
 	ts.post("/ng-rollout/r-a1/increment", "s1", `{"by":1}`)
 	ts.post("/ng-rollout/r/seed_session", "s0", `{}`) // an earlier attempt's session goes too
-	ts.mustCtl("retire", map[string]any{"episode_ids": episodes("r-a1")})
+	ts.mustCtl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r-a1")})
 	if st := ts.status(); st["sessions"] != float64(0) || st["retired_sessions"] != float64(2) {
 		t.Fatalf("status after retire = %v", st)
 	}
 	expectCode(t, "late increment by cookie", ts.post("/increment", "s1", `{"by":1}`), 409, "stale_attempt")
 	expectCode(t, "late increment by prefix", ts.post("/ng-rollout/r-a1/increment", "s1", `{"by":1}`), 409, "stale_attempt")
 	expectCode(t, "next attempt before seeding", ts.post("/ng-rollout/r-a2/increment", "s1", `{"by":1}`), 404, "unknown_session")
-	ts.mustCtl("forget", map[string]any{"rollout_ids": []string{"r"}})
+	ts.mustCtl("forget", map[string]any{"checkpoint_id": "ops", "rollout_ids": []string{"r"}})
 	if st := ts.status(); st["retired_sessions"] != float64(0) {
 		t.Fatalf("status after forget = %v", st)
 	}
@@ -383,7 +382,7 @@ func TestRetire_Counter(t *testing.T) {
 // hold up a retire of its attempt, and is refused afterwards.
 func TestRetire_SeedWaitingOutRestore(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c1", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":2}}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":2}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.mustCtl("restore", scopeReq("c1", dir, episodes("r")...))
@@ -399,8 +398,8 @@ func TestRetire_SeedWaitingOutRestore(t *testing.T) {
 // whose scope drops it, unless a request used it since the restore.
 func TestCommitDropsUnusedRestoredSessions(t *testing.T) {
 	dir := writeCheckpoint(t, "counter", "c0", map[string]string{
-		"r": `{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":0},"state":{"count":7}}`,
-		"q": `{"session_id":"s2","episode_id":{"rollout_id":"q","attempt":0},"state":{"count":1}}`,
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":7}}`,
+		"q": `{"episode_id":{"rollout_id":"q","attempt":0},"session_id":"s2","state":{"count":1}}`,
 	}, nil)
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.mustCtl("restore", scopeReq("c0", dir, episodes("r", "q")...))
@@ -410,8 +409,8 @@ func TestCommitDropsUnusedRestoredSessions(t *testing.T) {
 	dir1 := t.TempDir()
 	ts.mustCtl("commit", scopeReq("c1", dir1, episodes("r-a1", "q-a1")...))
 	want := []string{
-		`{"session_id":"s2","episode_id":{"rollout_id":"q","attempt":1},"state":{"count":1}}`,
-		`{"session_id":"s1","episode_id":{"rollout_id":"r","attempt":1},"state":{"count":7}}`,
+		`{"episode_id":{"rollout_id":"q","attempt":1},"session_id":"s2","state":{"count":1}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":1},"session_id":"s1","state":{"count":7}}`,
 	}
 	if got := records(t, dir1, "counter", "c1"); jsonOf(t, got) != jsonOf(t, want) {
 		t.Fatalf("records = %v\nwant %v", got, want)
@@ -440,7 +439,7 @@ func TestRetireIndex(t *testing.T) {
 	for i := range 20 {
 		ts.post(fmt.Sprintf("/ng-rollout/r%d/seed_session", i), fmt.Sprintf("s%d", i), `{"initial_count":1}`)
 	}
-	ts.mustCtl("retire", map[string]any{"episode_ids": episodes("r3", "r7")})
+	ts.mustCtl("retire", map[string]any{"checkpoint_id": "ops", "episode_ids": episodes("r3", "r7")})
 	if st := ts.status(); st["sessions"] != float64(18) || st["retired_sessions"] != float64(2) {
 		t.Fatalf("status = %v", st)
 	}

@@ -249,7 +249,7 @@ func TestSessionCookie_CheckpointRestore(t *testing.T) {
 	src.mustCtl("prepare", ckptReq("c1"))
 	dir := t.TempDir()
 	src.mustCtl("commit", scopeReq("c1", dir, episodes("3-0")...))
-	want := `{"session_id":"` + id + `","episode_id":{"rollout_id":"3-0","attempt":0},"state":{"count":4}}`
+	want := `{"episode_id":{"rollout_id":"3-0","attempt":0},"session_id":"` + id + `","state":{"count":4}}`
 	if got := records(t, dir, "counter", "c1"); len(got) != 1 || got[0] != want {
 		t.Fatalf("records = %v, want [%s]", got, want)
 	}

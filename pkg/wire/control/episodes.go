@@ -1,4 +1,4 @@
-package ctlwire
+package control
 
 import (
 	"bytes"

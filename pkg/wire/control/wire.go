@@ -1,9 +1,12 @@
-// Package ctlwire is the wire contract of the checkpoint control API
-// (SPEC §3): its routes, requests, replies, phases, participant kinds,
-// episode lists and readiness reports. Servers (pkg/ctlplane) and
+// Package control is the wire contract of the checkpoint control API
+// (SPEC §3), NeMo Gym's nemo_gym/_checkpoint/control.py, whose names it
+// carries (CheckpointRequest, CommitRequest, RestoreRequest,
+// RetireRequest, ForgetRequest, CheckpointRoutePrefix): its routes,
+// requests, replies, phases, participant kinds, episode lists and
+// readiness reports. Servers (pkg/ctlplane) and
 // controllers (pkg/checkpoint/coordination, gymctl) both speak it; it holds no
 // server code, so a controller links no HTTP server, router or metrics.
-package ctlwire
+package control
 
 import (
 	"fmt"
@@ -15,11 +18,15 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/wire/replica"
 )
 
-// Route prefixes: our own, and the reference's, so its Python coordination
-// can drive a gymfleet fleet.
+// Route prefixes. CheckpointRoutePrefix is NeMo Gym's
+// CHECKPOINT_ROUTE_PREFIX (control.py), the one our coordinator calls and
+// NeMo RL's adapter reaches through Gym's coordination; our servers also
+// mount the same routes under RoutePrefix, our own earlier prefix.
 const (
-	RoutePrefix          = "/_ckpt"
-	ReferenceRoutePrefix = "/ng-control/v1/checkpoint"
+	CheckpointRoutePrefix = "/ng-control/v1/checkpoint"
+	RoutePrefix           = "/_ckpt"
+	// ReferenceRoutePrefix is CheckpointRoutePrefix, by its former name.
+	ReferenceRoutePrefix = CheckpointRoutePrefix
 )
 
 // Participant kinds.
