@@ -190,7 +190,7 @@ func TestResponsesStream_OpenAIEventShapes(t *testing.T) {
 func TestFenceRefusals_OpenAIShapeOnV1(t *testing.T) {
 	w := startWorker(t, 0)
 	m := startModel(t, w.url, t.TempDir(), ctlplanetest.Config(), nil)
-	m.mustOp(t, "retire", map[string]any{"deadline_ts": future(30 * time.Second), "episode_ids": scopeOf("r1")})
+	m.mustOp(t, "retire", map[string]any{"checkpoint_id": "ops", "deadline_ts": future(30 * time.Second), "episode_ids": scopeOf("r1")})
 	resp := postRaw(t, m.url+"/ng-rollout/r1/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	var env struct {
 		Error struct{ Message, Type, Code string } `json:"error"`

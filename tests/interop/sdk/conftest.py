@@ -138,7 +138,10 @@ class Model(Server):
 
     def ckpt(self, op, **body):
         body.setdefault("deadline_ts", time.time() + 60)
-        return self.post(f"/_ckpt/{op}", body, token=self.token)
+        # retire and forget name a checkpoint id upstream (control.py).
+        if op in ("retire", "forget"):
+            body.setdefault("checkpoint_id", "sdk-suite")
+        return self.post(f"/ng-control/v1/checkpoint/{op}", body, token=self.token)
 
 
 
