@@ -216,7 +216,9 @@ func testBadInput(t *testing.T, s Subject) {
 		{"deadline past int64 nanoseconds", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 9999999999}, 400, "invalid_request"},
 		{"deadline far in the future", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 1e23}, 400, "invalid_request"},
 		{"commit in idle", "commit", commitReq("c1", dir, nil), 409, "invalid_phase"},
-		{"commit without scope", "commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir}, 400, "invalid_request"},
+		// No scope is NeMo Gym's "everything held" (control.py
+		// CommitRequest), still refused in idle.
+		{"commit without scope in idle", "commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir}, 409, "invalid_phase"},
 		{"relative dir", "commit", commitReq("c1", "relative/dir", nil), 400, "invalid_request"},
 		{"bad episode id", "commit", commitReq("c1", dir, []rollout.EpisodeID{{RolloutID: "bad/id"}}), 400, "invalid_request"},
 		{"renew in idle", "renew", req("c1"), 409, "invalid_phase"},
