@@ -752,9 +752,11 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 		c.mu.Unlock()
 		return nil, err
 	}
+	// Gym's participants refuse it with ControlError, checkpoint_error
+	// (model.py install: "requires a freshly started model server").
 	if err := c.p.Fresh(); err != nil {
 		c.mu.Unlock()
-		return nil, apierror.New(apierror.InvalidPhase, "restore requires a fresh process: %v", err)
+		return nil, apierror.New(apierror.CheckpointError, "restore requires a fresh process: %v", err)
 	}
 	c.st = d.Next
 	c.extendLease(deadline)
