@@ -753,11 +753,14 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 				c := m.GenerationCuts[0]
 				r.cut = &c
 			}
+			// The reply names the attempts whose records were installed,
+			// as NeMo Gym's restore does (control.py: sorted next attempts
+			// of the records read); every one in scope is restored pending.
+			next = append(next, n)
 		} else {
 			// Without a record the next attempt's ledger starts empty.
 			imports = append(imports, tokencapture.Import{Key: n.CaptureKey()})
 		}
-		next = append(next, n)
 		restored[n.RolloutID] = r
 	}
 	// One batch of writes for every ledger rather than one write each.
@@ -793,7 +796,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	p.restored = restored
 	p.restoredOnce = true
 	p.mu.Unlock()
-	p.log.InfoContext(ctx, "restored model ledgers", "episodes", len(next), "records", len(records))
+	p.log.InfoContext(ctx, "restored model ledgers", "episodes", len(ids), "records", len(records))
 	return next, nil
 }
 
