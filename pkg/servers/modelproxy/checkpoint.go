@@ -878,17 +878,21 @@ func (p *participant) Forget(_ context.Context, rolloutIDs []string) error {
 func (p *participant) StatusExtra() map[string]any {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cuts := 0
+	// The restored attempts whose cut no call has consumed yet, as NeMo
+	// Gym's model participant lists them (model.py status_extra:
+	// sorted(restored cuts)).
+	cuts := []string{}
 	pending := []string{}
 	for _, r := range p.restored {
 		if r.cut != nil {
-			cuts++
+			cuts = append(cuts, r.id.CaptureKey())
 		}
 		if !r.used {
 			pending = append(pending, r.id.CaptureKey())
 		}
 	}
 	slices.Sort(pending)
+	slices.Sort(cuts)
 	return map[string]any{
 		"restored_generation_cuts": cuts, "restored_pending": pending,
 		"served": p.delivered, "inflight": len(p.calls), "held": p.held,

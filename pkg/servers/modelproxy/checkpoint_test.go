@@ -362,7 +362,7 @@ func TestCheckpoint_GenerationCutCrashRestore(t *testing.T) {
 		t.Fatalf("restore = %d %v", st, out)
 	}
 	st := m2.status(t)
-	if st["restored_generation_cuts"] != float64(1) || !reflect.DeepEqual(st["restored_pending"], []any{"crash-1-a1"}) {
+	if !reflect.DeepEqual(st["restored_generation_cuts"], []any{"crash-1-a1"}) || !reflect.DeepEqual(st["restored_pending"], []any{"crash-1-a1"}) {
 		t.Fatalf("status after restore = %v", st)
 	}
 	m2.mustOp(t, "resume", ckReq("cut1"))
@@ -384,7 +384,7 @@ func TestCheckpoint_GenerationCutCrashRestore(t *testing.T) {
 		t.Fatalf("the source attempt's ledger is retired on restore: %d", status)
 	}
 	st = m2.status(t)
-	if st["restored_generation_cuts"] != float64(0) || !reflect.DeepEqual(st["restored_pending"], []any{}) {
+	if !reflect.DeepEqual(st["restored_generation_cuts"], []any{}) || !reflect.DeepEqual(st["restored_pending"], []any{}) {
 		t.Fatalf("the delivered call consumes the restored cut: %v", st)
 	}
 }
