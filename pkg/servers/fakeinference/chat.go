@@ -367,19 +367,22 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 	}
 
 	c := &call{
-		stream:        req.Stream,
-		nMessages:     len(req.Messages),
-		promptIDs:     promptIDs,
-		promptTokens:  len(promptIDs),
-		promptDigest:  digest,
-		tokens:        tokens,
-		truncated:     truncated,
-		reused:        len(reused),
-		continuedFrom: continuedFrom,
-		sched:         schedule{m: len(tokens) - len(reused), tps: s.cfg.TokensPerSecond, minCall: s.cfg.MinCallSeconds},
-		script:        script,
-		failure:       failure,
-		cutShort:      cutShort,
+		stream: req.Stream,
+		// An object tool_choice names a function (checkToolUsage
+		// refused any other).
+		namedToolChoice: strings.HasPrefix(string(bytes.TrimSpace(req.ToolChoice)), "{"),
+		nMessages:       len(req.Messages),
+		promptIDs:       promptIDs,
+		promptTokens:    len(promptIDs),
+		promptDigest:    digest,
+		tokens:          tokens,
+		truncated:       truncated,
+		reused:          len(reused),
+		continuedFrom:   continuedFrom,
+		sched:           schedule{m: len(tokens) - len(reused), tps: s.cfg.TokensPerSecond, minCall: s.cfg.MinCallSeconds},
+		script:          script,
+		failure:         failure,
+		cutShort:        cutShort,
 	}
 	if key := r.Header.Get(HeaderCaptureKey); key != "" {
 		if id, err := rollout.ParseCaptureKey(key); err == nil {
@@ -443,7 +446,7 @@ func (s *Server) completeReply(w http.ResponseWriter, r *http.Request, c *call, 
 		writeVLLMError(w, c.failure)
 		return
 	default:
-		tokens, finish = c.tokens, finishReason(c.tokens, c.truncated)
+		tokens, finish = c.tokens, finishReason(c.tokens, c.truncated, c.namedToolChoice)
 		s.finishLocked(c, StatusReturned, finish, len(tokens))
 	}
 	s.mu.Unlock()
@@ -565,7 +568,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 		s.endStreamEarly(sw, c, emitted)
 		return
 	}
-	finish := finishReason(c.tokens, c.truncated)
+	finish := finishReason(c.tokens, c.truncated, c.namedToolChoice)
 	last := base
 	last.Choices = []openai.ChunkChoice{{Index: 0, FinishReason: &finish}}
 	if inMessage, inChoice := routedExpertsPlaces(c.script); inMessage || inChoice {
