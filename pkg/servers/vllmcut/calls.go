@@ -41,6 +41,8 @@ type call struct {
 	// uncuttable is why the call cannot be cut ("" when it can).
 	uncuttable string
 	admitted   time.Time
+	// limit is the call's max_tokens (0: the request set none).
+	limit int
 
 	// Guarded by Server.mu.
 	abortID  string // vLLM's external request id of the running request
@@ -92,6 +94,15 @@ func uncuttable(f chatFields) string {
 	return ""
 }
 
+// maxTokens is the request's token limit, 0 when it sets none.
+func maxTokens(f chatFields) int {
+	if n, ok := f.int("max_completion_tokens"); ok {
+		return n
+	}
+	n, _ := f.int("max_tokens")
+	return n
+}
+
 func hasTools(f chatFields) bool {
 	var tools []codec.RawMessage
 	if !f.present("tools") || codec.Unmarshal(f["tools"], &tools) != nil || len(tools) == 0 {
@@ -140,7 +151,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.passThrough(w, r, body)
 		return
 	}
-	c := &call{id: id, captureKey: captureKey, uncuttable: uncuttable(f), admitted: time.Now()}
+	c := &call{id: id, captureKey: captureKey, uncuttable: uncuttable(f), admitted: time.Now(), limit: maxTokens(f)}
 	if !s.track(c) {
 		s.passThrough(w, r, body)
 		return
@@ -295,7 +306,7 @@ func stageFrom(c *call, reply []byte) (*staged, int, bool) {
 	}
 	st := &staged{
 		key: StagingKey(c.captureKey, c.id), callID: c.id, captureKey: c.captureKey,
-		promptIDs: cr.PromptTokenIDs, tokenIDs: ch.TokenIDs, reply: reply,
+		promptIDs: cr.PromptTokenIDs, tokenIDs: ch.TokenIDs, reply: reply, limit: c.limit,
 	}
 	if ch.Message.Content != nil {
 		st.content = *ch.Message.Content

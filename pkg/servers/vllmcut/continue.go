@@ -82,12 +82,8 @@ func (s *Server) continueCut(w http.ResponseWriter, r *http.Request, f chatField
 			comp[k] = codec.RawMessage(f[k])
 		}
 	}
-	maxTokens, hasMax := f.int("max_completion_tokens")
-	if !hasMax {
-		maxTokens, hasMax = f.int("max_tokens")
-	}
-	if hasMax {
-		rest := maxTokens - len(st.tokenIDs)
+	if limit := maxTokens(f); limit > 0 {
+		rest := limit - len(st.tokenIDs)
 		if rest < 1 {
 			writeVLLMError(w, http.StatusBadRequest, "generation cut "+key+" already holds max_tokens tokens")
 			return
@@ -115,7 +111,7 @@ func (s *Server) continueCut(w http.ResponseWriter, r *http.Request, f chatField
 	}
 	if gencut.ValidCallID(id) && rollout.ValidCaptureKey(captureKey) {
 		// The continuation can be cut again: it is tracked like any call.
-		c := &call{id: id, captureKey: captureKey, admitted: time.Now()}
+		c := &call{id: id, captureKey: captureKey, admitted: time.Now(), limit: maxTokens(f)}
 		if s.track(c) {
 			defer s.untrack(c)
 			s.runTracked(w, r, c, "/v1/completions", "cmpl-", body, finish)

@@ -253,7 +253,13 @@ func (s *Server) handleUpstreamCut(r *http.Request) (any, error) {
 		ack := upstreamAck{upstreamPrefix: inv.ActivePrefixes[i], Disposition: gencut.DispositionDurableFailure, StagingKeys: []string{}}
 		if st := o.staged; st != nil {
 			kind, n, digest := "active_prefix", len(st.tokenIDs), PrefixDigest(st.tokenIDs)
-			limit := max(n, 1)
+			// The call's own limit; a call that set none is bounded by the
+			// context, which the sidecar does not know: the prefix is the
+			// least it can claim.
+			limit := st.limit
+			if limit < 1 {
+				limit = max(n, 1)
+			}
 			ack.Disposition, ack.CutKind, ack.FrozenBufferID = gencut.DispositionDurablePrefix, &kind, &st.key
 			ack.StagingKeys, ack.PrefixTokenCount, ack.PrefixDigest, ack.EffectiveOutputLimit = []string{st.key}, &n, &digest, &limit
 		}

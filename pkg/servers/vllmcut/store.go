@@ -25,6 +25,8 @@ type staged struct {
 	logprobs []codec.RawMessage
 	// reply is the cut reply, the shape the continued reply keeps.
 	reply []byte
+	// limit is the cut call's max_tokens (0: none set).
+	limit int
 }
 
 // StagedPrefix is a staged prefix as GET /_vllmcut/staged/<key> shows it.
