@@ -16,7 +16,7 @@ import (
 const (
 	DefaultListen      = "127.0.0.1:18100"
 	DefaultCutWait     = 30 * time.Second
-	DefaultMaxStaged   = 100000
+	DefaultMaxStaged   = 4096
 	DefaultMaxInFlight = 100000
 )
 

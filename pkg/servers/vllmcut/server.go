@@ -45,7 +45,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
@@ -159,9 +158,6 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Close closes the HTTP server and waits for its handlers; the server owns
 // no other goroutine.
 func (s *Server) Close(ctx context.Context) error { return s.Server.Close(ctx) }
-
-// chi.Router is used through httpserver.NewRouter; keep the import honest.
-var _ chi.Router = chi.NewRouter()
 
 // vllmURL is the URL of a vLLM route.
 func (s *Server) vllmURL(path string) string {
