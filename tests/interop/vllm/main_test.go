@@ -283,7 +283,13 @@ func startProc(name, path string, args, environ []string, logPath string) (*proc
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), environ...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own group, so a kill reaches vLLM's engine process too; and
+	// killed with the test process, so a panicking test leaves nothing
+	// running (the signal follows the thread that started it: that thread
+	// stays locked until the process is started).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
