@@ -147,17 +147,26 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, captureKey := r.Header.Get(HeaderModelCallID), r.Header.Get(HeaderCaptureKey)
-	if f.isTrue("stream") || !gencut.ValidCallID(id) || !rollout.ValidCaptureKey(captureKey) {
+	if f.isTrue("stream") {
 		s.passThrough(w, r, body)
 		return
 	}
 	c := &call{id: id, captureKey: captureKey, uncuttable: uncuttable(f), admitted: time.Now(), limit: maxTokens(f)}
-	if !s.track(c) {
-		s.passThrough(w, r, body)
+	if !gencut.ValidCallID(id) || !rollout.ValidCaptureKey(captureKey) || !s.track(c) {
+		if _, spliced := modelPrefix(f); !spliced {
+			s.passThrough(w, r, body)
+			return
+		}
+		// Untracked, but its history must be spliced all the same.
+		if up, ok := s.chatUpstream(r.Context(), w, f, body); ok {
+			s.runTracked(w, r, &call{id: "untracked", uncuttable: ReasonUnknownCall}, up)
+		}
 		return
 	}
 	defer s.untrack(c)
-	s.runTracked(w, r, c, "/v1/chat/completions", "chatcmpl-", body, nil)
+	if up, ok := s.chatUpstream(r.Context(), w, f, body); ok {
+		s.runTracked(w, r, c, up)
+	}
 }
 
 // passThrough sends the request to vLLM as it came.
@@ -207,20 +216,34 @@ func (s *Server) settleLocked(c *call, o cutOutcome) {
 	close(c.settled)
 }
 
-// runTracked sends a tracked call's vLLM request (to path, whose request
-// ids vLLM prefixes with idPrefix) and answers it. finish turns a complete
-// vLLM reply into the client's; nil sends it as it is. A reply an asked cut
+// upstreamCall is how a tracked call is sent to vLLM: to path, whose
+// external request ids vLLM prefixes with idPrefix (the ids
+// /inference/v1/abort_requests takes); body, or bodyFor the request id when
+// the id travels in the body; finish turns a complete vLLM reply into the
+// client's (nil: as it is).
+type upstreamCall struct {
+	path, idPrefix string
+	body           []byte
+	bodyFor        func(reqID string) []byte
+	finish         func(ctx context.Context, reqID string, reply []byte) (int, []byte, error)
+}
+
+// runTracked sends a tracked call's vLLM request and answers it. A reply an asked cut
 // aborted is staged and answered marked X-Ng-Generation-Cut; one aborted
 // before its first token is sent again, as if never cut.
-func (s *Server) runTracked(w http.ResponseWriter, r *http.Request, c *call, path, idPrefix string, body []byte, finish func(status int, reply []byte) (int, []byte, error)) {
+func (s *Server) runTracked(w http.ResponseWriter, r *http.Request, c *call, up upstreamCall) {
 	ctx := r.Context()
 	for {
 		reqID := newRequestID()
 		s.mu.Lock()
-		c.abortID = idPrefix + reqID
+		c.abortID = up.idPrefix + reqID
 		c.cutAsked, c.settled = false, nil
 		s.mu.Unlock()
-		status, hdr, reply, err := s.postVLLM(ctx, path, http.Header{HeaderRequestID: {reqID}}, body)
+		body := up.body
+		if up.bodyFor != nil {
+			body = up.bodyFor(reqID)
+		}
+		status, hdr, reply, err := s.postVLLM(ctx, up.path, http.Header{HeaderRequestID: {reqID}}, body)
 		if err != nil {
 			s.mu.Lock()
 			s.settleLocked(c, cutOutcome{reason: ReasonFailed})
@@ -232,8 +255,8 @@ func (s *Server) runTracked(w http.ResponseWriter, r *http.Request, c *call, pat
 		s.mu.Lock()
 		asked := c.cutAsked
 		s.mu.Unlock()
-		if status == http.StatusOK && finish != nil {
-			if status, reply, err = finish(status, reply); err != nil {
+		if status == http.StatusOK && up.finish != nil {
+			if status, reply, err = up.finish(ctx, reqID, reply); err != nil {
 				s.mu.Lock()
 				s.settleLocked(c, cutOutcome{reason: ReasonFailed})
 				s.mu.Unlock()
@@ -320,6 +343,10 @@ func stageFrom(c *call, reply []byte) (*staged, int, bool) {
 // writeVLLMError writes vLLM's error body {"error": {message, type, param,
 // code}} (vllm/entrypoints/openai/engine/protocol.py ErrorResponse).
 func writeVLLMError(w http.ResponseWriter, status int, msg string) {
+	httpserver.WriteRawJSON(w, status, vllmErrorBody(status, msg))
+}
+
+func vllmErrorBody(status int, msg string) []byte {
 	typ := "BadRequestError"
 	switch {
 	case status == http.StatusNotFound:
@@ -328,7 +355,7 @@ func writeVLLMError(w http.ResponseWriter, status int, msg string) {
 		typ = "InternalServerError"
 	}
 	b, _ := codec.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status}})
-	httpserver.WriteRawJSON(w, status, b)
+	return b
 }
 
 // errorf is a refused continuation.

@@ -2,6 +2,7 @@ package vllmcut
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -27,7 +28,8 @@ var samplingFields = []string{"temperature", "top_p", "top_k", "min_p", "seed", 
 	"allowed_token_ids", "priority", "user"}
 
 // continueCut answers a call that continues the prefix staged under key:
-// the same prompt (read back through vLLM's /tokenize) continued through
+// the same prompt (rendered again by vLLM, and spliced when the history
+// carries its token ids) continued through
 // /v1/completions from prompt + prefix, answered as the chat reply of the
 // whole generation.
 func (s *Server) continueCut(w http.ResponseWriter, r *http.Request, f chatFields, key string) {
@@ -41,33 +43,13 @@ func (s *Server) continueCut(w http.ResponseWriter, r *http.Request, f chatField
 		writeVLLMError(w, http.StatusBadRequest, "a generation cut continues only without streaming")
 		return
 	}
-	render := map[string]codec.RawMessage{}
-	for _, k := range renderFields {
-		if f.present(k) {
-			render[k] = f[k]
-		}
-	}
-	rb, err := codec.Marshal(render)
+	prompt, err := s.promptIDs(ctx, f)
 	if err != nil {
-		writeVLLMError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	status, _, reply, err := s.postVLLM(ctx, "/tokenize", nil, rb)
-	if err != nil {
-		writeVLLMError(w, http.StatusBadGateway, "vLLM did not answer: "+err.Error())
-		return
-	}
-	if status != http.StatusOK {
 		// vLLM refused the prompt: the same refusal the call would get.
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_, _ = w.Write(reply)
+		writeRefusal(w, err)
 		return
 	}
-	var tok struct {
-		Tokens []int `json:"tokens"`
-	}
-	if err := codec.Unmarshal(reply, &tok); err != nil || !slices.Equal(tok.Tokens, st.promptIDs) {
+	if !slices.Equal(prompt, st.promptIDs) {
 		writeVLLMError(w, http.StatusBadRequest, "generation cut "+key+" was staged for a different prompt")
 		return
 	}
@@ -105,21 +87,21 @@ func (s *Server) continueCut(w http.ResponseWriter, r *http.Request, f chatField
 	}
 
 	id, captureKey := r.Header.Get(HeaderModelCallID), r.Header.Get(HeaderCaptureKey)
-	finish := func(status int, reply []byte) (int, []byte, error) {
+	up := upstreamCall{path: "/v1/completions", idPrefix: "cmpl-", body: body, finish: func(_ context.Context, _ string, reply []byte) (int, []byte, error) {
 		out, err := continuedReply(st, reply, wantLogprobs, topN)
-		return status, out, err
-	}
+		return http.StatusOK, out, err
+	}}
 	if gencut.ValidCallID(id) && rollout.ValidCaptureKey(captureKey) {
 		// The continuation can be cut again: it is tracked like any call.
 		c := &call{id: id, captureKey: captureKey, admitted: time.Now(), limit: maxTokens(f)}
 		if s.track(c) {
 			defer s.untrack(c)
-			s.runTracked(w, r, c, "/v1/completions", "cmpl-", body, finish)
+			s.runTracked(w, r, c, up)
 			return
 		}
 	}
 	c := &call{id: "untracked", uncuttable: ReasonUnknownCall}
-	s.runTracked(w, r, c, "/v1/completions", "cmpl-", body, finish)
+	s.runTracked(w, r, c, up)
 }
 
 // completion is the part of vLLM's completions reply a continuation reads.

@@ -19,6 +19,12 @@
 // plus the staged prefix, and the reply restores the prefix), done from
 // outside the vLLM process.
 //
+// A non-streaming chat call whose history carries its last turn's token ids
+// (the assistant message's prompt_token_ids and generation_token_ids) is
+// generated from the model's own tokens for that history, spliced in as
+// NeMo RL's vLLM worker splices them, so a trajectory's token ids stay
+// contiguous across turns (splice.go).
+//
 // The cut routes are ours (POST /_ckpt/generation-cut, pkg/checkpoint/gencut)
 // and upstream's (POST /ng-control/v1/generation-cut, the inventory and
 // receipt of NeMo Gym's nemo_gym/_checkpoint/generation_cut.py), both

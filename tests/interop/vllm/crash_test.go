@@ -1,12 +1,15 @@
 package vllm
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -583,6 +586,7 @@ func TestUpstreamCutRoute(t *testing.T) {
 		err    error
 	}
 	done := make(chan result, 1)
+	m0 := waitIdle(t)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -591,7 +595,6 @@ func TestUpstreamCutRoute(t *testing.T) {
 		done <- result{st, b, err}
 	}()
 	defer wg.Wait()
-	m0 := readMetrics(t)
 	waitFor(t, "vLLM generating", time.Minute, func() bool {
 		m := readMetrics(t)
 		return m["vllm:num_requests_running"] >= 1 && m["vllm:generation_tokens_total"]-m0["vllm:generation_tokens_total"] >= 10
@@ -624,8 +627,8 @@ func TestUpstreamCutRoute(t *testing.T) {
 		t.Fatalf("ack 0 does not carry its call's identity: %v", a)
 	}
 	if a["disposition"] != "durable_prefix" || a["cut_kind"] != "active_prefix" || a["frozen_buffer_id"] == nil ||
-		len(a["staging_keys"].([]any)) != 1 || a["prefix_token_count"].(float64) < 1 || a["effective_output_limit"] == nil {
-		t.Fatalf("ack 0 is not a durable_prefix with its evidence: %v", a)
+		len(a["staging_keys"].([]any)) != 1 || a["prefix_token_count"].(float64) < 1 || a["effective_output_limit"] != 600.0 {
+		t.Fatalf("ack 0 is not a durable_prefix with its evidence: %v\n--- sidecar log (tail) ---\n%s", a, env.sidecar.tail(20))
 	}
 	if b["disposition"] != "durable_failure" || b["prefix_digest"] != nil || len(b["staging_keys"].([]any)) != 0 {
 		t.Fatalf("ack 1 (an unknown call) is not a bare durable_failure: %v", b)
@@ -644,3 +647,77 @@ func mustMap(t *testing.T, b []byte) map[string]any {
 	}
 	return m
 }
+
+// TestCutSplicedCall: a call whose history carries its last turn's token
+// ids goes through vLLM's render, generate and derender routes (the
+// splice); a cut aborts it there too, and its continuation renders and
+// splices the same prompt again before continuing the prefix.
+func TestCutSplicedCall(t *testing.T) {
+	need(t)
+	first := direct(t, chatBody("say something", map[string]any{"max_tokens": 8}))
+	history := []any{
+		map[string]any{"role": "user", "content": "say something"},
+		map[string]any{"role": "assistant", "content": path(first, "choices", 0, "message", "content"),
+			"prompt_token_ids": first["prompt_token_ids"], "generation_token_ids": path(first, "choices", 0, "token_ids"),
+			"generation_log_probs": make([]float64, len(ints(path(first, "choices", 0, "token_ids"))))},
+		map[string]any{"role": "user", "content": "and more"},
+	}
+	body := map[string]any{"model": ServedModel, "messages": history, "max_tokens": 600, "ignore_eos": true, "return_token_ids": true, "seed": 5}
+	h := http.Header{"X-Ng-Model-Call-Id": {"splice-call-1"}, "X-Ng-Capture-Key": {"splice-1"}}
+	type result struct {
+		status int
+		header http.Header
+		body   []byte
+		err    error
+	}
+	done := make(chan result, 1)
+	m0 := waitIdle(t)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctxFor(t, 2*time.Minute), http.MethodPost, env.sidecar.url+"/v1/chat/completions", bytesReader(mustJSON(t, body)))
+		req.Header = h.Clone()
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := plainClient.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- result{resp.StatusCode, resp.Header, b, err}
+	}()
+	waitFor(t, "vLLM generating", time.Minute, func() bool {
+		m := readMetrics(t)
+		return m["vllm:num_requests_running"] >= 1 && m["vllm:generation_tokens_total"]-m0["vllm:generation_tokens_total"] >= 10
+	})
+	rb, err := postJSON(ctxFor(t, time.Minute), env.sidecar.url+"/_ckpt/generation-cut", http.Header{"Authorization": {"Bearer " + token}},
+		[]byte(`{"checkpoint_id":"ck-splice","server_name":"policy_model","active":[{"model_call_id":"splice-call-1","capture_key":"splice-1"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rb), `"durable_prefix"`) {
+		t.Fatalf("the spliced call was not cut: %s", rb)
+	}
+	r := <-done
+	if r.err != nil || r.status != http.StatusOK || r.header.Get("X-Ng-Generation-Cut") == "" {
+		t.Fatalf("the cut call's reply: %d %v %.300s", r.status, r.err, r.body)
+	}
+	cut := mustMap(t, r.body)
+	prompt, prefix := ints(cut["prompt_token_ids"]), ints(path(cut, "choices", 0, "token_ids"))
+	seen := append(ints(first["prompt_token_ids"]), ints(path(first, "choices", 0, "token_ids"))...)
+	if len(prompt) < len(seen) || !equalInts(prompt[:len(seen)], seen) {
+		t.Fatalf("the spliced prompt does not start with the last turn's ids")
+	}
+	h.Set("X-Ng-Continue-Cut", r.header.Get("X-Ng-Generation-Cut"))
+	h.Set("X-Ng-Model-Call-Id", "splice-call-2")
+	st, b, err := post(ctxFor(t, 2*time.Minute), env.sidecar.url+"/v1/chat/completions", h, mustJSON(t, body))
+	if err != nil || st != http.StatusOK {
+		t.Fatalf("continuation: %d %v %.300s", st, err, b)
+	}
+	cont := mustMap(t, b)
+	ids := ints(path(cont, "choices", 0, "token_ids"))
+	if len(ids) != 600 || !equalInts(ids[:len(prefix)], prefix) || !equalInts(ints(cont["prompt_token_ids"]), prompt) {
+		t.Fatalf("the continuation is not the spliced prompt's prefix (%d) and the rest: %d tokens", len(prefix), len(ids))
+	}
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
