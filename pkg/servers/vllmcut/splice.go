@@ -17,7 +17,8 @@ import (
 // their text, so the next turn's prompt would not extend the last turn's
 // prompt and generation, which NeMo RL asserts of every trajectory. NeMo RL's
 // vLLM worker splices the model's own tokens in for the rendered history
-// (splice_prefix_tokens in NeMo RL's OpenAI-server helpers); the sidecar
+// (splice_prefix_tokens in nemo_rl/models/generation/openai_server_utils.py,
+// NVIDIA-NeMo/RL 7f0c02f710a9); the sidecar
 // does the same from outside through vLLM 0.32's disaggregated routes:
 // /v1/chat/completions/render gives the prompt ids and sampling parameters
 // (structured outputs included), the ids are spliced, /inference/v1/generate
