@@ -296,11 +296,11 @@ func TestCrashSuite(t *testing.T) {
 	for i := range runs {
 		runs[i] = f.start(weatherRow(fmt.Sprintf("w%02d", i), 100+i))
 	}
-	// Checkpoint once vLLM has finished a few calls and is busy with more,
-	// so some rollouts are at each turn.
+	// Checkpoint once vLLM has finished about half the calls the rollouts
+	// make and is busy with more, so rollouts are at every turn.
 	waitFor(t, "vLLM busy with the rollouts", 3*time.Minute, func() bool {
 		m := readMetrics(t)
-		return m.finished()-m0.finished() >= rollouts/2 && m["vllm:num_requests_running"] > 0
+		return m.finished()-m0.finished() >= rollouts*steps/2 && m["vllm:num_requests_running"] > 0
 	})
 	c := f.coord()
 	var scope []rollout.EpisodeID
@@ -407,6 +407,7 @@ func TestCrashSuite(t *testing.T) {
 			checkTrajectory(t, id.RolloutID, final[id.RolloutID], delivered[id.RolloutID])
 		}
 		newRows += len(rows) - kept
+		checkContiguous(t, id.RolloutID, final[id.RolloutID])
 	}
 	nPre, nPost := m1.finished()-m0.finished(), m2.finished()-m1.finished()
 	u := nPre - dPre
@@ -423,6 +424,27 @@ func TestCrashSuite(t *testing.T) {
 	}
 	if nPost != newRows {
 		t.Fatalf("vLLM finished %d requests after the restore, but the final ledgers have %d calls not delivered before the crash: a delivered call was generated again (or one went uncaptured)", nPost, newRows)
+	}
+}
+
+// checkContiguous is NeMo RL's contiguity assert over a final trajectory:
+// each turn's prompt_token_ids start with the previous turn's prompt and
+// generation (across the crash too: the restored turns' ids are spliced in
+// for the history the replacement renders).
+func checkContiguous(t *testing.T, id string, reply map[string]any) {
+	t.Helper()
+	items, _ := path(reply, "response", "output").([]any)
+	var seen []int
+	for i, it := range items {
+		gen := ints(path(it, "generation_token_ids"))
+		if len(gen) == 0 {
+			continue
+		}
+		prompt := ints(path(it, "prompt_token_ids"))
+		if len(prompt) < len(seen) || !equalInts(prompt[:len(seen)], seen) {
+			t.Fatalf("%s: output[%d]'s prompt_token_ids do not start with the %d tokens of the turns before: NeMo RL would reject the trajectory", id, i, len(seen))
+		}
+		seen = append(prompt, gen...)
 	}
 }
 
