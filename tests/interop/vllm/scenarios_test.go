@@ -217,8 +217,10 @@ func TestForcedToolCalls(t *testing.T) {
 		})
 	}
 	t.Run("responses/named", func(t *testing.T) {
-		body := responsesBody("what is the weather in lima", map[string]any{
+		// A seed whose call vLLM parses (see TestTokenIDsContiguous).
+		body := responsesBody([]any{map[string]any{"role": "user", "content": "what is the weather in rome"}}, map[string]any{
 			"tools": []any{weatherToolResponses}, "tool_choice": map[string]any{"type": "function", "name": "get_weather"}, "max_output_tokens": 200,
+			"temperature": 1.0, "metadata": map[string]any{"extra_body": `{"seed": 1}`},
 		})
 		resp := call(t, m+"/ng-rollout/tool-resp/v1/responses", body)
 		var n int

@@ -40,9 +40,9 @@ func TestStandInAnswersAsVLLM(t *testing.T) {
 		{"unknown model", map[string]any{"model": "no-such-model", "messages": msgs("hi"), "max_tokens": 2}},
 		{"prompt past the context", map[string]any{"model": ServedModel, "messages": msgs(long), "max_tokens": 2}},
 		{"max_tokens above the context", map[string]any{"model": ServedModel, "messages": msgs("hi"), "max_tokens": 5000}},
-		{"named tool_choice", map[string]any{"model": ServedModel, "messages": msgs("weather in oslo"), "max_tokens": 200, "tools": []any{tool},
+		{"named tool_choice", map[string]any{"model": ServedModel, "messages": msgs("weather in oslo"), "max_tokens": 200, "seed": 7, "tools": []any{tool},
 			"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}}}},
-		{"required tool_choice", map[string]any{"model": ServedModel, "messages": msgs("weather in oslo"), "max_tokens": 200, "tools": []any{tool},
+		{"required tool_choice", map[string]any{"model": ServedModel, "messages": msgs("weather in oslo"), "max_tokens": 200, "seed": 7, "tools": []any{tool},
 			"tool_choice": "required", "parallel_tool_calls": false}},
 	}
 	answer := func(url string, body map[string]any) (int, string) {
