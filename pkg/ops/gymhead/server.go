@@ -40,8 +40,8 @@ type Server struct {
 	started time.Time
 }
 
-// New builds the fleet's document for the address the server listens on.
-// With port 0 the document names the bound port: New binds then.
+// New returns a server for the fleet; Listen binds its address and builds
+// the document naming the bound address (so port 0 works).
 func New(cfg *fleet.Config, opts Options) (*Server, error) {
 	if opts.Listen == "" {
 		opts.Listen = cfg.Gym.HeadServer

@@ -33,7 +33,8 @@ import (
 func TestVLLMModelInFrontOfBackend(t *testing.T) {
 	spec := fleetSpec{}
 	backend, model := os.Getenv("GYMFLEET_GYM_VLLM_BACKEND"), os.Getenv("GYMFLEET_GYM_VLLM_MODEL")
-	if backend != "" {
+	external := backend != ""
+	if external {
 		if model == "" {
 			t.Fatal("GYMFLEET_GYM_VLLM_BACKEND is set without GYMFLEET_GYM_VLLM_MODEL (the model it serves)")
 		}
@@ -54,6 +55,11 @@ func TestVLLMModelInFrontOfBackend(t *testing.T) {
 	params := demo["responses_create_params"].(map[string]any)
 	toolTurn := deepCopy(params)
 	toolTurn["temperature"] = 0.0
+	if external {
+		// A tiny model's weights call no tool of their own accord; a
+		// forced tool choice makes vLLM produce a schema-valid call.
+		toolTurn["tool_choice"] = "required"
+	}
 	plain := map[string]any{"input": "Say hello.", "temperature": 0.0, "max_output_tokens": 64}
 
 	first := postJSON(t, f.model+"/v1/responses", toolTurn)
