@@ -124,7 +124,9 @@ test-interop-gym: build
 	@env=$$(scripts/pyenv.sh gym) || exit $$?; \
 	GYMFLEET_BIN=$(BIN) GYMFLEET_GYM_PYENV=$$env GYMFLEET_INTEROP_PORTS=$(GYM_INTEROP_PORTS) \
 		GYMFLEET_GYM_VLLM_BACKEND=$(GYM_VLLM_BACKEND) GYMFLEET_GYM_VLLM_MODEL=$(GYM_VLLM_MODEL) \
-		$(GO) test -count=1 -timeout 15m -v ./tests/interop/gym/
+		$(GO) test -count=1 -timeout 15m -v ./tests/interop/gym/; rc=$$?; \
+	GYMFLEET_INTEROP_PORTS=$(GYM_INTEROP_PORTS) GYMFLEET_INTEROP_CLEANUP=1 $(GO) test -count=1 -run '^$$' ./tests/interop/gym/ >/dev/null; \
+	exit $$rc
 
 # The sweep again and again on both stacks, and the disk-full and crash
 # scenarios with it (SOAK_COUNT rounds each).

@@ -1,7 +1,6 @@
 package gym
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -224,62 +222,40 @@ func httpGet(t *testing.T, u string) []byte {
 }
 
 // process is a child process of the test in its own process group, its
-// output kept in a file and scanned for lines waitFor asks about.
+// output written straight into a file (not a pipe to the test: a child
+// outliving a killed test would die of SIGPIPE before it cleaned up).
 type process struct {
 	t    *testing.T
 	name string
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
-
-	mu    sync.Mutex
-	lines []string
-	subs  []func(string)
 }
 
 // startProcess runs argv in dir with env added, until the test ends: then
-// SIGINT (every server here stops on it), and SIGKILL to its group after a
-// grace.
+// SIGINT (every server here stops on it: gymctl up stops its fleet), and
+// SIGKILL to its group after a grace. A test binary that dies without
+// cleaning up (a -timeout panic) sends the SIGINT through the parent-death
+// signal.
 func startProcess(t *testing.T, name, dir string, env []string, argv ...string) *process {
 	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGINT}
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	p := &process{t: t, name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}
-	scanned := make(chan struct{})
-	go func() {
-		defer close(scanned)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(logFile, line)
-			p.mu.Lock()
-			p.lines = append(p.lines, line)
-			subs := append([]func(string){}, p.subs...)
-			p.mu.Unlock()
-			for _, s := range subs {
-				s(line)
-			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
+	logFile.Close()
 	go func() {
 		_ = cmd.Wait()
-		pw.Close()
-		<-scanned
-		logFile.Close()
 		close(p.done)
 	}()
 	t.Cleanup(func() {
@@ -308,44 +284,38 @@ func (p *process) stop(grace time.Duration) {
 	}
 }
 
-// waitFor waits until a line containing s is printed, the process exits or
-// timeout passes.
+// output is everything the process has printed so far.
+func (p *process) output() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// waitFor polls the process's output until it contains s, the process
+// exits or timeout passes.
 func (p *process) waitFor(s string, timeout time.Duration) error {
-	found := make(chan struct{}, 1)
-	match := func(line string) {
-		if strings.Contains(line, s) {
-			select {
-			case found <- struct{}{}:
-			default:
-			}
-		}
-	}
-	p.mu.Lock()
-	for _, l := range p.lines {
-		match(l)
-	}
-	p.subs = append(p.subs, match)
-	p.mu.Unlock()
-	select {
-	case <-found:
-		return nil
-	case <-p.done:
-		select {
-		case <-found:
+	deadline := time.Now().Add(timeout)
+	for {
+		if strings.Contains(p.output(), s) {
 			return nil
+		}
+		select {
+		case <-p.done:
+			if strings.Contains(p.output(), s) {
+				return nil
+			}
+			return fmt.Errorf("%s exited (%v) before printing %q", p.name, p.cmd.ProcessState, s)
 		default:
 		}
-		return fmt.Errorf("%s exited (%v) before printing %q", p.name, p.cmd.ProcessState, s)
-	case <-time.After(timeout):
-		return fmt.Errorf("%w: %s printed no %q in %v", errTimeout, p.name, s, timeout)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s printed no %q in %v", errTimeout, p.name, s, timeout)
+		}
+		waitTick()
 	}
 }
 
 // tail is the end of the process's output.
 func (p *process) tail() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	lines := p.lines
+	lines := strings.Split(strings.TrimRight(p.output(), "\n"), "\n")
 	if len(lines) > 60 {
 		lines = lines[len(lines)-60:]
 	}
@@ -433,18 +403,30 @@ func runCmd(t *testing.T, ctx context.Context, dir, name string, args ...string)
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// SIGINT on the test binary's death: nemo_rl_path.py then shuts
+	// RunHelper's servers down. Output goes to files, not pipes to the
+	// test, so that shutdown's prints do not fail on a closed pipe.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGINT}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		e := stderr.String()
-		if len(e) > 8000 {
-			e = e[len(e)-8000:]
-		}
-		t.Fatalf("%s %s: %v\n--- stderr (end)\n%s\n--- stdout (end)\n%s", filepath.Base(name), strings.Join(args, " "), err, e, lastBytes(stdout.String(), 4000))
+	logDir := t.TempDir()
+	stdout, err := os.Create(filepath.Join(logDir, "stdout"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return stdout.Bytes()
+	defer stdout.Close()
+	stderr, err := os.Create(filepath.Join(logDir, "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	runErr := cmd.Run()
+	out, _ := os.ReadFile(stdout.Name())
+	if runErr != nil {
+		e, _ := os.ReadFile(stderr.Name())
+		t.Fatalf("%s %s: %v\n--- stderr (end)\n%s\n--- stdout (end)\n%s", filepath.Base(name), strings.Join(args, " "), runErr, lastBytes(string(e), 8000), lastBytes(string(out), 4000))
+	}
+	return out
 }
 
 func lastBytes(s string, n int) string {

@@ -14,6 +14,7 @@
 //	GYMFLEET_GYM_VLLM_BACKEND  the base URL (…/v1) Gym's vllm_model scenario puts its
 //	                           model server in front of (fakeinference when unset)
 //	GYMFLEET_GYM_VLLM_MODEL    the model name that backend serves
+//	GYMFLEET_INTEROP_CLEANUP   set: only remove what a killed run left, and exit
 //
 // Every Gym server that calls ray.init joins one Ray head the suite starts
 // for itself, in its own process group and temp dir, and kills when done,
@@ -76,6 +77,14 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	var err error
+	ray := &rayHead{dir: filepath.Join(os.TempDir(), "gfray-"+strconv.Itoa(lo)), portLo: hi - 99}
+	if os.Getenv("GYMFLEET_INTEROP_CLEANUP") != "" {
+		// What a run killed mid-way (a -timeout panic) left of its Ray
+		// head; the make target asks for it after every run.
+		ray.adopt()
+		ray.stop()
+		return 0
+	}
 	runHelperPorts = [2]int{hi - 199, hi - 99}
 	if ports, err = fleet.NewPortBlock(lo, hi-199); err != nil {
 		fmt.Fprintln(os.Stderr, "interop:", err)
@@ -98,7 +107,6 @@ func runMain(m *testing.M) int {
 	sitePackages = strings.TrimSpace(string(out))
 	fmt.Fprintf(os.Stderr, "interop: nemo-gym from %s, ports %s\n", sitePackages, block)
 
-	ray := &rayHead{dir: filepath.Join(os.TempDir(), "gfray-"+strconv.Itoa(lo)), portLo: hi - 99}
 	defer ray.stop()
 	if err := ray.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "interop: starting Ray:", err)
@@ -164,13 +172,18 @@ func (r *rayHead) record() string { return r.dir + ".pgid" }
 
 func (r *rayHead) address() string { return "127.0.0.1:" + strconv.Itoa(r.portLo) }
 
-func (r *rayHead) start() error {
-	// What a killed run left: its group, then anything naming its dir.
+// adopt takes the process group a killed run recorded.
+func (r *rayHead) adopt() {
 	if b, err := os.ReadFile(r.record()); err == nil {
 		if pgid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
 			r.pgid = pgid
 		}
 	}
+}
+
+func (r *rayHead) start() error {
+	// What a killed run left: its group, then anything naming its dir.
+	r.adopt()
 	r.stop()
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		return err
