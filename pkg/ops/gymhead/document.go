@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,7 +64,18 @@ type Instance struct {
 	Port       int
 	// Process is the fleet process serving it.
 	Process string
+	// RouteOf is set on an instance that only names an environment route:
+	// the agent instance at the same address ("-" for an agent outside the
+	// fleet). Such an instance is no server of its own: a discoverer of
+	// participants (a checkpoint coordinator) skips it, as the document
+	// says with RouteOfKey.
+	RouteOf string
 }
+
+// RouteOfKey marks, in the document, an agent instance that names an
+// environment route to the agent it holds (our field; Gym ignores fields
+// it does not know).
+const RouteOfKey = "gymfleet_route_of"
 
 // URL is http://host:port, as Gym's ServerClient builds it.
 func (i Instance) URL() string { return "http://" + net.JoinHostPort(i.Host, strconv.Itoa(i.Port)) }
@@ -249,11 +261,11 @@ func (b *builder) ours() error {
 			if _, ok := b.blocks[rt.name]; ok {
 				continue
 			}
-			in := Instance{Name: rt.name, Kind: KindAgent, Impl: ImplAgent, Process: r.process}
+			in := Instance{Name: rt.name, Kind: KindAgent, Impl: ImplAgent, Process: r.process, RouteOf: "-"}
 			var fields [][2]*yaml.Node
 			if target, ok := agentAddr[b.byURL[normURL(rt.url)]]; ok {
-				in.Host, in.Port, in.Process = target.Host, target.Port, target.Process
-				fields = agentRefs[target.Name]
+				in.Host, in.Port, in.Process, in.RouteOf = target.Host, target.Port, target.Process, target.Name
+				fields = append(slices.Clone(agentRefs[target.Name]), kv(RouteOfKey, str(target.Name)))
 			} else {
 				host, port, err := urlHostPort(rt.url)
 				if err != nil {

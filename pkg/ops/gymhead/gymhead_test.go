@@ -121,8 +121,12 @@ func TestBuild_NamesEveryServer(t *testing.T) {
 	kind, _, legacy := inner(t, m, "weather_agent_legacy")
 	host, port := hostPort(t, cfg, "weather_agent")
 	if kind != gymhead.KindAgent || legacy["host"] != host || legacy["port"] != port ||
-		!reflect.DeepEqual(legacy["resources_server"], map[string]any{"type": gymhead.KindResources, "name": "weather"}) {
+		!reflect.DeepEqual(legacy["resources_server"], map[string]any{"type": gymhead.KindResources, "name": "weather"}) ||
+		legacy[gymhead.RouteOfKey] != "weather_agent" {
 		t.Errorf("weather_agent_legacy = %s %v", kind, legacy)
+	}
+	if _, _, agent := inner(t, m, "weather_agent"); agent[gymhead.RouteOfKey] != nil {
+		t.Errorf("weather_agent is a server of its own, not a route: %v", agent)
 	}
 	names := map[string]bool{}
 	for _, in := range doc.Instances {
@@ -253,8 +257,14 @@ func TestServer_Routes(t *testing.T) {
 	if err := json.Unmarshal(body, &instances); code != 200 || err != nil {
 		t.Fatalf("GET /server_instances = %d %s: %v", code, body, err)
 	}
-	if len(instances) != len(srv.Document().Instances) {
-		t.Fatalf("%d instances, want %d", len(instances), len(srv.Document().Instances))
+	servers := 0
+	for _, in := range srv.Document().Instances {
+		if in.RouteOf == "" {
+			servers++
+		}
+	}
+	if len(instances) != servers {
+		t.Fatalf("%d instances, want the %d servers (routes are none)", len(instances), servers)
 	}
 	keys := []string{"config_path", "dir_path", "entrypoint", "host", "name", "pid", "port", "process_name", "server_type", "start_time", "status", "uptime_seconds", "url"}
 	for _, in := range instances {

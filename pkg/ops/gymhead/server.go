@@ -137,14 +137,18 @@ type instanceView struct {
 	URL           string   `json:"url"`
 }
 
-// serverInstances lists our instances as RunHelper lists the processes it
+// serverInstances lists our servers as RunHelper lists the processes it
 // started: process_name and config_path are the instance name, server_type
 // its kind, name its implementation; start_time is always a number, since
-// `gym env status` subtracts it from the time.
+// `gym env status` subtracts it from the time. An instance that only names
+// an environment route is no server and is not listed.
 func (s *Server) serverInstances(w http.ResponseWriter, _ *http.Request) {
 	start := float64(s.started.UnixNano()) / 1e9
 	out := make([]instanceView, 0, len(s.doc.Instances))
 	for _, in := range s.doc.Instances {
+		if in.RouteOf != "" {
+			continue
+		}
 		v := instanceView{
 			ConfigPath: in.Name, Host: in.Host, Name: in.Impl, Port: in.Port,
 			ProcessName: in.Name, ServerType: in.Kind, StartTime: start, URL: in.URL(),
