@@ -31,7 +31,15 @@ build-faults:
 # they start and kill, so they run side by side (on ports of their own),
 # each one's output printed whole when it ends.
 test: vet test-unit test-deploy test-fuzz
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-e2e test-crashsweep test-hosts
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test-e2e test-crashsweep test-hosts test-interop
+
+# The interop suites: upstream's own code against the fleet (a real vLLM,
+# the OpenAI Python SDK, NeMo Gym). Each makes its pinned Python
+# environment once (scripts/pyenv.sh, cached in ~/.cache/gymfleet); they
+# run one after the other, since vLLM and Ray each want both cores and
+# gigabytes while they start.
+test-interop: build
+	@$(MAKE) --no-print-directory test-interop-sdk test-interop-vllm test-interop-gym
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
