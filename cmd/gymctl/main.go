@@ -50,6 +50,8 @@ func commands() []command {
 		{"demo", "start the local fleet, collect the demo dataset, report, stop", runDemo},
 		{"top", "show rollouts in flight, requests per second and checkpoint phase per server, redrawn until Ctrl-C", runTop},
 		{"ckpt", "drive checkpoints: status, prepare, commit, resume, restore, retire, forget, verify", runCkpt},
+		{"gym-head", "serve NeMo Gym's head-server routes for a fleet file's servers started elsewhere, until Ctrl-C", runGymHead},
+		{"gym-config", "print the NeMo Gym global config naming a fleet file's servers", runGymConfig},
 		{"bench-scale", "checkpoint, crash and restore N rollouts in flight on a local fleet; print the figures", runBenchScale},
 	}
 }

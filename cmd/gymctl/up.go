@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/pkg/ops/gymhead"
 )
 
 func runUp(ctx context.Context, args []string, _ func(string) string, stdout, stderr io.Writer) error {
@@ -34,9 +35,20 @@ func runUp(ctx context.Context, args []string, _ func(string) string, stdout, st
 			fmt.Fprintf(stdout, "%-14s %-12s %s  ready\n", e.Name, e.Kind, e.URL)
 		}
 	}
+	var head *servedHead
+	if cfg.Gym.HeadServer != "" {
+		if head, err = startGymHead(cfg, gymhead.Options{PID: l.PID}, stdout); err != nil {
+			return errors.Join(err, l.StopAll())
+		}
+	}
 	fmt.Fprintln(stdout, "fleet is up; Ctrl-C stops it")
 	err = waitFleet(ctx, l)
 	fmt.Fprintln(stdout, "stopping the fleet")
+	if head != nil {
+		if stopErr := head.stop(); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+	}
 	if stopErr := l.StopAll(); stopErr != nil {
 		err = errors.Join(err, stopErr)
 	}

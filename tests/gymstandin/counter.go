@@ -37,8 +37,11 @@ type CounterOptions struct {
 // request without the cookie starts a new session; every reply sets the
 // cookie again, its value re-signed (here "<session id>.<n>", n counting
 // replies, as Starlette's timestamp signature changes it); a missing or
-// non-integer field is FastAPI's 422; it has no /close_session (FastAPI's
-// 404). It records every request for the tests to read.
+// non-integer field is FastAPI's 422; /close_session takes nemo-gym 0.7.0's
+// ResourcesCloseSessionRequest {resources_session_id, episode_id} (422 for
+// anything else, {} included) and, the counter not overriding it, answers
+// {resources_session_id} and keeps the count (Gym 07d6b0d had no such route).
+// It records every request for the tests to read.
 type Counter struct {
 	// URL is set by StartCounter; a Counter served otherwise has none.
 	URL string
@@ -50,6 +53,8 @@ type Counter struct {
 	started  int
 	signed   int
 	log      []string
+	// closes counts /close_session calls taken and refused.
+	closes, refusedCloses int
 }
 
 // NewCounter returns a Counter to serve as the test likes (it is an
@@ -146,6 +151,29 @@ func (c *Counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"reward":                  json.RawMessage(reward),
 		})
 		w.Write(out)
+	case "/close_session":
+		// SimpleResourcesServer.close_resources_session (nemo-gym 0.7.0,
+		// nemo_gym/base_resources_server.py): extra="forbid", both fields
+		// required, episode_id an EpisodeId.
+		var req struct {
+			ResourcesSessionID *string `json:"resources_session_id"`
+			EpisodeID          *struct {
+				RolloutID string `json:"rollout_id"`
+				Attempt   *int   `json:"attempt"`
+			} `json:"episode_id"`
+		}
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil || req.ResourcesSessionID == nil || req.EpisodeID == nil ||
+			!rollout.ValidID(req.EpisodeID.RolloutID) || (req.EpisodeID.Attempt != nil && *req.EpisodeID.Attempt < 0) {
+			c.refusedCloses++
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			io.WriteString(w, `{"detail":"resources_session_id and episode_id {rollout_id, attempt} are required"}`)
+			return
+		}
+		c.closes++
+		out, _ := json.Marshal(map[string]string{"resources_session_id": *req.ResourcesSessionID})
+		w.Write(out)
 	default:
 		w.WriteHeader(http.StatusNotFound)
 		io.WriteString(w, `{"detail":"Not Found"}`)
@@ -173,6 +201,13 @@ func (c *Counter) SetCount(sid string, n int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.counters[sid] = n
+}
+
+// Closes is how many /close_session calls the server took and refused.
+func (c *Counter) Closes() (taken, refused int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closes, c.refusedCloses
 }
 
 // Sessions is how many sessions requests without the cookie started, and

@@ -11,7 +11,10 @@
 //   - Counter: StatefulCounterResourcesServer
 //     (resources_servers/example_session_state_mgmt/app.py 35-95) behind
 //     the session middleware Gym installs (nemo_gym/server_utils.py 551-577)
-//     and RolloutContextMiddleware (nemo_gym/rollout_correlation.py 93-115).
+//     and RolloutContextMiddleware (nemo_gym/rollout_correlation.py 93-115),
+//     with the /close_session route nemo-gym 0.7.0 added to every resources
+//     server (SimpleResourcesServer.close_resources_session), which the
+//     interop suite (tests/interop/gym) found our environment sending {} to.
 //
 // It imports no package of ours but pkg/wire/rollout, so that pkg/transport/httpclient's
 // own tests can use it without an import cycle.

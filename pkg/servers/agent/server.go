@@ -596,16 +596,24 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 // openaiResponseField is the row field /verify reads the loop's result from.
 const openaiResponseField = "response"
 
+// closeResourcesRequest is the body of /close_session: NeMo Gym 0.7.0's
+// ResourcesCloseSessionRequest (nemo_gym/base_resources_server.py), which
+// its resources servers require (422 for {}).
+type closeResourcesRequest struct {
+	ResourcesSessionID string            `json:"resources_session_id"`
+	EpisodeID          rollout.EpisodeID `json:"episode_id"`
+}
+
 // closeResourcesSession closes a /run's resources session even when the
 // /run's request has ended, bounded by CleanupTimeout.
 func (s *Server) closeResourcesSession(ctx context.Context, ep rollout.EpisodeID, res resourcesRef) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 	defer cancel()
 	u := baseURL(s.cfg.resourcesURL(ep.RolloutID)) + rollout.Path(ep, "/close_session")
-	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, u, res.header(), codec.RawMessage("{}"))
+	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, u, res.header(), closeResourcesRequest{ResourcesSessionID: res.id, EpisodeID: ep})
 	if err == nil && rep.Status != http.StatusNotFound {
-		// A NeMo Gym resources server has no /close_session (its sessions
-		// are never closed): its 404 leaves nothing to close.
+		// A NeMo Gym resources server before 0.7.0 has no /close_session
+		// (its sessions are never closed): its 404 leaves nothing to close.
 		err = rep.Err("close_session")
 	}
 	if err != nil {

@@ -266,12 +266,22 @@ func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundar
 	return &Boundary{Next: StageReturn, Handles: b.Handles, Observations: b.Observations, Result: rep.Body}, nil
 }
 
+// closeResourcesSession is the body of /close_session: NeMo Gym 0.7.0's
+// ResourcesCloseSessionRequest (nemo_gym/base_resources_server.py), which
+// its resources servers require (422 for {}): the session the seed named
+// and the episode it belongs to.
+type closeResourcesSession struct {
+	ResourcesSessionID string            `json:"resources_session_id"`
+	EpisodeID          rollout.EpisodeID `json:"episode_id"`
+}
+
 func (s *Server) closeResources(ctx context.Context, ep *episode, h Handles) error {
-	_, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/close_session", resourcesHeader(h), codec.RawMessage("{}"))
+	_, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/close_session", resourcesHeader(h),
+		closeResourcesSession{ResourcesSessionID: h.ResourcesSessionID, EpisodeID: ep.id})
 	var up *upstreamError
 	if errors.As(err, &up) && up.status == http.StatusNotFound {
-		// A NeMo Gym resources server has no /close_session (its sessions
-		// are never closed): nothing is left to close.
+		// A NeMo Gym resources server before 0.7.0 has no /close_session
+		// (its sessions are never closed): nothing is left to close.
 		return nil
 	}
 	return err

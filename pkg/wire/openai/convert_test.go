@@ -40,7 +40,7 @@ func decodeRequest(t *testing.T, body string) *openai.ResponsesRequest {
 }
 
 const weatherTool = `{"type":"function","name":"get_weather","description":"Get the weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}`
-const weatherChatTool = `{"type":"function","function":{"name":"get_weather","description":"Get the weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}`
+const weatherChatTool = `{"type":"function","function":{"name":"get_weather","description":"Get the weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}}`
 
 func TestResponsesToChat(t *testing.T) {
 	tests := []struct {

@@ -51,7 +51,22 @@ func (m *metrics) appendJSON(dst []byte) ([]byte, error) {
 	if dst, err = appendValue(dst, m.key); err != nil {
 		return nil, err
 	}
-	return append(dst, '}'), nil
+	dst = append(dst, `,"perf_summary":`...)
+	if m.perf == nil {
+		dst = append(dst, "null"...)
+	} else if dst, err = appendValue(dst, m.perf); err != nil {
+		return nil, err
+	}
+	dst = append(dst, `,"repeat_level_metrics":[`...)
+	for i, e := range m.repeats {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		if dst, err = appendValue(dst, e); err != nil {
+			return nil, err
+		}
+	}
+	return append(dst, "]}"...), nil
 }
 
 func appendValue(dst []byte, v any) ([]byte, error) {
@@ -64,7 +79,7 @@ func appendValue(dst []byte, v any) ([]byte, error) {
 			// Python's json refuses them too (Gym answers 500).
 			return nil, errorf("a metric overflows a float64: %v", v)
 		}
-		return appendPyFloat(dst, v), nil
+		return appendGymFloat(dst, v), nil
 	case string:
 		return codec.AppendString(dst, v), nil
 	case value:
@@ -72,7 +87,7 @@ func appendValue(dst []byte, v any) ([]byte, error) {
 		case kindInt:
 			return strconv.AppendInt(dst, v.i, 10), nil
 		case kindFloat:
-			return appendPyFloat(dst, v.f), nil
+			return appendGymFloat(dst, v.f), nil
 		}
 		var buf bytes.Buffer
 		if err := codec.Compact(&buf, v.raw); err != nil {
@@ -106,12 +121,15 @@ func appendValue(dst []byte, v any) ([]byte, error) {
 	return dst, errorf("rewardprofile: cannot encode %T", v)
 }
 
-// appendPyFloat writes f as Python's json.dumps does (float.__repr__): the
-// shortest digits that read back, in positional notation with at least
-// one fractional digit when the decimal exponent is from -4 to 15, else
-// d.ddde±XX. Gym's reply is written by Python, so 1.0 stays 1.0 and a
-// reader comparing it with Gym's sees the same text. f is finite.
-func appendPyFloat(dst []byte, f float64) []byte {
+// appendGymFloat writes f as Gym's reply writes it: FastAPI serializes the
+// AggregateMetrics model through pydantic-core (nemo-gym 0.7.0 with
+// pydantic-core 2.50), which writes the shortest digits that read back, in
+// positional notation with at least one fractional digit when the decimal
+// exponent is from -5 to 15, else d.ddde+X / d.ddde-X (no zero padding;
+// Python's repr starts the exponent form at 1e-5 and pads it). So 1.0 stays
+// 1.0 and a reader comparing our reply with Gym's sees the same text. f is
+// finite.
+func appendGymFloat(dst []byte, f float64) []byte {
 	if f == 0 {
 		if math.Signbit(f) {
 			return append(dst, "-0.0"...)
@@ -135,7 +153,7 @@ func appendPyFloat(dst []byte, f float64) []byte {
 	if neg {
 		dst = append(dst, '-')
 	}
-	if exp < -4 || exp >= 16 {
+	if exp < -5 || exp >= 16 {
 		dst = append(dst, digits[0])
 		if len(digits) > 1 {
 			dst = append(append(dst, '.'), digits[1:]...)
@@ -146,9 +164,6 @@ func appendPyFloat(dst []byte, f float64) []byte {
 			exp = -exp
 		} else {
 			dst = append(dst, '+')
-		}
-		if exp < 10 {
-			dst = append(dst, '0')
 		}
 		return strconv.AppendInt(dst, int64(exp), 10)
 	}

@@ -1,4 +1,4 @@
 package rewardprofile
 
-// PyFloat is appendPyFloat as a string, for tests.
-func PyFloat(f float64) string { return string(appendPyFloat(nil, f)) }
+// GymFloat is appendGymFloat as a string, for tests.
+func GymFloat(f float64) string { return string(appendGymFloat(nil, f)) }

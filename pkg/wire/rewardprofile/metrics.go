@@ -2,8 +2,10 @@ package rewardprofile
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -28,8 +30,7 @@ func buildFrame(replies []reply) frame {
 	isInt := []bool{}
 	for r, rep := range replies {
 		rep.numericFields(func(name string, v float64, vInt bool) {
-			switch name {
-			case fieldTaskIndex, fieldRolloutIndex, agentNameColumn:
+			if name == agentNameColumn {
 				return
 			}
 			c, ok := index[name]
@@ -196,9 +197,11 @@ func pairwiseSum(a []float64) float64 {
 
 // metrics is AggregateMetrics.
 type metrics struct {
-	groups []*outObj
-	agent  *outObj
-	key    *outObj
+	groups  []*outObj
+	agent   *outObj
+	key     *outObj
+	perf    *outObj // nil: null (no reply carried ng_perf)
+	repeats []*outObj
 }
 
 func compute(raws []codec.RawMessage) (*metrics, error) {
@@ -206,13 +209,32 @@ func compute(raws []codec.RawMessage) (*metrics, error) {
 	if len(raws) == 0 {
 		return m, nil
 	}
-	replies := make([]reply, len(raws))
+	all := make([]reply, len(raws))
 	for i, raw := range raws {
 		r, err := parseReply(raw, i)
 		if err != nil {
 			return nil, err
 		}
-		replies[i] = r
+		all[i] = r
+	}
+	// _partition_on_mask: masked samples leave the quality metrics and are
+	// counted as coverage.
+	var replies []reply
+	masked := 0
+	for _, r := range all {
+		if r.masked {
+			masked++
+			continue
+		}
+		replies = append(replies, r)
+	}
+	coverage := coverageMetrics(all, replies, masked)
+	// Observability covers every rollout that ran, masked or not.
+	m.perf = perfSummary(all)
+	if len(replies) == 0 {
+		m.agent.keys, m.agent.vals = coverage.keys, coverage.vals
+		m.key = &outObj{keys: slices.Clone(coverage.keys), vals: slices.Clone(coverage.vals)}
+		return m, nil
 	}
 	// align_rows_and_results: sorted by (task, rollout), each key once.
 	sort.SliceStable(replies, func(i, j int) bool {
@@ -253,12 +275,54 @@ func compute(raws []codec.RawMessage) (*metrics, error) {
 	}
 
 	f.describe(m.agent, 0, len(replies))
+	tq := tQuantiles{}
+	m.repeats = repeatLevel(replies, f, tq)
+	acrossRepeats(m.agent, m.repeats, tq)
+	for i, k := range coverage.keys {
+		m.agent.add(k, coverage.vals[i])
+	}
+	// num_repeats counts the rollout indexes of every reply, masked or not.
+	rollouts := map[int64]bool{}
+	for _, r := range all {
+		rollouts[r.rollout] = true
+	}
+	m.agent.add("num_repeats", int64(len(rollouts)))
 	for i, k := range m.agent.keys {
-		if len(k) > len("mean/") && k[:len("mean/")] == "mean/" {
+		if strings.HasPrefix(k, "mean/") {
 			m.key.add(k, m.agent.vals[i])
 		}
 	}
+	for i, k := range coverage.keys {
+		m.key.add(k, coverage.vals[i])
+	}
 	return m, nil
+}
+
+// coverageMetrics is _coverage_metrics: empty when nothing was masked.
+func coverageMetrics(all, scored []reply, masked int) *outObj {
+	o := &outObj{}
+	if masked == 0 {
+		return o
+	}
+	tasks := map[int64]bool{}
+	for _, r := range all {
+		tasks[r.task] = true
+	}
+	measured := map[int64]bool{}
+	for _, r := range scored {
+		measured[r.task] = true
+	}
+	o.add("coverage/measured_rollouts", int64(len(scored)))
+	o.add("coverage/masked_rollouts", int64(masked))
+	o.add("coverage/measured_tasks", int64(len(measured)))
+	fully := 0
+	for t := range tasks {
+		if !measured[t] {
+			fully++
+		}
+	}
+	o.add("coverage/fully_masked_tasks", int64(fully))
+	return o
 }
 
 // rolloutInfo is RewardProfiler.rollout_info_from_result.
@@ -282,8 +346,7 @@ func rolloutInfo(r reply) *outObj {
 		put(k, r.usage.vals[k])
 	}
 	for _, k := range r.fields.keys {
-		switch k {
-		case fieldTaskIndex, fieldRolloutIndex, fieldReward, fieldResponse:
+		if strings.HasPrefix(k, "_") || k == fieldReward || k == fieldResponse || k == fieldMaskSample {
 			continue
 		}
 		put(k, r.fields.vals[k])

@@ -1,14 +1,19 @@
 // Package rewardprofile computes NeMo Gym's aggregate metrics: the reply of
 // POST /aggregate_metrics, which Gym's rollout collection sends the verify
 // replies of a run to once every row is done, and reads agent_metrics,
-// key_metrics and group_level_metrics from.
+// key_metrics, group_level_metrics and repeat_level_metrics from.
 //
-// It ports compute_aggregate_metrics and the RewardProfiler baseline it runs
-// (nemo_gym/reward_profile.py at NeMo Gym 07d6b0d07b22) without Gym's
-// benchmark hooks (compute_metrics, get_key_metrics), which our servers do
-// not override: per task index and over every reply, the mean, max, min,
-// median and sample standard deviation of every numeric or boolean field of
-// a verify reply and of its response.usage, as pandas computes them.
+// It ports compute_aggregate_metrics and the RewardProfiler it runs
+// (nemo_gym/reward_profile.py of nemo-gym 0.7.0, the PyPI release) without
+// Gym's benchmark hooks (compute_metrics, get_key_metrics,
+// compute_repeat_metrics), which our servers do not override: per task
+// index and over every reply, the mean, max, min, median and sample standard
+// deviation of every numeric or boolean field of a verify reply and of its
+// response.usage, as pandas computes them; per rollout index (a repeat) the
+// same with percentiles and a t interval, and those repeats' means summarized
+// across repeats; samples flagged mask_sample left out of the quality
+// metrics and counted as coverage; and perf_summary from the replies'
+// ng_perf. testdata/gym_cases.jsonl holds the replies Gym's own server gave.
 package rewardprofile
 
 import (
@@ -17,6 +22,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -28,6 +34,8 @@ const (
 	fieldResponse     = "response"
 	fieldUsage        = "usage"
 	fieldReward       = "reward"
+	fieldMaskSample   = "mask_sample"
+	fieldPerf         = "ng_perf"
 	// agentNameColumn is the profiler's own grouping column; a verify field
 	// of that name would replace it in Gym (see compute).
 	agentNameColumn = "agent_name"
@@ -75,8 +83,10 @@ func DecodeRequest(body []byte) ([]codec.RawMessage, error) {
 }
 
 // Compute is compute_aggregate_metrics over the verify replies: the reply
-// body {"group_level_metrics", "agent_metrics", "key_metrics"} as Gym's
-// AggregateMetrics serialises it (empty list and objects for no replies).
+// body {"group_level_metrics", "agent_metrics", "key_metrics",
+// "perf_summary", "repeat_level_metrics"} as Gym's AggregateMetrics
+// serialises it, every field present (empty lists and objects and a null
+// perf_summary for no replies).
 func Compute(verifyResponses []codec.RawMessage) (codec.RawMessage, error) {
 	m, err := compute(verifyResponses)
 	if err != nil {
@@ -206,14 +216,20 @@ type reply struct {
 	task, rollout int64
 	fields        obj
 	usage         obj
+	// masked is a truthy mask_sample: a completed rollout whose reward is
+	// not a measurement (select_measured).
+	masked bool
+	// perf is the reply's ng_perf object, nil without one.
+	perf *obj
 }
 
-// indexOf reads _ng_task_index or _ng_rollout_index: Gym's profiler keys
-// every reply by the two (RewardProfiler._rollout_key) and fails without.
+// indexOf reads _ng_task_index or _ng_rollout_index, 0 when absent: Gym's
+// profiler keys every reply by the two (reward_profile._rollout_key, which
+// reads row.get(key, 0)).
 func indexOf(o obj, name string, i int) (int64, error) {
 	v, ok := o.vals[name]
 	if !ok {
-		return 0, errorf("verify_responses[%d] has no %s: the profiler groups replies by _ng_task_index and _ng_rollout_index", i, name)
+		return 0, nil
 	}
 	if v.kind != kindInt {
 		return 0, errorf("verify_responses[%d].%s must be an integer, got %s", i, name, v.raw)
@@ -233,9 +249,18 @@ func parseReply(raw []byte, i int) (reply, error) {
 	if r.rollout, err = indexOf(o, fieldRolloutIndex, i); err != nil {
 		return reply{}, err
 	}
-	if resp, ok := o.vals[fieldResponse]; ok {
-		// Gym reads result["response"].get("usage") or {}: response must be
-		// an object, and usage an object or empty.
+	if m, ok := o.vals[fieldMaskSample]; ok {
+		r.masked = !falsy(m)
+	}
+	if p, ok := o.vals[fieldPerf]; ok {
+		// compute_perf_summary takes ng_perf only when it is a dict.
+		if po, err := parseObject(p.raw); err == nil {
+			r.perf = &po
+		}
+	}
+	if resp, ok := o.vals[fieldResponse]; ok && !falsy(resp) {
+		// Gym reads (result.get("response") or {}).get("usage") or {}:
+		// response must be an object or empty, and usage too.
 		ro, err := parseObject(resp.raw)
 		if err != nil {
 			return reply{}, errorf("verify_responses[%d].response must be an object", i)
@@ -266,7 +291,10 @@ func falsy(v value) bool {
 
 // numericFields are the fields a reply puts in the profiler's frame, in
 // order: the reply's, then its usage's (`result | usage`: usage wins a
-// shared name, which keeps the reply's place), numbers and bools only.
+// shared name, which keeps the reply's place), numbers and bools only, none
+// whose name starts with an underscore (Gym's bookkeeping: the indexes,
+// NeMo RL's _rowidx, the attempt index). mask_sample is no measurement
+// (select_measured strips it).
 func (r reply) numericFields(each func(name string, f float64, isInt bool)) {
 	merged := obj{keys: slices.Clone(r.fields.keys), vals: make(map[string]value, len(r.fields.vals)+len(r.usage.vals))}
 	for k, v := range r.fields.vals {
@@ -276,6 +304,9 @@ func (r reply) numericFields(each func(name string, f float64, isInt bool)) {
 		merged.set(k, r.usage.vals[k])
 	}
 	for _, k := range merged.keys {
+		if strings.HasPrefix(k, "_") || k == fieldMaskSample {
+			continue
+		}
 		if f, isInt, ok := merged.vals[k].numeric(); ok {
 			each(k, f, isInt)
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"reflect"
@@ -74,8 +75,18 @@ func TestCompute_GymProfileFromData(t *testing.T) {
 	}
 	agent := m["agent_metrics"].(map[string]any)
 	wantAgent := maps(wantStats, map[string]any{"std/bool": 0.5477225575051661, "std/reward": 0.5477225575051661})
-	if !reflect.DeepEqual(agent, wantAgent) {
-		t.Errorf("agent_metrics = %v, want %v", agent, wantAgent)
+	for k, want := range wantAgent {
+		if agent[k] != want {
+			t.Errorf("agent_metrics[%s] = %v, want %v", k, agent[k], want)
+		}
+	}
+	// nemo-gym 0.7.0 adds the repeat count and, over the two repeats'
+	// means, the across-repeats summary.
+	if agent["num_repeats"] != 2.0 || agent["mean_across_repeats/mean/reward"] != 0.5 || agent["std_across_repeats/mean/reward"] != 0.7071067811865476 {
+		t.Errorf("agent_metrics repeats: %v", agent)
+	}
+	if r := m["repeat_level_metrics"].([]any); len(r) != 2 {
+		t.Errorf("repeat_level_metrics = %v, want two repeats", r)
 	}
 	wantKey := map[string]any{"mean/bool": 0.5, "mean/reward": 0.5, "mean/abc usage": 1.0}
 	if !reflect.DeepEqual(m["key_metrics"], wantKey) {
@@ -131,7 +142,7 @@ func TestCompute_Empty(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := rewardprofile.Compute(vrs)
-	if err != nil || string(out) != `{"group_level_metrics":[],"agent_metrics":{},"key_metrics":{}}` {
+	if err != nil || string(out) != `{"group_level_metrics":[],"agent_metrics":{},"key_metrics":{},"perf_summary":null,"repeat_level_metrics":[]}` {
 		t.Fatalf("Compute([]) = %s, %v", out, err)
 	}
 }
@@ -154,11 +165,9 @@ func TestDecodeRequest_Refuses(t *testing.T) {
 
 func TestCompute_Refuses(t *testing.T) {
 	for name, vr := range map[string]string{
-		"no task index":       `{"_ng_rollout_index":0,"reward":1.0}`,
-		"no rollout index":    `{"_ng_task_index":0,"reward":1.0}`,
 		"string task index":   `{"_ng_task_index":"0","_ng_rollout_index":0}`,
 		"bool rollout index":  `{"_ng_task_index":0,"_ng_rollout_index":true}`,
-		"null response":       `{"_ng_task_index":0,"_ng_rollout_index":0,"response":null}`,
+		"string response":     `{"_ng_task_index":0,"_ng_rollout_index":0,"response":"x"}`,
 		"usage not an object": `{"_ng_task_index":0,"_ng_rollout_index":0,"response":{"usage":"x"}}`,
 	} {
 		_, err := rewardprofile.Compute([]codec.RawMessage{codec.RawMessage(vr)})
@@ -177,16 +186,31 @@ func TestCompute_Refuses(t *testing.T) {
 	}
 }
 
-// TestComputeMatchesPandas replays testdata/pandas_cases.jsonl: random verify
-// replies and the reply pandas gives (gen_pandas_cases.py), byte for byte.
-func TestComputeMatchesPandas(t *testing.T) {
-	f, err := os.Open("testdata/pandas_cases.jsonl")
+// TestComputeMatchesGym replays testdata/gym_cases.jsonl: random verify
+// replies (several tasks and repeats, repeats missing tasks, masked samples,
+// ng_perf, underscored bookkeeping fields, replies without indexes) and the
+// reply NeMo Gym 0.7.0's own /aggregate_metrics gave for them
+// (gen_gym_cases.py). Every number must be Gym's to the bit, except the
+// confidence intervals, whose t quantile scipy computes by its own
+// algorithm: those agree to 1e-12.
+func TestComputeMatchesGym(t *testing.T) {
+	f, err := os.Open("testdata/gym_cases.jsonl")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<22)
+	sc.Buffer(nil, 1<<24)
+	if !sc.Scan() {
+		t.Fatal("gym_cases.jsonl is empty")
+	}
+	var header struct {
+		NemoGym string `json:"nemo_gym"`
+		Cases   int    `json:"cases"`
+	}
+	if err := json.Unmarshal(sc.Bytes(), &header); err != nil || header.NemoGym != "0.7.0" {
+		t.Fatalf("header %s: %v (want the nemo-gym version the cases came from)", sc.Bytes(), err)
+	}
 	n := 0
 	for sc.Scan() {
 		var c struct {
@@ -201,25 +225,98 @@ func TestComputeMatchesPandas(t *testing.T) {
 		if err != nil {
 			t.Fatalf("case %d: %v", n, err)
 		}
-		if string(got) != c.Expected {
-			t.Errorf("case %d:\n got  %s\n want %s", n, got, c.Expected)
+		for _, d := range diffJSON(t, got, []byte(c.Expected)) {
+			t.Errorf("case %d: %s", n, d)
 		}
 	}
-	if err := sc.Err(); err != nil || n < 30 {
-		t.Fatalf("read %d cases: %v", n, err)
+	if err := sc.Err(); err != nil || n != header.Cases {
+		t.Fatalf("read %d cases of %d: %v", n, header.Cases, err)
 	}
 }
 
-func TestPyFloat(t *testing.T) {
+// diffJSON lists where got and want differ: a key missing on either side,
+// or a value whose JSON text differs (numbers as written, so 1 and 1.0
+// differ). ci_* values may differ by a relative 1e-12.
+func diffJSON(t *testing.T, got, want []byte) []string {
+	t.Helper()
+	decode := func(b []byte) any {
+		d := json.NewDecoder(strings.NewReader(string(b)))
+		d.UseNumber()
+		var v any
+		if err := d.Decode(&v); err != nil {
+			t.Fatalf("decode %s: %v", b, err)
+		}
+		return v
+	}
+	var out []string
+	var walk func(path string, g, w any)
+	walk = func(path string, g, w any) {
+		switch w := w.(type) {
+		case map[string]any:
+			gm, ok := g.(map[string]any)
+			if !ok {
+				out = append(out, fmt.Sprintf("%s: got %v, want an object", path, g))
+				return
+			}
+			for k, wv := range w {
+				gv, ok := gm[k]
+				if !ok {
+					out = append(out, fmt.Sprintf("%s.%s: missing (want %v)", path, k, wv))
+					continue
+				}
+				walk(path+"."+k, gv, wv)
+			}
+			for k := range gm {
+				if _, ok := w[k]; !ok {
+					out = append(out, fmt.Sprintf("%s.%s: unexpected %v", path, k, gm[k]))
+				}
+			}
+		case []any:
+			gl, ok := g.([]any)
+			if !ok || len(gl) != len(w) {
+				out = append(out, fmt.Sprintf("%s: got %v, want %d elements", path, g, len(w)))
+				return
+			}
+			for i := range w {
+				walk(fmt.Sprintf("%s[%d]", path, i), gl[i], w[i])
+			}
+		case json.Number:
+			gn, ok := g.(json.Number)
+			if ok && gn == w {
+				return
+			}
+			key := path[strings.LastIndexByte(path, '.')+1:]
+			if ok && strings.HasPrefix(key, "ci_") {
+				gf, _ := gn.Float64()
+				wf, _ := w.Float64()
+				if math.Abs(gf-wf) <= 1e-12*math.Max(math.Abs(wf), 1e-300) {
+					return
+				}
+			}
+			out = append(out, fmt.Sprintf("%s: got %v, want %v", path, g, w))
+		default:
+			if !reflect.DeepEqual(g, w) {
+				out = append(out, fmt.Sprintf("%s: got %v, want %v", path, g, w))
+			}
+		}
+	}
+	walk("$", decode(got), decode(want))
+	return out
+}
+
+// TestGymFloat: floats as pydantic_core.to_json writes them (nemo-gym
+// 0.7.0's environment, pydantic-core 2.50).
+func TestGymFloat(t *testing.T) {
 	tenth, fifth := 0.1, 0.2
 	for f, want := range map[float64]string{
 		tenth + fifth: "0.30000000000000004",
 		1:             "1.0", 0.5: "0.5", 100: "100.0", 1e15: "1000000000000000.0", 1e16: "1e+16", 1.5e16: "1.5e+16",
-		0.0001: "0.0001", 0.00001: "1e-05", 1.25e-7: "1.25e-07", -2.5: "-2.5",
-		123456789.125: "123456789.125", math.Copysign(0, -1): "-0.0", 0: "0.0", 1e300: "1e+300",
+		0.0001: "0.0001", 0.00001: "0.00001", 1.2345e-5: "0.000012345", 9.99e-6: "9.99e-6", 1.25e-7: "1.25e-7", -2.5: "-2.5",
+		123456789.125: "123456789.125", math.Copysign(0, -1): "-0.0", 0: "0.0", 1e300: "1e+300", 2.5e-300: "2.5e-300",
+		12345678901234567: "1.2345678901234568e+16",
 	} {
-		if got := rewardprofile.PyFloat(f); got != want {
-			t.Errorf("PyFloat(%v) = %s, want %s", f, got, want)
+		if got := rewardprofile.GymFloat(f); got != want {
+			t.Errorf("GymFloat(%v) = %s, want %s", f, got, want)
 		}
 	}
 }
