@@ -296,7 +296,7 @@ func TestRestoreNeedsFreshProcess(t *testing.T) {
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.post("/seed_session", "s1", `{}`)
 	got := ts.ctl("restore", scopeReq("c1", dir))
-	expectCode(t, "restore", got, 409, "invalid_phase")
+	expectCode(t, "restore", got, 409, "checkpoint_error")
 	if !strings.Contains(got.body, "requires a process that has not served sessions") {
 		t.Errorf("refusal = %s", got.body)
 	}
