@@ -203,6 +203,10 @@ func vllmArgs(port int) []string {
 		"--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
 		"--max-num-seqs", "4",
 		"--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+		// Forced calls' arguments held to the tool's parameters: NeMo
+		// Gym's vllm_model, and so our model server, drop a tool's
+		// strict before vLLM, whose default holds only strict tools.
+		"--tool-strict-level", "parameter",
 		// /inference/v1/abort_requests, which generation cuts use.
 		"--enable-scale-out",
 		"--disable-uvicorn-access-log",
