@@ -212,12 +212,12 @@ func (s *Server) applyExtras(req *openai.ResponsesRequest, chat *openai.ChatRequ
 	if req.Metadata == nil && s.extraBody == nil && s.chatTemplateKwargs == nil {
 		return nil
 	}
-	extra, kwargs, err := s.requestExtras(req.Metadata[metaExtraBody], req.Metadata[metaChatTemplateKwargs])
+	extra, kwargs, err := s.requestExtras(nil, req.Metadata[metaExtraBody], req.Metadata[metaChatTemplateKwargs])
 	if err != nil {
 		return err
 	}
 	if len(kwargs) > 0 {
-		if chat.ChatTemplateKwargs, err = withKwargs(kwargs, nil); err != nil {
+		if chat.ChatTemplateKwargs, err = encodeKwargs(kwargs); err != nil {
 			return err
 		}
 	}

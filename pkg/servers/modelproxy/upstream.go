@@ -384,12 +384,13 @@ func transportError(ctx context.Context, err error) error {
 }
 
 // syntheticOverflow is the empty completion that stands for a context
-// overflow, shaped as NeMo Gym's vllm_model returns it.
+// overflow, shaped as NeMo Gym's vllm_model returns it
+// (VLLMModel._create_empty_chat_completion, nemo-gym 0.7.0): no usage, so
+// its Response's usage is null.
 func syntheticOverflow(model string) *openai.ChatCompletion {
 	return &openai.ChatCompletion{
 		ID: "chtcmpl-123", Object: "chat.completion", Created: time.Now().Unix(), Model: model,
 		Choices: []openai.ChatChoice{{Index: 0, FinishReason: openai.FinishLength, Message: openai.ChatMessage{Role: "assistant"}}},
-		Usage:   &openai.Usage{},
 	}
 }
 
