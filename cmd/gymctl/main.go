@@ -51,6 +51,7 @@ func commands() []command {
 		{"top", "show rollouts in flight, requests per second and checkpoint phase per server, redrawn until Ctrl-C", runTop},
 		{"ckpt", "drive checkpoints: status, prepare, commit, resume, restore, retire, forget, verify", runCkpt},
 		{"bench-scale", "checkpoint, crash and restore N rollouts in flight on a local fleet; print the figures", runBenchScale},
+		{"bench-compare", "run two builds' bench-scale in alternating pairs; print medians and ratios as a Markdown table", runBenchCompare},
 	}
 }
 
