@@ -92,7 +92,8 @@ func NeverProcessed(err error) bool { return neverProcessed(err) }
 // A new connection the server drops before answering (net/http's server
 // drops one whose SETTINGS it has not read within a fixed 2 s, which a
 // CPU-starved pair of processes can miss) carries no request: h2cPool
-// sends its own first and opens another.
+// sends its own first and opens another, and on the nethttp stack the
+// connection holds requests until the server's SETTINGS ACK (gatedConn).
 //
 // A server that answered in HTTP/1.x (h2client.ErrHTTP1Server) processed
 // nothing either, but sending again over h2c would only fail the same way:
