@@ -2,14 +2,11 @@ package httpserver
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
-	"runtime/debug"
 	"strconv"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,7 +17,6 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpbody"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
-	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // DefaultMaxBodyBytes bounds request bodies unless a server sets its own.
@@ -68,16 +64,7 @@ func NewRouter(opts RouterOptions) chi.Router {
 	log := opts.Logger
 
 	r := chi.NewRouter()
-	// Metrics outermost, so a recovered panic is counted as the 500 the
-	// client got rather than as an unwritten (200) response.
-	r.Use(m.middleware)
-	r.Use(recoverer(log))
-	r.Use(limitBody(opts.MaxBodyBytes))
-	r.Use(rollout.StripPrefix(func(w http.ResponseWriter, req *http.Request, err error) {
-		apierror.Write(w, req, log, apierror.Wrap(apierror.InvalidRequest, err))
-	}))
-	// After the prefix is stripped, so the span names its capture key.
-	r.Use(traceRequests(opts.Tracer))
+	r.Use(newEdge(m, log, opts.MaxBodyBytes, opts.Tracer))
 	for _, mw := range opts.Middleware {
 		r.Use(mw)
 	}
@@ -148,30 +135,6 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	return m
 }
 
-func (m *httpMetrics) middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
-		m.inflight.Inc()
-		defer func() {
-			m.inflight.Dec()
-			// The route pattern, not the path: paths carry capture keys and
-			// session ids, which would make the label set unbounded.
-			route := "unmatched"
-			if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
-				route = rc.RoutePattern()
-			}
-			status := rec.status
-			if status == 0 {
-				status = http.StatusOK
-			}
-			m.requests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
-			m.duration.WithLabelValues(route, r.Method).Observe(time.Since(start).Seconds())
-		}()
-		next.ServeHTTP(rec, r)
-	})
-}
-
 // statusRecorder remembers the status code and keeps Flush working for SSE.
 type statusRecorder struct {
 	http.ResponseWriter
@@ -200,39 +163,6 @@ func (s *statusRecorder) Flush() {
 
 // Unwrap lets http.ResponseController reach the connection.
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// recoverer turns a handler panic into a 500 envelope and a log line with the
-// stack, so no input can take a server down. http.ErrAbortHandler is re-raised
-// as net/http expects.
-func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			defer func() {
-				v := recover()
-				if v == nil {
-					return
-				}
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				log.ErrorContext(r.Context(), "handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				apierror.Write(w, r, nil, apierror.New(apierror.Internal, "internal error"))
-			}()
-			next.ServeHTTP(w, r)
-		})
-	}
-}
-
-func limitBody(n int64) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Body != nil {
-				r.Body = http.MaxBytesReader(w, r.Body, n)
-			}
-			next.ServeHTTP(w, r)
-		})
-	}
-}
 
 // ReadBody reads a request body, mapping an oversized body to body_too_large.
 func ReadBody(r *http.Request) ([]byte, error) {
