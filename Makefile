@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl vllmcut
 
-.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-interop-gym test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
+.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-interop-gym test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale bench-compare lint fmt vet clean
 
 all: build
 
@@ -202,6 +202,20 @@ TUNING ?=
 REPLICAS ?= 1
 bench-scale: build
 	$(BIN)/gymctl bench-scale --rollouts $(N) --replicas $(REPLICAS) --stacks $(STACKS) $(if $(TUNING),--tuning $(TUNING)) --json bench-scale-$(N)$(if $(filter-out 1,$(REPLICAS)),-r$(REPLICAS)).json
+
+# This work tree's build against REF's (any commit; built once by
+# scripts/build-ref.sh and cached), PAIRS runs of each at N alternating,
+# medians and ratios printed as a Markdown table for docs/scale-log.md
+# (also in OUT/compare.md with every run's JSON and log). PORTS is every
+# run's port block (empty: the kernel's free ports).
+REF   ?= 8f89887
+PAIRS ?= 3
+PORTS ?=
+OUT   ?=
+bench-compare: build
+	@ref_bin=$$(scripts/build-ref.sh $(REF)) && \
+	$(BIN)/gymctl bench-compare --base-bin "$$ref_bin" --base-label $$(git rev-parse --short $(REF)) \
+		--label $(VERSION) --rollouts $(N) --pairs $(PAIRS) $(if $(PORTS),--ports $(PORTS)) $(if $(OUT),--out $(OUT))
 
 # The commits this branch adds: subjects of at most 72 characters.
 check-commits:

@@ -428,13 +428,13 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 		err = asAPIError(err)
 		return reply{err: err, outcome: outcomeOf(err)}
 	}
-	var c openai.ChatCompletion
-	if err := codec.Unmarshal(b, &c); err != nil {
+	c, err := decodeChatReply(b)
+	if err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
-	tf, terr := s.completeTokens(ctx, &c, up)
+	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
-	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(&c), err: terr}
+	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
 	if !s.cfg.ReturnTokenIDs {
 		return reply{body: bytes.TrimSpace(b), capture: capt, outcome: outcomeOK}
 	}
@@ -443,6 +443,48 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
 	return reply{body: out, capture: capt, outcome: outcomeOK}
+}
+
+// chatReplyRead is what chatOnce reads of an upstream chat completion: a
+// generated token's log-probability without its bytes and alternatives,
+// which the reply passes through as the upstream wrote them and which
+// would be most of the decoding.
+type chatReplyRead struct {
+	Choices []struct {
+		Index        int                `json:"index"`
+		Message      openai.ChatMessage `json:"message"`
+		FinishReason string             `json:"finish_reason"`
+		Logprobs     *struct {
+			Content []struct {
+				Token   string  `json:"token"`
+				Logprob float64 `json:"logprob"`
+			} `json:"content"`
+		} `json:"logprobs,omitempty"`
+		TokenIDs codec.Ints `json:"token_ids,omitempty"`
+	} `json:"choices"`
+	Usage          *openai.Usage `json:"usage,omitempty"`
+	PromptTokenIDs codec.Ints    `json:"prompt_token_ids,omitempty"`
+}
+
+// decodeChatReply decodes the parts of a chat completion chatOnce reads
+// (chatReplyRead) into a ChatCompletion.
+func decodeChatReply(b []byte) (*openai.ChatCompletion, error) {
+	var r chatReplyRead
+	if err := codec.Unmarshal(b, &r); err != nil {
+		return nil, err
+	}
+	c := &openai.ChatCompletion{Usage: r.Usage, PromptTokenIDs: r.PromptTokenIDs, Choices: make([]openai.ChatChoice, len(r.Choices))}
+	for i, rc := range r.Choices {
+		ch := &c.Choices[i]
+		ch.Index, ch.Message, ch.FinishReason, ch.TokenIDs = rc.Index, rc.Message, rc.FinishReason, rc.TokenIDs
+		if rc.Logprobs != nil {
+			ch.Logprobs = &openai.ChoiceLogprobs{Content: make([]openai.TokenLogprob, len(rc.Logprobs.Content))}
+			for j, e := range rc.Logprobs.Content {
+				ch.Logprobs.Content[j] = openai.TokenLogprob{Token: e.Token, Logprob: e.Logprob}
+			}
+		}
+	}
+	return c, nil
 }
 
 func finishReason(c *openai.ChatCompletion) string {
@@ -458,6 +500,15 @@ func finishReason(c *openai.ChatCompletion) string {
 // fields on choices[0].message, with vLLM's choice-level routed_experts.
 // Every other field passes through.
 func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
+	if out, ok := spliceChatReply(body, tf, withTokens, keepLogprobs); ok {
+		return out, nil
+	}
+	return rewriteChatReplyMaps(body, tf, withTokens, keepLogprobs)
+}
+
+// rewriteChatReplyMaps is rewriteChatReply on decoded members, for a reply
+// spliceChatReply does not read; its output's members are in key order.
+func rewriteChatReplyMaps(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
 	var top map[string]codec.RawMessage
 	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
 		return nil, errors.New("not a JSON object")
