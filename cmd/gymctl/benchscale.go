@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -18,10 +17,6 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ops/scalebench"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpconf"
 )
-
-// benchGCPercent is the servers' GC goal (runtimetune.ServerGCPercent, which
-// a test holds it to), named here so gymctl links no server-running code.
-const benchGCPercent = 15
 
 // runBenchScale is `gymctl bench-scale`: the scale benchmark of the
 // checkpoint path (pkg/ops/scalebench). It prints one table per HTTP stack
@@ -83,13 +78,6 @@ func runBenchScale(ctx context.Context, args []string, getenv func(string) strin
 			return fmt.Errorf("bench-scale: finding gymctl's directory (pass --bin-dir): %w", err)
 		}
 		*binDir = filepath.Dir(exe)
-	}
-	// The bench holds every rollout's /run call open, as the servers hold
-	// theirs; it collects garbage as tuned servers do
-	// (runtimetune.ServerGCPercent), whether the fleet it measures is
-	// tuned or not, so that an A/B of --tuning moves only the fleet.
-	if getenv("GOGC") == "" {
-		defer debug.SetGCPercent(debug.SetGCPercent(benchGCPercent))
 	}
 	var runs []*scalebench.Result
 	var errs []error

@@ -9,15 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
 )
-
-func TestBenchGCPercentIsTheServers(t *testing.T) {
-	if benchGCPercent != runtimetune.ServerGCPercent {
-		t.Errorf("the bench collects at GOGC %d, the servers at %d", benchGCPercent, runtimetune.ServerGCPercent)
-	}
-}
 
 func runBench(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()

@@ -53,6 +53,7 @@ func commands() []command {
 		{"gym-head", "serve NeMo Gym's head-server routes for a fleet file's servers started elsewhere, until Ctrl-C", runGymHead},
 		{"gym-config", "print the NeMo Gym global config naming a fleet file's servers", runGymConfig},
 		{"bench-scale", "checkpoint, crash and restore N rollouts in flight on a local fleet; print the figures", runBenchScale},
+		{"bench-compare", "run two builds' bench-scale in alternating pairs; print medians and ratios as a Markdown table", runBenchCompare},
 	}
 }
 

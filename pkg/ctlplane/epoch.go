@@ -492,32 +492,49 @@ func (t *epochTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return refusal(req, t.c.epoch.staleErr(0)), nil
 	}
 	own := t.c.epoch.cur.Load()
-	r2 := req.Clone(req.Context())
-	r2.Header.Set(EpochHeader, strconv.FormatUint(own, 10))
-	resp, err := t.base.RoundTrip(r2)
+	resp, err := t.base.RoundTrip(withEpoch(req, own))
 	if err != nil {
 		return resp, err
 	}
-	if v := resp.Header.Get(EpochHeader); v != "" {
-		n, perr := strconv.ParseUint(v, 10, 64)
-		var refuse error
-		switch {
-		case perr != nil:
-			refuse = apierror.New(apierror.StaleEpoch, "the peer's reply carries %s %q, not an epoch", EpochHeader, v)
-		case n < own:
-			refuse = apierror.New(apierror.StaleEpoch, "the peer's reply is of epoch %d and this fleet of epoch %d", n, own)
-		case n > own:
-			refuse = t.c.epoch.check(false)
-			if now := t.c.epoch.cur.Load(); refuse == nil && n != now {
-				refuse = apierror.New(apierror.StaleEpoch, "the peer's reply claims epoch %d, and the fleet's is %d", n, now)
-			}
+	if len(resp.Header[EpochHeader]) == 0 {
+		return resp, nil
+	}
+	return t.checkReply(req, resp, own)
+}
+
+// withEpoch is a copy of req carrying the fleet's epoch. Apart from
+// RoundTrip, whose frame stays on the stack of every caller waiting for a
+// reply.
+func withEpoch(req *http.Request, own uint64) *http.Request {
+	r2 := req.Clone(req.Context())
+	r2.Header.Set(EpochHeader, strconv.FormatUint(own, 10))
+	return r2
+}
+
+// checkReply refuses a reply of another epoch than own.
+func (t *epochTransport) checkReply(req *http.Request, resp *http.Response, own uint64) (*http.Response, error) {
+	v := resp.Header.Get(EpochHeader)
+	if v == "" {
+		return resp, nil
+	}
+	n, perr := strconv.ParseUint(v, 10, 64)
+	var refuse error
+	switch {
+	case perr != nil:
+		refuse = apierror.New(apierror.StaleEpoch, "the peer's reply carries %s %q, not an epoch", EpochHeader, v)
+	case n < own:
+		refuse = apierror.New(apierror.StaleEpoch, "the peer's reply is of epoch %d and this fleet of epoch %d", n, own)
+	case n > own:
+		refuse = t.c.epoch.check(false)
+		if now := t.c.epoch.cur.Load(); refuse == nil && n != now {
+			refuse = apierror.New(apierror.StaleEpoch, "the peer's reply claims epoch %d, and the fleet's is %d", n, now)
 		}
-		if refuse != nil {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-			_ = resp.Body.Close()
-			t.c.metrics.refusal(apierror.StaleEpoch)
-			return refusal(req, refuse), nil
-		}
+	}
+	if refuse != nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		_ = resp.Body.Close()
+		t.c.metrics.refusal(apierror.StaleEpoch)
+		return refusal(req, refuse), nil
 	}
 	return resp, nil
 }

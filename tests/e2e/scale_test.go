@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,8 +120,17 @@ func TestScaleBench_1000RolloutsCheckpointedCrashedAndRestored(t *testing.T) {
 			t.Errorf("restore: no server completed a collection by the counts %v; fresh processes growing to hold 1,000 rollouts do", pc.GCCycles)
 		}
 	}
-	if len(res.PhaseCPU) != 3 {
-		t.Errorf("CPU figures for %d phases, want prepare, commit and restore", len(res.PhaseCPU))
+	var phases []string
+	for _, pc := range res.PhaseCPU {
+		phases = append(phases, pc.Phase)
+	}
+	if strings.Join(phases, ",") != "dispatch,prepare,commit,restore" {
+		t.Errorf("CPU figures for phases %v, want dispatch, prepare, commit and restore", phases)
+	}
+	// The disk's floor: the committed records files' bytes, written and
+	// synced in the same run.
+	if f := res.DiskFloor; f == nil || f.Seconds <= 0 || f.Files != len(res.Commit.Kinds) || f.Bytes <= 0 {
+		t.Errorf("disk floor %+v, want %d files measured", f, len(res.Commit.Kinds))
 	}
 	seen := map[string]int{}
 	for _, p := range res.Processes {

@@ -30,13 +30,11 @@ const (
 	Off Mode = "off"
 )
 
-// DefaultMode is the mode of a configuration that does not set one,
-// chosen from the scale bench's runs with each (docs/scale-log.md): off,
-// the fleet's peak memory and its commit time grow by more than the tenth
-// that would let Go's own behaviour be the default, while tuned dispatch
-// costs more CPU (the servers' lower GC goal). Off suits a deployment that
-// values dispatch throughput over memory.
-const DefaultMode = On
+// DefaultMode is the mode of a configuration that does not set one: Go's
+// own runtime. Steering pays on every rollout (a lower GC goal makes
+// dispatch collect far more often) to save memory at the rare checkpoint,
+// so it is for an operator who asks for it.
+const DefaultMode = Off
 
 // Config is the `runtime:` section of every process's configuration.
 type Config struct {

@@ -283,6 +283,7 @@ func (b *bench) processStats(fleetLabel string, first bool) []ProcessStat {
 		ps.FDsAtBoundary = p.fdsAtBoundary
 		if rt, ok := b.atBoundary[t.name]; ok && t.fleet != "fresh" {
 			ps.StackBytesAtBoundary, ps.GoroutinesAtBoundary = rt.stackBytes, rt.goroutines
+			ps.HeapBytesAtBoundary = rt.heapBytes
 		}
 		out = append(out, ps)
 	}

@@ -48,6 +48,9 @@ type Result struct {
 
 	Prepare Prepare `json:"prepare"`
 	Commit  Commit  `json:"commit"`
+	// DiskFloor is this disk's time for the commit's bytes (nil for an
+	// object store, and in reports from before it was measured).
+	DiskFloor *DiskFloor `json:"disk_floor,omitempty"`
 	// Exported is how many rollouts the environment exported (the
 	// continued set).
 	Exported int `json:"exported"`
@@ -183,6 +186,10 @@ type ProcessStat struct {
 	// are memory a heap profile leaves out.
 	StackBytesAtBoundary uint64 `json:"stack_bytes_at_boundary,omitempty"`
 	GoroutinesAtBoundary int    `json:"goroutines_at_boundary,omitempty"`
+	// HeapBytesAtBoundary is the runtime's heap in use with every rollout
+	// in flight (first fleet): live objects and the garbage not yet
+	// collected.
+	HeapBytesAtBoundary uint64 `json:"heap_bytes_at_boundary,omitempty"`
 	// CPUSeconds is the process's user and system CPU time over its life.
 	CPUSeconds float64 `json:"cpu_seconds"`
 	Error      string  `json:"error,omitempty"`
@@ -200,6 +207,7 @@ type KindSum struct {
 	FDsAtBoundary        int     `json:"fds_at_boundary"`
 	StackBytesAtBoundary uint64  `json:"stack_bytes_at_boundary,omitempty"`
 	GoroutinesAtBoundary int     `json:"goroutines_at_boundary,omitempty"`
+	HeapBytesAtBoundary  uint64  `json:"heap_bytes_at_boundary,omitempty"`
 	CPUSeconds           float64 `json:"cpu_seconds"`
 }
 
@@ -244,6 +252,7 @@ func (r *Result) KindSums() []KindSum {
 		k.FDsAtBoundary += p.FDsAtBoundary
 		k.StackBytesAtBoundary += p.StackBytesAtBoundary
 		k.GoroutinesAtBoundary += p.GoroutinesAtBoundary
+		k.HeapBytesAtBoundary += p.HeapBytesAtBoundary
 		k.CPUSeconds += p.CPUSeconds
 	}
 	return out
@@ -325,6 +334,10 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("commit", r.Commit.Seconds, fmt.Sprintf("%d records, %s; the environment exported %d", r.Commit.Records, fmtBytes(r.Commit.Bytes), r.Exported))
 	for _, k := range r.Commit.Kinds {
 		row("  "+k.Kind, k.Seconds, fmt.Sprintf("%d records, %s, %d exported", k.Records, fmtBytes(k.Bytes), k.Exported))
+	}
+	if r.DiskFloor != nil {
+		row("disk floor", r.DiskFloor.Seconds, fmt.Sprintf("%s in %d files written and fsynced in sequence; commit %.1f× it, restore %.1f× it",
+			fmtBytes(r.DiskFloor.Bytes), r.DiskFloor.Files, r.OverFloor(r.Commit.Seconds), r.OverFloor(r.RestoreSeconds)))
 	}
 	row("kill to ready (fresh fleet)", r.KillToReadySeconds, "")
 	row("restore", r.RestoreSeconds, fmt.Sprintf("%d restored by the environment", r.Restored))

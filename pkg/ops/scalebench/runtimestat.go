@@ -13,6 +13,7 @@ import (
 type runtimeStat struct {
 	stackBytes uint64
 	goroutines int
+	heapBytes  uint64
 }
 
 // runtimeScrapeTimeout bounds reading one server's /metrics at the
@@ -61,5 +62,9 @@ func parseRuntimeStat(exposition []byte) (runtimeStat, error) {
 	if err != nil {
 		return runtimeStat{}, err
 	}
-	return runtimeStat{stackBytes: uint64(stacks), goroutines: int(goroutines)}, nil
+	heap, err := metricValue(exposition, "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return runtimeStat{}, err
+	}
+	return runtimeStat{stackBytes: uint64(stacks), goroutines: int(goroutines), heapBytes: uint64(heap)}, nil
 }

@@ -215,6 +215,9 @@ type bench struct {
 	profiler *profiler
 	// atBoundary is each server's runtime figures with every rollout held.
 	atBoundary map[string]runtimeStat
+	// recordFileSizes are the committed records files' sizes, in the
+	// order the participants were listed: the disk floor writes the same.
+	recordFileSizes []int64
 	// fleetLabel names the fleet running now ("first", then "fresh");
 	// statsTaken records whose process figures are in the result.
 	fleetLabel string
@@ -296,11 +299,18 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		return err
 	}
 	b.logf("dispatching %d rollouts", n)
+	// The dispatch's CPU is the fleet's cost of running the rollouts to
+	// their second call: what a trainer pays on every step.
+	dispatchCPU := b.snapshotCPU()
+	dispatchGC := b.snapshotGC(ctx)
 	originals := dispatch(ctx, b.client, runRouter(b.envURLs), rows, 0)
 	defer originals.close()
 	if err := b.awaitBoundary(ctx, originals); err != nil {
 		return err
 	}
+	pc := dispatchCPU.since("dispatch", b.snapshotCPU())
+	pc.GCCycles = dispatchGC.since(b.snapshotGC(ctx))
+	b.res.PhaseCPU = append(b.res.PhaseCPU, pc)
 	b.sampler.markBoundary()
 	b.atBoundary = b.readRuntimeStats(ctx)
 
@@ -346,6 +356,9 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		return err
 	}
 	continued := b.checkExported(cm, rows)
+	if err := b.measureDiskFloor(); err != nil {
+		return fmt.Errorf("measuring the disk's floor: %w", err)
+	}
 
 	// The crash: every fleet process but fakeinference, at once.
 	b.sampler.markBoundary()
@@ -775,6 +788,7 @@ func (b *bench) recordCommit(ctx context.Context, coord *coordination.Coordinato
 		if err != nil {
 			return fmt.Errorf("commit: records of %s: %w", m.Name, err)
 		}
+		b.recordFileSizes = append(b.recordFileSizes, size)
 		k := byKind[m.Kind]
 		if k == nil {
 			k = &CommitKind{Kind: m.Kind}

@@ -275,10 +275,13 @@ go_goroutines 32075
 # TYPE go_memstats_stack_inuse_bytes gauge
 go_memstats_stack_inuse_bytes 2.17186304e+08
 go_memstats_stack_sys_bytes 2.17186304e+08
+# HELP go_memstats_heap_inuse_bytes Number of heap bytes that are in use.
+# TYPE go_memstats_heap_inuse_bytes gauge
+go_memstats_heap_inuse_bytes 1.048576e+08
 `
 	st, err := parseRuntimeStat([]byte(exposition))
-	if err != nil || st != (runtimeStat{stackBytes: 217186304, goroutines: 32075}) {
-		t.Fatalf("parseRuntimeStat = %+v, %v; want 217186304 bytes of stacks, 32075 goroutines", st, err)
+	if err != nil || st != (runtimeStat{stackBytes: 217186304, goroutines: 32075, heapBytes: 104857600}) {
+		t.Fatalf("parseRuntimeStat = %+v, %v; want 217186304 bytes of stacks, 32075 goroutines, 104857600 of heap", st, err)
 	}
 	if _, err := parseRuntimeStat([]byte("go_goroutines 12\n")); err == nil {
 		t.Fatal("an exposition without the stack figure parsed")

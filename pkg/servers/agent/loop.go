@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
@@ -200,19 +202,7 @@ func (a *activation) boundary(ctx context.Context, b Boundary) error {
 func (a *activation) run(ctx context.Context) (*openai.Response, error) {
 	st := a.state
 	if st.PendingTools {
-		if st.LastModelResponse == nil {
-			return nil, apierror.New(apierror.InvalidCheckpointState, "loop state has pending tools but no model response")
-		}
-		// A state restored at this boundary is at it again: an activation
-		// continued while a checkpoint is open parks before any tool runs.
-		if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
-			return nil, err
-		}
-		if err := a.runTools(ctx, openai.FunctionCalls(st.lastOutput())); err != nil {
-			return nil, err
-		}
-		st.PendingTools = false
-		if err := a.boundary(ctx, BoundaryAfterToolRound); err != nil {
+		if err := a.runPendingTools(ctx); err != nil {
 			return nil, err
 		}
 		if a.maxStepsReached() {
@@ -225,10 +215,7 @@ func (a *activation) run(ctx context.Context) (*openai.Response, error) {
 		}
 		st.Step++
 		// A turn is a model call and the tool round it asks for.
-		tctx, turn := a.srv.tracer.Start(ctx, tracing.SpanTurn)
-		if turn.IsRecording() {
-			turn.SetAttributes(tracing.AttrStep.Int(st.Step))
-		}
+		tctx, turn := a.startTurnSpan(ctx)
 		done, err := a.turn(tctx)
 		tracing.Fail(turn, err)
 		turn.End()
@@ -242,14 +229,50 @@ func (a *activation) run(ctx context.Context) (*openai.Response, error) {
 	return a.result()
 }
 
+// runPendingTools runs the tool calls of a state restored with them
+// pending. Apart from run, whose frame stays on the stack of every
+// activation waiting for its model call.
+func (a *activation) runPendingTools(ctx context.Context) error {
+	st := a.state
+	if st.LastModelResponse == nil {
+		return apierror.New(apierror.InvalidCheckpointState, "loop state has pending tools but no model response")
+	}
+	// A state restored at this boundary is at it again: an activation
+	// continued while a checkpoint is open parks before any tool runs.
+	if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
+		return err
+	}
+	if err := a.runTools(ctx, openai.FunctionCalls(st.lastOutput())); err != nil {
+		return err
+	}
+	st.PendingTools = false
+	return a.boundary(ctx, BoundaryAfterToolRound)
+}
+
+// startTurnSpan starts a turn's span.
+func (a *activation) startTurnSpan(ctx context.Context) (context.Context, trace.Span) {
+	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanTurn)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrStep.Int(a.state.Step))
+	}
+	return ctx, span
+}
+
 // turn makes one model call and runs the tool calls it asks for; done
 // says the loop ends with it.
 func (a *activation) turn(ctx context.Context) (done bool, err error) {
-	st := a.state
 	resp, err := a.awaitModel(ctx)
 	if err != nil {
 		return false, err
 	}
+	return a.afterModel(ctx, resp)
+}
+
+// afterModel records a model response in the loop state and runs the
+// tool calls it asks for. Apart from turn, whose frame stays on the stack
+// of every activation waiting for its model call.
+func (a *activation) afterModel(ctx context.Context, resp *openai.Response) (done bool, err error) {
+	st := a.state
 	calls := openai.FunctionCalls(resp.Output)
 	st.ModelCalls++
 	st.NewOutputs = append(st.NewOutputs, resp.Output...)
@@ -335,6 +358,28 @@ func (a *activation) awaitModel(ctx context.Context) (*openai.Response, error) {
 // callModel sends the original input plus every new output to the model
 // server; every other parameter passes through unchanged.
 func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
+	req, u := a.modelRequest()
+	ctx, span := a.startModelSpan(ctx, req.Model)
+	defer span.End()
+	var resp *openai.Response
+	var err error
+	if a.srv.cfg.Stream {
+		resp, err = a.srv.postStreaming(ctx, u, req)
+	} else {
+		resp = new(openai.Response)
+		_, err = httpclient.PostJSON(ctx, a.srv.client, u, nil, req, resp)
+	}
+	if err != nil {
+		err = upstream(ctx, "model server", err)
+		tracing.Fail(span, err)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// modelRequest is the next model call's request and URL. Apart from
+// callModel, whose frame stays on the stack while the call is held.
+func (a *activation) modelRequest() (*openai.ResponsesRequest, string) {
 	req := *a.params
 	input := make([]openai.Item, 0, len(a.input)+len(a.state.NewOutputs))
 	input = append(append(input, a.input...), a.state.NewOutputs...)
@@ -345,26 +390,16 @@ func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
 		req.Stream = &stream
 	}
 	a.srv.metrics.modelCalls.Inc()
-	u := baseURL(a.srv.cfg.modelURL(a.episode.RolloutID)) + a.path("/v1/responses")
+	return &req, baseURL(a.srv.cfg.modelURL(a.episode.RolloutID)) + a.path("/v1/responses")
+}
+
+// startModelSpan starts the model call's span.
+func (a *activation) startModelSpan(ctx context.Context, model string) (context.Context, trace.Span) {
 	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanModelCall)
 	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrModel.String(req.Model))
+		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrModel.String(model))
 	}
-	defer span.End()
-	var resp *openai.Response
-	var err error
-	if a.srv.cfg.Stream {
-		resp, err = a.srv.postStreaming(ctx, u, &req)
-	} else {
-		resp = new(openai.Response)
-		_, err = httpclient.PostJSON(ctx, a.srv.client, u, nil, &req, resp)
-	}
-	if err != nil {
-		err = upstream(ctx, "model server", err)
-		tracing.Fail(span, err)
-		return nil, err
-	}
-	return resp, nil
+	return ctx, span
 }
 
 // runTools runs function calls one by one, in output order, appending each

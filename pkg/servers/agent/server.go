@@ -21,6 +21,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
@@ -436,7 +437,9 @@ func (s *Server) handleResponses(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	params, err := decodeParams(body)
+	// On a goroutine of its own: the decoder's depth would double the
+	// stack the activation then waits on (freshstack).
+	params, err := freshstack.Call(func() (*openai.ResponsesRequest, error) { return decodeParams(body) })
 	if err != nil {
 		return nil, err
 	}
@@ -513,6 +516,22 @@ func (s *Server) admitActivation(ep rollout.EpisodeID, sessionID string, n int) 
 // checkpoint, activation completed_activation + 1 continues from the loop
 // boundary the checkpoint recorded.
 func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest) (any, error) {
+	act, sess, runCtx, reply, err := s.startActivation(ctx, ep, sessionID, n, params)
+	if act == nil {
+		return reply, err
+	}
+	s.metrics.inFlight.Inc()
+	resp, err := act.run(runCtx)
+	s.metrics.inFlight.Dec()
+	return s.endActivation(act, sess, n, resp, err)
+}
+
+// startActivation admits activation n of a session and returns it ready
+// to run in runCtx, which the session can cancel (nil with the reply or
+// error of one that does not run: refused, or replayed). Apart from
+// activate, whose frame stays on the stack of every activation waiting
+// for its model call.
+func (s *Server) startActivation(ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest) (*activation, *session, context.Context, any, error) {
 	s.mu.Lock()
 	sess, replay, refuse := s.admitActivation(ep, sessionID, n)
 	// The loop state a restored session continues from is decoded outside
@@ -529,13 +548,13 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 	if refuse != nil {
 		s.mu.Unlock()
 		s.metrics.activations.WithLabelValues("refused").Inc()
-		return nil, refuse
+		return nil, nil, nil, nil, refuse
 	}
 	if replay {
 		reply := sess.completedReply
 		s.mu.Unlock()
 		s.metrics.activations.WithLabelValues("replayed").Inc()
-		return reply, nil
+		return nil, nil, nil, reply, nil
 	}
 	// Only a restore sets restored and restoredLoop: with checkpointing
 	// off this is a no-op.
@@ -547,7 +566,7 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 			// on unchanged, and a retry fails the same way.
 			s.mu.Unlock()
 			s.metrics.activations.WithLabelValues("failed").Inc()
-			return nil, apierror.New(apierror.InvalidCheckpointState, "agent session %s: the restored loop state cannot be continued: %v", sess.id, pre.err)
+			return nil, nil, nil, nil, apierror.New(apierror.InvalidCheckpointState, "agent session %s: the restored loop state cannot be continued: %v", sess.id, pre.err)
 		}
 		// The activation that was in progress when the checkpoint was
 		// taken continues from its boundary: no model call is repeated and
@@ -555,27 +574,28 @@ func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID s
 		// one.
 		from, sess.restoredLoop = pre.state, nil
 	}
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	act := s.newActivation(ep, resourcesRef{id: sess.resourcesSessionID, cookies: sess.resourcesCookies}, params, from)
+	runCtx, cancel := context.WithCancelCause(ctx)
 	sess.running, sess.cancelRun, sess.runDone = true, cancel, make(chan struct{})
 	if from == nil {
 		sess.activations++
 	}
 	sess.loop = act.state
-	done := sess.runDone
 	act.hooks = s.hooks.startActivation(sess)
 	s.mu.Unlock()
+	return act, sess, runCtx, nil, nil
+}
 
-	s.metrics.inFlight.Inc()
-	resp, err := act.run(runCtx)
-	s.metrics.inFlight.Dec()
+// endActivation records the end of a run activation and returns its reply.
+func (s *Server) endActivation(act *activation, sess *session, n int, resp *openai.Response, err error) (any, error) {
 	var reply codec.RawMessage
 	if err == nil {
 		reply, err = codec.Marshal(resp)
 	}
 
 	s.mu.Lock()
+	done, cancel := sess.runDone, sess.cancelRun
+	defer cancel(nil) // after the unlock
 	defer s.mu.Unlock()
 	sess.running, sess.cancelRun, sess.runDone = false, nil, nil
 	s.hooks.endActivation(sess)

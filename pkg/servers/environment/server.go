@@ -22,6 +22,7 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
@@ -252,7 +253,11 @@ func (s *Server) openRun(r *http.Request) (context.Context, *episode, error) {
 	if err := s.cpu.enter(r.Context()); err != nil {
 		return nil, nil, err
 	}
-	req, digest, err := s.decodeRun(r.Context(), body)
+	// On a goroutine of its own: the decoder's and the digest's depth
+	// would double the stack the episode then waits on (freshstack).
+	var req *RunRequest
+	var digest string
+	freshstack.Run(func() { req, digest, err = s.decodeRun(r.Context(), body) })
 	s.cpu.leave()
 	if err != nil {
 		return nil, nil, err

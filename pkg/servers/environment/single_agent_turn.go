@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
@@ -71,32 +73,45 @@ func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b *Boundar
 
 // runStage runs the stage b names, in its mode, timing it.
 func (s *Server) runStage(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	var fn func(context.Context, *episode, *Boundary) (*Boundary, error)
-	switch b.Next {
-	case StageSeed:
-		fn = s.seed
-	case StageInvokeAgent:
-		fn = s.invokeAgent
-	case StageCloseAgent:
-		fn = s.closeAgent
-	case StageVerify:
-		fn = s.verify
-	default:
+	fn := s.stageFunc(b.Next)
+	if fn == nil {
 		return nil, apierror.New(apierror.Internal, "boundary names unknown stage %q", b.Next)
 	}
 	timer := s.metrics.stageTimer(b.Next)
 	defer timer()
-	ctx, span := s.tracer.Start(ctx, stageSpanName(b.Next))
+	ctx, span := s.startStageSpan(ctx, ep, b.Next)
 	defer span.End()
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrCaptureKey.String(ep.id.CaptureKey()))
-	}
 	out, err := ep.step(ctx, stageMode(b), func(ctx context.Context) (*Boundary, error) { return fn(ctx, ep, b) })
 	if err != nil {
 		tracing.Fail(span, err)
 		return nil, &stageError{stage: b.Next, err: err}
 	}
 	return out, nil
+}
+
+// stageFunc is what runs a stage; nil for an unknown one.
+func (s *Server) stageFunc(st Stage) func(context.Context, *episode, *Boundary) (*Boundary, error) {
+	switch st {
+	case StageSeed:
+		return s.seed
+	case StageInvokeAgent:
+		return s.invokeAgent
+	case StageCloseAgent:
+		return s.closeAgent
+	case StageVerify:
+		return s.verify
+	}
+	return nil
+}
+
+// startStageSpan starts a stage's span. Apart from runStage, whose frame
+// stays on the stack of an episode waiting for its agent.
+func (s *Server) startStageSpan(ctx context.Context, ep *episode, st Stage) (context.Context, trace.Span) {
+	ctx, span := s.tracer.Start(ctx, stageSpanName(st))
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrCaptureKey.String(ep.id.CaptureKey()))
+	}
+	return ctx, span
 }
 
 // stageSpanName is the span of a stage: gym.env.<stage>, spelled out so
@@ -225,17 +240,28 @@ func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary,
 // invokeAgent runs activation 1 of the agent session on the row's
 // responses_create_params.
 func (s *Server) invokeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/responses", http.Header{
-		HeaderAgentSession: {b.Handles.AgentSessionID},
-		HeaderActivation:   {"1"},
-	}, ep.req.Params)
+	rep, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/responses", agentCallHeader(b.Handles.AgentSessionID), ep.req.Params)
 	if err != nil {
 		return nil, err
 	}
-	if !isObject(rep.Body) {
+	return afterAgent(b, rep.Body)
+}
+
+// afterAgent is the boundary after the agent's reply body.
+func afterAgent(b *Boundary, body []byte) (*Boundary, error) {
+	if !isObject(body) {
 		return nil, apierror.New(apierror.UpstreamError, "agent /v1/responses answered a body that is not a JSON object")
 	}
-	return &Boundary{Next: StageCloseAgent, Handles: b.Handles, Response: rep.Body}, nil
+	return &Boundary{Next: StageCloseAgent, Handles: b.Handles, Response: body}, nil
+}
+
+// agentCallHeader names the agent session and its first activation. Apart
+// from invokeAgent, whose frame stays on the stack of an episode waiting
+// for its agent: inlined, the map would be built in that frame.
+//
+//go:noinline
+func agentCallHeader(sessionID string) http.Header {
+	return http.Header{HeaderAgentSession: {sessionID}, HeaderActivation: {"1"}}
 }
 
 // closeAgent closes the agent session and keeps its observations.

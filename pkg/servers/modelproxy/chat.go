@@ -73,18 +73,33 @@ func (s *Server) prepareChat(f chatFields, clientLogprobs bool) ([]byte, error) 
 		return nil, apierror.Wrap(apierror.Internal, err)
 	}
 	f["model"] = model
+	// The request's own chat_template_kwargs never go up as sent: merged
+	// when forwarded, dropped otherwise (extras.go).
+	own, err := ownKwargs(f["chat_template_kwargs"])
+	if err != nil {
+		return nil, err
+	}
+	delete(f, "chat_template_kwargs")
+	if own != nil && !s.cfg.Upstream.ForwardRequestChatTemplateKwargs {
+		s.droppedKwargs.Do(func() {
+			s.log.Warn("dropping chat requests' own chat_template_kwargs, as NeMo Gym's vllm_model does by default; " +
+				"upstream.chat_template_kwargs and metadata.chat_template_kwargs still apply, and " +
+				"upstream.forward_request_chat_template_kwargs forwards them (logged once)")
+		})
+		own = nil
+	}
 	var extra map[string]codec.RawMessage
-	if md, ok := f["metadata"]; ok || s.extraBody != nil || s.chatTemplateKwargs != nil {
+	if md, ok := f["metadata"]; ok || own != nil || s.extraBody != nil || s.chatTemplateKwargs != nil {
 		metaBody, metaKwargs, err := chatMetadataExtras(md)
 		if err != nil {
 			return nil, err
 		}
 		var kwargs map[string]codec.RawMessage
-		if extra, kwargs, err = s.requestExtras(metaBody, metaKwargs); err != nil {
+		if extra, kwargs, err = s.requestExtras(own, metaBody, metaKwargs); err != nil {
 			return nil, err
 		}
 		if len(kwargs) > 0 {
-			if f["chat_template_kwargs"], err = withKwargs(kwargs, f["chat_template_kwargs"]); err != nil {
+			if f["chat_template_kwargs"], err = encodeKwargs(kwargs); err != nil {
 				return nil, err
 			}
 		}
@@ -113,6 +128,168 @@ func (s *Server) prepareChat(f chatFields, clientLogprobs bool) ([]byte, error) 
 	}
 	underBody(f, extra)
 	return encodeObject(f)
+}
+
+// asGymSendsIt rewrites a chat request's history and tools as NeMo Gym's
+// vllm_model rewrites them before each vLLM call (nemo-gym 0.7.0): the
+// <think> blocks of assistant messages become their reasoning, and strict
+// leaves the tools. It runs before the request digest, so a conversation
+// digests the same through Chat Completions and Responses (whose
+// conversion does the same).
+func asGymSendsIt(f chatFields) error {
+	if err := reasoningFromThinkInHistory(f); err != nil {
+		return err
+	}
+	return stripHostedOnlyToolFields(f)
+}
+
+// reasoningFromThinkInHistory applies openai.ReasoningFromThink to every
+// assistant message of the history, as Gym's vllm_model does with its
+// reasoning parser on (_preprocess_chat_completion_create_params): a
+// string content loses its <think> blocks and the first becomes the
+// message's reasoning_content and reasoning; in a list content each text
+// part does, and the last part that had a block names the reasoning. Other
+// fields and messages go on as sent.
+func reasoningFromThinkInHistory(f chatFields) error {
+	raw := f["messages"]
+	// "think", not "<think>": a client may escape the angle brackets.
+	if !bytes.Contains(raw, []byte("think")) {
+		return nil
+	}
+	var msgs []codec.RawMessage
+	if err := codec.Unmarshal(raw, &msgs); err != nil {
+		e := apierror.New(apierror.InvalidRequest, "messages must be an array of chat messages")
+		e.Param = "messages"
+		return e
+	}
+	changed := false
+	for i, m := range msgs {
+		if !bytes.Contains(m, []byte("think")) {
+			continue
+		}
+		var msg map[string]codec.RawMessage
+		if codec.Unmarshal(m, &msg) != nil || string(bytes.TrimSpace(msg["role"])) != `"assistant"` {
+			continue
+		}
+		content, reasoning, ok := contentWithoutThink(msg["content"])
+		if !ok {
+			continue
+		}
+		msg["content"] = content
+		if reasoning != nil {
+			r, err := codec.MarshalStable(*reasoning)
+			if err != nil {
+				return apierror.Wrap(apierror.Internal, err)
+			}
+			msg["reasoning_content"], msg["reasoning"] = r, r
+		}
+		b, err := encodeObject(msg)
+		if err != nil {
+			return apierror.Wrap(apierror.Internal, err)
+		}
+		msgs[i], changed = b, true
+	}
+	if changed {
+		f["messages"] = joinArray(msgs)
+	}
+	return nil
+}
+
+// contentWithoutThink is a message content with its <think> blocks taken
+// out, and the reasoning they give; ok is false when nothing changes.
+func contentWithoutThink(raw codec.RawMessage) (out codec.RawMessage, reasoning *string, ok bool) {
+	var text string
+	if codec.Unmarshal(raw, &text) == nil {
+		rest, r := openai.ReasoningFromThink(text)
+		if r == nil {
+			return nil, nil, false
+		}
+		b, err := codec.MarshalStable(rest)
+		return b, r, err == nil
+	}
+	var parts []map[string]codec.RawMessage
+	if codec.Unmarshal(raw, &parts) != nil {
+		return nil, nil, false
+	}
+	for _, p := range parts {
+		if codec.Unmarshal(p["text"], &text) != nil {
+			continue
+		}
+		rest, r := openai.ReasoningFromThink(text)
+		if r == nil {
+			continue
+		}
+		b, err := codec.MarshalStable(rest)
+		if err != nil {
+			return nil, nil, false
+		}
+		p["text"], reasoning, ok = b, r, true
+	}
+	if !ok {
+		return nil, nil, false
+	}
+	encoded := make([]codec.RawMessage, len(parts))
+	for i, p := range parts {
+		b, err := encodeObject(p)
+		if err != nil {
+			return nil, nil, false
+		}
+		encoded[i] = b
+	}
+	return joinArray(encoded), reasoning, true
+}
+
+// joinArray writes raw values as one JSON array.
+func joinArray(vals []codec.RawMessage) codec.RawMessage {
+	out := []byte{'['}
+	for i, v := range vals {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, v...)
+	}
+	return append(out, ']')
+}
+
+// stripHostedOnlyToolFields removes strict from every function tool's
+// definition, as NeMo Gym's vllm_model does before each vLLM call
+// (VLLMModel._strip_hosted_only_tool_fields, nemo-gym 0.7.0): it is an
+// OpenAI-hosted flag, and a chat template that renders the definition
+// would put it in the prompt. Every other byte of the tools goes on.
+func stripHostedOnlyToolFields(f chatFields) error {
+	raw := bytes.TrimSpace(f["tools"])
+	if len(raw) == 0 || string(raw) == "null" || !bytes.Contains(raw, []byte(`"strict"`)) {
+		return nil
+	}
+	var tools []codec.RawMessage
+	if err := codec.Unmarshal(raw, &tools); err != nil {
+		e := apierror.New(apierror.InvalidRequest, "tools must be an array of tools")
+		e.Param = "tools"
+		return e
+	}
+	for i, t := range tools {
+		var tool map[string]codec.RawMessage
+		if codec.Unmarshal(t, &tool) != nil || string(bytes.TrimSpace(tool["type"])) != `"function"` {
+			continue
+		}
+		var fn map[string]codec.RawMessage
+		if codec.Unmarshal(tool["function"], &fn) != nil || fn == nil {
+			continue
+		}
+		if _, ok := fn["strict"]; !ok {
+			continue
+		}
+		delete(fn, "strict")
+		var err error
+		if tool["function"], err = encodeObject(fn); err != nil {
+			return apierror.Wrap(apierror.Internal, err)
+		}
+		if tools[i], err = encodeObject(tool); err != nil {
+			return apierror.Wrap(apierror.Internal, err)
+		}
+	}
+	f["tools"] = joinArray(tools)
+	return nil
 }
 
 // encodeObject writes raw fields as one JSON object, keys sorted.
@@ -209,6 +386,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		fail(err)
 		return
 	}
+	if err := asGymSendsIt(f); err != nil {
+		fail(err)
+		return
+	}
 	var digest string
 	if t.captureKey != "" {
 		if digest, err = requestDigest(f["messages"], f["tools"]); err != nil {
@@ -247,13 +428,13 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 		err = asAPIError(err)
 		return reply{err: err, outcome: outcomeOf(err)}
 	}
-	var c openai.ChatCompletion
-	if err := codec.Unmarshal(b, &c); err != nil {
+	c, err := decodeChatReply(b)
+	if err != nil {
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
-	tf, terr := s.completeTokens(ctx, &c, up)
+	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
-	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(&c), err: terr}
+	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
 	if !s.cfg.ReturnTokenIDs {
 		return reply{body: bytes.TrimSpace(b), capture: capt, outcome: outcomeOK}
 	}
@@ -262,6 +443,48 @@ func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest stri
 		return reply{err: apierror.New(apierror.UpstreamError, "the upstream reply is not a chat completion: %v", err), outcome: outcomeUpstreamError}
 	}
 	return reply{body: out, capture: capt, outcome: outcomeOK}
+}
+
+// chatReplyRead is what chatOnce reads of an upstream chat completion: a
+// generated token's log-probability without its bytes and alternatives,
+// which the reply passes through as the upstream wrote them and which
+// would be most of the decoding.
+type chatReplyRead struct {
+	Choices []struct {
+		Index        int                `json:"index"`
+		Message      openai.ChatMessage `json:"message"`
+		FinishReason string             `json:"finish_reason"`
+		Logprobs     *struct {
+			Content []struct {
+				Token   string  `json:"token"`
+				Logprob float64 `json:"logprob"`
+			} `json:"content"`
+		} `json:"logprobs,omitempty"`
+		TokenIDs codec.Ints `json:"token_ids,omitempty"`
+	} `json:"choices"`
+	Usage          *openai.Usage `json:"usage,omitempty"`
+	PromptTokenIDs codec.Ints    `json:"prompt_token_ids,omitempty"`
+}
+
+// decodeChatReply decodes the parts of a chat completion chatOnce reads
+// (chatReplyRead) into a ChatCompletion.
+func decodeChatReply(b []byte) (*openai.ChatCompletion, error) {
+	var r chatReplyRead
+	if err := codec.Unmarshal(b, &r); err != nil {
+		return nil, err
+	}
+	c := &openai.ChatCompletion{Usage: r.Usage, PromptTokenIDs: r.PromptTokenIDs, Choices: make([]openai.ChatChoice, len(r.Choices))}
+	for i, rc := range r.Choices {
+		ch := &c.Choices[i]
+		ch.Index, ch.Message, ch.FinishReason, ch.TokenIDs = rc.Index, rc.Message, rc.FinishReason, rc.TokenIDs
+		if rc.Logprobs != nil {
+			ch.Logprobs = &openai.ChoiceLogprobs{Content: make([]openai.TokenLogprob, len(rc.Logprobs.Content))}
+			for j, e := range rc.Logprobs.Content {
+				ch.Logprobs.Content[j] = openai.TokenLogprob{Token: e.Token, Logprob: e.Logprob}
+			}
+		}
+	}
+	return c, nil
 }
 
 func finishReason(c *openai.ChatCompletion) string {
@@ -277,6 +500,15 @@ func finishReason(c *openai.ChatCompletion) string {
 // fields on choices[0].message, with vLLM's choice-level routed_experts.
 // Every other field passes through.
 func rewriteChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
+	if out, ok := spliceChatReply(body, tf, withTokens, keepLogprobs); ok {
+		return out, nil
+	}
+	return rewriteChatReplyMaps(body, tf, withTokens, keepLogprobs)
+}
+
+// rewriteChatReplyMaps is rewriteChatReply on decoded members, for a reply
+// spliceChatReply does not read; its output's members are in key order.
+func rewriteChatReplyMaps(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
 	var top map[string]codec.RawMessage
 	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
 		return nil, errors.New("not a JSON object")

@@ -100,6 +100,12 @@ type UpstreamConfig struct {
 	// updated by a row's metadata.chat_template_kwargs (NeMo Gym's
 	// chat_template_kwargs).
 	ChatTemplateKwargs string `mapstructure:"chat_template_kwargs"`
+	// ForwardRequestChatTemplateKwargs merges a chat request's own
+	// chat_template_kwargs over ChatTemplateKwargs (and under a row's
+	// metadata.chat_template_kwargs); off, they are dropped, as NeMo Gym's
+	// vllm_model drops them unless its forward_request_chat_template_kwargs
+	// is on (nemo-gym 0.7.0).
+	ForwardRequestChatTemplateKwargs bool `mapstructure:"forward_request_chat_template_kwargs"`
 }
 
 // CaptureConfig configures token capture.

@@ -99,3 +99,13 @@ func RunCompletedCall(ctx context.Context, s *Server, id rollout.EpisodeID, c Co
 	})
 	return context.Cause(r.Context())
 }
+
+// SpliceChatReply and RewriteChatReplyMaps are the two forms of the chat
+// reply rewrite.
+func SpliceChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, bool) {
+	return spliceChatReply(body, tf, withTokens, keepLogprobs)
+}
+
+func RewriteChatReplyMaps(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
+	return rewriteChatReplyMaps(body, tf, withTokens, keepLogprobs)
+}

@@ -9,12 +9,14 @@ import (
 )
 
 // Request extras, merged as NeMo Gym's vllm_model merges them
-// (_preprocess_chat_completion_create_params in
-// responses_api_models/vllm_model/app.py at 07d6b0d07b22):
-//   - chat_template_kwargs: upstream.chat_template_kwargs, updated by
+// (VLLMModel._preprocess_chat_completion_create_params in
+// responses_api_models/vllm_model/app.py, nemo-gym 0.7.0):
+//   - chat_template_kwargs: upstream.chat_template_kwargs, updated by the
+//     chat request's own chat_template_kwargs only with
+//     upstream.forward_request_chat_template_kwargs (otherwise they are
+//     dropped, as Gym drops them by default), then by
 //     json.loads(metadata["chat_template_kwargs"]) (e.g. a row's
-//     {"enable_thinking": false}); keys the chat request itself sends in
-//     chat_template_kwargs win over both;
+//     {"enable_thinking": false}); sent only when not empty;
 //   - extra_body: upstream.extra_body, updated by
 //     json.loads(metadata["extra_body"]) (e.g. a repeat's seed), merged
 //     under the request: a field the request (or the server's token-id
@@ -66,10 +68,11 @@ func merge(base, over map[string]codec.RawMessage) map[string]codec.RawMessage {
 	return out
 }
 
-// requestExtras merges the configured extras with a request's metadata
-// texts. Without either it returns nils and allocates nothing.
-func (s *Server) requestExtras(metaBody, metaKwargs string) (body, kwargs map[string]codec.RawMessage, err error) {
-	body, kwargs = s.extraBody, s.chatTemplateKwargs
+// requestExtras merges the configured extras with a request's own
+// chat_template_kwargs (already dropped unless forwarded) and its metadata
+// texts. Without any it returns nils and allocates nothing.
+func (s *Server) requestExtras(own map[string]codec.RawMessage, metaBody, metaKwargs string) (body, kwargs map[string]codec.RawMessage, err error) {
+	body, kwargs = s.extraBody, merge(s.chatTemplateKwargs, own)
 	if metaBody != "" {
 		m, err := parseObject(metaBody)
 		if err != nil {
@@ -123,18 +126,23 @@ func chatMetadataExtras(raw codec.RawMessage) (body, kwargs string, err error) {
 	return body, kwargs, nil
 }
 
-// withKwargs merges the request's own chat_template_kwargs object over
-// kwargs and encodes the result.
-func withKwargs(kwargs map[string]codec.RawMessage, own codec.RawMessage) (codec.RawMessage, error) {
-	if len(own) > 0 && string(bytes.TrimSpace(own)) != "null" {
-		var m map[string]codec.RawMessage
-		if err := codec.Unmarshal(own, &m); err != nil {
-			e := apierror.New(apierror.InvalidRequest, "chat_template_kwargs must be an object")
-			e.Param = "chat_template_kwargs"
-			return nil, e
-		}
-		kwargs = merge(kwargs, m)
+// ownKwargs reads a chat request's own chat_template_kwargs: an object,
+// or nothing (absent or null).
+func ownKwargs(raw codec.RawMessage) (map[string]codec.RawMessage, error) {
+	if len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		return nil, nil
 	}
+	var m map[string]codec.RawMessage
+	if err := codec.Unmarshal(raw, &m); err != nil || m == nil {
+		e := apierror.New(apierror.InvalidRequest, "chat_template_kwargs must be an object")
+		e.Param = "chat_template_kwargs"
+		return nil, e
+	}
+	return m, nil
+}
+
+// encodeKwargs encodes merged chat_template_kwargs.
+func encodeKwargs(kwargs map[string]codec.RawMessage) (codec.RawMessage, error) {
 	b, err := encodeObject(kwargs)
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err)

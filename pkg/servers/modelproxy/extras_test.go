@@ -40,8 +40,27 @@ func TestRequestExtrasMerged(t *testing.T) {
 		}
 		check(t, up.last(t).Body, `{"enable_thinking":false,"reasoning_effort":"low"}`)
 	})
+	// The chat request's own chat_template_kwargs are dropped, as NeMo
+	// Gym's vllm_model drops them by default (nemo-gym 0.7.0,
+	// forward_request_chat_template_kwargs false).
+	chat := `{"messages":[{"role":"user","content":"q"}],"temperature":0.5,"metadata":` + gymMetadata + `,"chat_template_kwargs":{"reasoning_effort":"high","enable_thinking":true}}`
 	t.Run("chat", func(t *testing.T) {
-		status, b := p.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"q"}],"temperature":0.5,"metadata":`+gymMetadata+`,"chat_template_kwargs":{"reasoning_effort":"high"}}`)
+		status, b := p.post(t, "/v1/chat/completions", chat)
+		if status != 200 {
+			t.Fatalf("%d %s", status, b)
+		}
+		check(t, up.last(t).Body, `{"enable_thinking":false,"reasoning_effort":"low"}`)
+	})
+	// Forwarded, they go between the configured ones and the metadata's.
+	t.Run("chat forwarding its own", func(t *testing.T) {
+		up := newStub(t)
+		up.script(replyJSON(200, completion(`{"role":"assistant","content":"hi"}`, "stop", []int{1}, []int{2})))
+		p := newProxy(t, up, func(c *modelproxy.Config) {
+			c.Upstream.ExtraBody = `{"top_k": 20, "seed": 99, "temperature": 0.1, "logprobs": false}`
+			c.Upstream.ChatTemplateKwargs = `{"enable_thinking": true, "reasoning_effort": "low"}`
+			c.Upstream.ForwardRequestChatTemplateKwargs = true
+		})
+		status, b := p.post(t, "/v1/chat/completions", chat)
 		if status != 200 {
 			t.Fatalf("%d %s", status, b)
 		}
@@ -56,6 +75,7 @@ func TestRequestExtrasOnlyWhenAsked(t *testing.T) {
 	for _, tt := range []struct{ path, body string }{
 		{"/v1/responses", `{"input":"q","metadata":{"task":"t1"}}`},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"q"}]}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":true}}`},
 	} {
 		if status, b := p.post(t, tt.path, tt.body); status != 200 {
 			t.Fatalf("%s: %d %s", tt.path, status, b)

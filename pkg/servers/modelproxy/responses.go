@@ -212,12 +212,12 @@ func (s *Server) applyExtras(req *openai.ResponsesRequest, chat *openai.ChatRequ
 	if req.Metadata == nil && s.extraBody == nil && s.chatTemplateKwargs == nil {
 		return nil
 	}
-	extra, kwargs, err := s.requestExtras(req.Metadata[metaExtraBody], req.Metadata[metaChatTemplateKwargs])
+	extra, kwargs, err := s.requestExtras(nil, req.Metadata[metaExtraBody], req.Metadata[metaChatTemplateKwargs])
 	if err != nil {
 		return err
 	}
 	if len(kwargs) > 0 {
-		if chat.ChatTemplateKwargs, err = withKwargs(kwargs, nil); err != nil {
+		if chat.ChatTemplateKwargs, err = encodeKwargs(kwargs); err != nil {
 			return err
 		}
 	}
@@ -286,10 +286,17 @@ func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.Respo
 	if err != nil {
 		return reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError}
 	}
+	b, err := s.completeUpstream(ctx, t, up)
+	return s.responsesReply(ctx, req, up, b, err, digest)
+}
+
+// responsesReply turns the upstream's reply (or error) into the Responses
+// reply. Apart from responsesOnce, whose frame stays on the stack while
+// the call is held upstream.
+func (s *Server) responsesReply(ctx context.Context, req *openai.ResponsesRequest, up, b []byte, err error, digest string) reply {
 	outcome := outcomeOK
 	var c *openai.ChatCompletion
 	var capt *captured
-	b, err := s.completeUpstream(ctx, t, up)
 	switch {
 	case contextOverflow(err):
 		c = syntheticOverflow(s.cfg.Upstream.Model)

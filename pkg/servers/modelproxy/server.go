@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -89,6 +90,9 @@ type Server struct {
 	// extraBody and chatTemplateKwargs are upstream.extra_body and
 	// upstream.chat_template_kwargs, parsed; nil when not set.
 	extraBody, chatTemplateKwargs map[string]codec.RawMessage
+	// droppedKwargs logs once that chat requests' own
+	// chat_template_kwargs are dropped.
+	droppedKwargs sync.Once
 }
 
 // New opens the capture ledger and builds the server; call Listen and Serve.

@@ -117,6 +117,55 @@ func TestChat_UncapturedStillGetsTokens(t *testing.T) {
 	}
 }
 
+// TestChat_DropsToolStrict: strict leaves every function tool's definition
+// before vLLM, as NeMo Gym's vllm_model drops it
+// (VLLMModel._strip_hosted_only_tool_fields, nemo-gym 0.7.0); the rest of
+// the tools goes on as sent.
+func TestChat_DropsToolStrict(t *testing.T) {
+	up := newStub(t)
+	up.script(replyJSON(200, completion(`{"role":"assistant","content":"hi"}`, "stop", []int{5}, []int{6})))
+	p := newProxy(t, up, nil)
+	status, body := p.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tools":[`+
+		`{"type":"function","function":{"name":"a","description":"<a>","parameters":{"type":"object"},"strict":true}},`+
+		`{"type":"function","function":{"name":"b","strict":false}},`+
+		`{"type":"function","function":{"name":"c"}},`+
+		`{"type":"custom","custom":{"name":"d","strict":true}}]}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, body)
+	}
+	tools, _ := json.Marshal(up.last(t).Body["tools"])
+	equalJSON(t, "upstream tools", tools, `[
+		{"type":"function","function":{"name":"a","description":"<a>","parameters":{"type":"object"}}},
+		{"type":"function","function":{"name":"b"}},
+		{"type":"function","function":{"name":"c"}},
+		{"type":"custom","custom":{"name":"d","strict":true}}]`)
+}
+
+// TestChat_ReasoningFromThinkInHistory: an assistant message of the
+// history goes to vLLM with its <think> blocks taken out of the content and
+// the first as its reasoning, as NeMo Gym's vllm_model sends it with the
+// reasoning parser on (_preprocess_chat_completion_create_params,
+// nemo-gym 0.7.0); user messages and a reply's own fields are left alone.
+func TestChat_ReasoningFromThinkInHistory(t *testing.T) {
+	up := newStub(t)
+	up.script(replyJSON(200, completion(`{"role":"assistant","content":"hi"}`, "stop", []int{5}, []int{6})))
+	p := newProxy(t, up, nil)
+	status, body := p.post(t, "/v1/chat/completions", `{"messages":[`+
+		`{"role":"user","content":"<think>u</think>q"},`+
+		`{"role":"assistant","content":"<think>a</think>x<think>b</think>y","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]},`+
+		`{"role":"assistant","content":[{"type":"text","text":"\u003cthink\u003ec\u003c/think\u003ez"},{"type":"text","text":"w"}]},`+
+		`{"role":"assistant","content":"plain"}]}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, body)
+	}
+	msgs, _ := json.Marshal(up.last(t).Body["messages"])
+	equalJSON(t, "upstream messages", msgs, `[
+		{"role":"user","content":"<think>u</think>q"},
+		{"role":"assistant","content":"xy","reasoning_content":"a","reasoning":"a","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]},
+		{"role":"assistant","content":[{"type":"text","text":"z"},{"type":"text","text":"w"}],"reasoning_content":"c","reasoning":"c"},
+		{"role":"assistant","content":"plain"}]`)
+}
+
 func TestChat_ReturnTokenIDsOff(t *testing.T) {
 	up := newStub(t)
 	raw := completion(`{"role":"assistant","content":"hi"}`, "stop", []int{5}, []int{6})
@@ -338,7 +387,7 @@ func TestResponses_ToolCall(t *testing.T) {
 
 	ub, _ := json.Marshal(up.last(t).Body)
 	equalJSON(t, "upstream chat request", ub, `{"model":"fake-model","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Call get_weather with {\"city\": \"Paris\"}"}],
-		"tools":[{"type":"function","function":{"name":"get_weather","description":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true}}],
+		"tools":[{"type":"function","function":{"name":"get_weather","description":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],
 		"temperature":0.5,"max_tokens":100,"metadata":{"task":"w"},
 		"logprobs":true,"top_logprobs":0,"return_tokens_as_token_ids":true,"return_token_ids":true}`)
 
@@ -411,7 +460,9 @@ func TestResponses_Incomplete(t *testing.T) {
 	up.script(replyJSON(400, `{"object":"error","message":"'max_tokens' is too large: 99999","type":"BadRequestError","param":null,"code":400}`))
 	status, body := p.post(t, "/ng-rollout/o/v1/responses", `{"input":"q"}`)
 	v = decode(t, body)
-	if status != 200 || v["status"] != "incomplete" || len(v["output"].([]any)) != 1 {
+	// usage null, as NeMo Gym's vllm_model's empty completion has none
+	// (_create_empty_chat_completion, nemo-gym 0.7.0).
+	if u, ok := v["usage"]; status != 200 || v["status"] != "incomplete" || len(v["output"].([]any)) != 1 || !ok || u != nil {
 		t.Fatalf("overflow = %d %s", status, body)
 	}
 	if m := p.manifest(t, "o"); len(m.Failures) != 1 {

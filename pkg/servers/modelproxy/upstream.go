@@ -115,9 +115,9 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 	}
 }
 
-// sendChat posts the call to worker i. A failure is an upstreamStatus or
-// the transport's error as it is (callUpstream reads whether it was sent).
-func (s *Server) sendChat(ctx context.Context, client *http.Client, i int, t *ticket, body []byte, stream bool) (*http.Response, error) {
+// chatRequest is sendChat's request to worker i. Apart from sendChat,
+// whose frame stays on the stack of a call held upstream.
+func (s *Server) chatRequest(ctx context.Context, i int, t *ticket, body []byte, stream bool) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.workers[i].chatURL, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -139,8 +139,20 @@ func (s *Server) sendChat(ctx context.Context, client *http.Client, i int, t *ti
 	if t.continueKey != "" {
 		h.Set(HeaderContinueCut, t.continueKey)
 	}
+	return req, nil
+}
+
+// sendChat posts the call to worker i. A failure is an upstreamStatus or
+// the transport's error as it is (callUpstream reads whether it was sent).
+func (s *Server) sendChat(ctx context.Context, client *http.Client, i int, t *ticket, body []byte, stream bool) (*http.Response, error) {
+	req, err := s.chatRequest(ctx, i, t, body, stream)
+	if err != nil {
+		return nil, err
+	}
 	s.hooks.upstreamRunning(t, true)
-	resp, err := client.Do(req)
+	// Not client.Do: its frames would stay on the stack of every call held
+	// upstream (httpclient.Send).
+	resp, err := httpclient.Send(client, req)
 	if err != nil {
 		return nil, err
 	}
@@ -384,12 +396,13 @@ func transportError(ctx context.Context, err error) error {
 }
 
 // syntheticOverflow is the empty completion that stands for a context
-// overflow, shaped as NeMo Gym's vllm_model returns it.
+// overflow, shaped as NeMo Gym's vllm_model returns it
+// (VLLMModel._create_empty_chat_completion, nemo-gym 0.7.0): no usage, so
+// its Response's usage is null.
 func syntheticOverflow(model string) *openai.ChatCompletion {
 	return &openai.ChatCompletion{
 		ID: "chtcmpl-123", Object: "chat.completion", Created: time.Now().Unix(), Model: model,
 		Choices: []openai.ChatChoice{{Index: 0, FinishReason: openai.FinishLength, Message: openai.ChatMessage{Role: "assistant"}}},
-		Usage:   &openai.Usage{},
 	}
 }
 

@@ -266,6 +266,20 @@ func (r *Reply) Err(what string) error {
 // reply. It never retries: a POST whose reply was lost is the caller's to
 // judge (SPEC §4: no /run or control call is retried blindly).
 func Do(ctx context.Context, c *http.Client, method, url string, header http.Header, body any) (*Reply, error) {
+	req, err := newRequest(ctx, method, url, header, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := Send(c, req)
+	if err != nil {
+		return nil, err
+	}
+	return readAll(method, url, resp)
+}
+
+// newRequest builds Do's request. Apart from Do, whose frame stays on the
+// stack of a caller waiting for the reply (send says why that matters).
+func newRequest(ctx context.Context, method, url string, header http.Header, body any) (*http.Request, error) {
 	var rd io.Reader
 	if body != nil {
 		var b []byte
@@ -294,10 +308,11 @@ func Do(ctx context.Context, c *http.Client, method, url string, header http.Hea
 	if body != nil && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := send(c, req)
-	if err != nil {
-		return nil, err
-	}
+	return req, nil
+}
+
+// readAll reads a reply whole and closes its body.
+func readAll(method, url string, resp *http.Response) (*Reply, error) {
 	defer resp.Body.Close()
 	b, err := ReadReply(resp)
 	if err != nil {
@@ -306,13 +321,13 @@ func Do(ctx context.Context, c *http.Client, method, url string, header http.Hea
 	return &Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
 }
 
-// send sends req on c's transport directly when c keeps no cookies and has
+// Send sends req on c's transport directly when c keeps no cookies and has
 // no timeout (every client New returns). http.Client.Do adds four frames
 // (about 1 KB) to the stack of every goroutine waiting in a call, and at
 // 100,000 rollouts held at a model call that is 100,000 stacks, each kept
 // at twice the size it needs. A redirect is not followed: no server of ours
 // sends one, and its reply is returned as an error like any non-2xx.
-func send(c *http.Client, req *http.Request) (*http.Response, error) {
+func Send(c *http.Client, req *http.Request) (*http.Response, error) {
 	if c.Jar != nil || c.Timeout != 0 || c.Transport == nil {
 		return c.Do(req)
 	}

@@ -22,19 +22,20 @@ import (
 // Requests net/http's HTTP/2 transport knows the server never processed (a
 // refused stream, one above a GOAWAY's last stream, a connection that
 // failed before the stream was written) it sends again itself; what it
-// returns of those is a dial error, which resendUnsent sends again as on
-// the lean stack. https:// addresses go to net/http's TLS transport, HTTP/2
+// returns of those is a dial error, or a request on an h2c connection that
+// ended before the server read our SETTINGS (gatedConn), which
+// resendUnsent sends again as on the lean stack. https:// addresses go to net/http's TLS transport, HTTP/2
 // or HTTP/1.1 as the server picks by ALPN, verified with tlsConf.
 func newNetHTTP(opts Options, proto Protocol, tlsConf *tls.Config) Transport {
 	switch proto {
 	case ProtocolH2C:
-		return bySchemes{plain: newNetH2C(opts), secure: newNetTLS(opts, tlsConf)}
+		return bySchemes{plain: gateTransport{newNetH2C(opts)}, secure: newNetTLS(opts, tlsConf)}
 	case ProtocolAuto:
 		http1 := opts
 		// As for the lean stack's ProtocolAuto (see NewTransport).
 		http1.IdleConnTimeout = min(http1.IdleConnTimeout, peerHTTP1IdleTimeout)
 		return &netAuto{
-			h2c: newNetH2C(opts), http1: newHTTP1(http1, tlsConf), tls: newNetTLS(opts, tlsConf),
+			h2c: gateTransport{newNetH2C(opts)}, http1: newHTTP1(http1, tlsConf), tls: newNetTLS(opts, tlsConf),
 			dial: dialer(opts).DialContext, probeTimeout: 30 * time.Second,
 			hosts: map[string]*hostProtocol{},
 		}
@@ -47,6 +48,9 @@ func newNetHTTP(opts Options, proto Protocol, tlsConf *tls.Config) Transport {
 // bounds.
 func newNetTLS(opts Options, tlsConf *tls.Config) *http.Transport {
 	tr := newNetH2C(opts)
+	// TLS is net/http's to do over the plain connection: the gate reads
+	// frames, not TLS records.
+	tr.DialContext = dialer(opts).DialContext
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetHTTP2(true)
@@ -56,7 +60,10 @@ func newNetTLS(opts Options, tlsConf *tls.Config) *http.Transport {
 }
 
 // bySchemes sends http:// requests to plain and https:// ones to secure.
-type bySchemes struct{ plain, secure *http.Transport }
+type bySchemes struct {
+	plain  Transport
+	secure *http.Transport
+}
 
 func (b bySchemes) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL != nil && req.URL.Scheme == "https" {
@@ -72,7 +79,9 @@ func (b bySchemes) CloseIdleConnections() {
 
 // newNetH2C is net/http's transport speaking HTTP/2 without TLS (prior
 // knowledge) only, with the lean stack's connection bound and receive
-// window.
+// window, over connections that hold requests until the server has read
+// the client's SETTINGS (gatedConn; gateTransport says which failed
+// requests were never sent).
 func newNetH2C(opts Options) *http.Transport {
 	conns := opts.MaxConnsPerHost
 	if conns <= 0 {
@@ -82,7 +91,7 @@ func newNetH2C(opts Options) *http.Transport {
 	protos.SetUnencryptedHTTP2(true)
 	return &http.Transport{
 		Proxy:               nil,
-		DialContext:         dialer(opts).DialContext,
+		DialContext:         gatedDial(dialer(opts).DialContext),
 		Protocols:           &protos,
 		MaxIdleConns:        conns,
 		MaxIdleConnsPerHost: conns,
@@ -104,7 +113,8 @@ func newNetH2C(opts Options) *http.Transport {
 // which protocol it speaks, then closed. The answer is remembered for the
 // transport's lifetime, as the lean stack's h2cPool remembers it.
 type netAuto struct {
-	h2c, http1   *http.Transport
+	h2c          Transport
+	http1        *http.Transport
 	tls          *http.Transport // https:// addresses
 	dial         func(ctx context.Context, network, addr string) (net.Conn, error)
 	probeTimeout time.Duration

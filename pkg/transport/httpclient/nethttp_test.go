@@ -39,6 +39,9 @@ func TestNewTransport_NetHTTP(t *testing.T) {
 			if bs, ok := tr.(bySchemes); ok {
 				tr = bs.plain // h2c for http://; bs.secure takes https://
 			}
+			if g, ok := tr.(gateTransport); ok {
+				tr = g.next
+			}
 			ht, ok := tr.(*http.Transport)
 			if !ok {
 				t.Fatalf("transport %T, want *http.Transport", tr)

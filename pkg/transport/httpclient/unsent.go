@@ -27,22 +27,39 @@ type resendUnsent struct {
 }
 
 func (r resendUnsent) RoundTrip(req *http.Request) (*http.Response, error) {
-	if trace.SpanContextFromContext(req.Context()).IsValid() {
-		// The caller's trace goes on in the server (W3C traceparent). The
-		// request is copied: a RoundTripper does not change its caller's.
-		c := *req
-		c.Header = req.Header.Clone()
-		if c.Header == nil {
-			c.Header = http.Header{}
-		}
-		tracing.Inject(req.Context(), c.Header)
-		req = &c
+	req = withTraceparent(req)
+	resp, err := r.next.RoundTrip(req)
+	if err == nil {
+		return resp, nil
+	}
+	return r.resend(req, err)
+}
+
+// withTraceparent is req carrying its context's trace to the server (W3C
+// traceparent), req itself when its context has none. The request is
+// copied: a RoundTripper does not change its caller's.
+func withTraceparent(req *http.Request) *http.Request {
+	if !trace.SpanContextFromContext(req.Context()).IsValid() {
+		return req
+	}
+	c := *req
+	c.Header = req.Header.Clone()
+	if c.Header == nil {
+		c.Header = http.Header{}
+	}
+	tracing.Inject(req.Context(), c.Header)
+	return &c
+}
+
+// resend sends again a request whose first send failed with err when err
+// says the server never processed it, and returns err otherwise. Apart
+// from RoundTrip, whose frame stays on the stack of every caller waiting
+// for a reply.
+func (r resendUnsent) resend(req *http.Request, err error) (*http.Response, error) {
+	if !neverProcessed(err) {
+		return nil, err
 	}
 	for n := 1; ; n++ {
-		resp, err := r.next.RoundTrip(req)
-		if err == nil || n > unsentRetries || !neverProcessed(err) {
-			return resp, err
-		}
 		if req.Body != nil && req.Body != http.NoBody {
 			if req.GetBody == nil {
 				return nil, err
@@ -60,6 +77,11 @@ func (r resendUnsent) RoundTrip(req *http.Request) (*http.Response, error) {
 		case <-req.Context().Done():
 			t.Stop()
 			return nil, err
+		}
+		var resp *http.Response
+		resp, err = r.next.RoundTrip(req)
+		if err == nil || n >= unsentRetries || !neverProcessed(err) {
+			return resp, err
 		}
 	}
 }
@@ -92,7 +114,8 @@ func NeverProcessed(err error) bool { return neverProcessed(err) }
 // A new connection the server drops before answering (net/http's server
 // drops one whose SETTINGS it has not read within a fixed 2 s, which a
 // CPU-starved pair of processes can miss) carries no request: h2cPool
-// sends its own first and opens another.
+// sends its own first and opens another, and on the nethttp stack the
+// connection holds requests until the server's SETTINGS ACK (gatedConn).
 //
 // A server that answered in HTTP/1.x (h2client.ErrHTTP1Server) processed
 // nothing either, but sending again over h2c would only fail the same way:

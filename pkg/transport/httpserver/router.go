@@ -2,14 +2,11 @@ package httpserver
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
-	"runtime/debug"
 	"strconv"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,7 +17,6 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpbody"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
-	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // DefaultMaxBodyBytes bounds request bodies unless a server sets its own.
@@ -77,16 +73,7 @@ func NewRouter(opts RouterOptions) chi.Router {
 	}
 
 	r := chi.NewRouter()
-	// Metrics outermost, so a recovered panic is counted as the 500 the
-	// client got rather than as an unwritten (200) response.
-	r.Use(m.middleware)
-	r.Use(recoverer(log, writeError))
-	r.Use(limitBody(opts.MaxBodyBytes))
-	r.Use(rollout.StripPrefix(func(w http.ResponseWriter, req *http.Request, err error) {
-		writeError(w, req, apierror.Wrap(apierror.InvalidRequest, err))
-	}))
-	// After the prefix is stripped, so the span names its capture key.
-	r.Use(traceRequests(opts.Tracer))
+	r.Use(newEdge(m, writeError, log, opts.MaxBodyBytes, opts.Tracer))
 	for _, mw := range opts.Middleware {
 		r.Use(mw)
 	}
@@ -157,30 +144,6 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	return m
 }
 
-func (m *httpMetrics) middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
-		m.inflight.Inc()
-		defer func() {
-			m.inflight.Dec()
-			// The route pattern, not the path: paths carry capture keys and
-			// session ids, which would make the label set unbounded.
-			route := "unmatched"
-			if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
-				route = rc.RoutePattern()
-			}
-			status := rec.status
-			if status == 0 {
-				status = http.StatusOK
-			}
-			m.requests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
-			m.duration.WithLabelValues(route, r.Method).Observe(time.Since(start).Seconds())
-		}()
-		next.ServeHTTP(rec, r)
-	})
-}
-
 // statusRecorder remembers the status code and keeps Flush working for SSE.
 type statusRecorder struct {
 	http.ResponseWriter
@@ -209,39 +172,6 @@ func (s *statusRecorder) Flush() {
 
 // Unwrap lets http.ResponseController reach the connection.
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// recoverer turns a handler panic into a 500 envelope and a log line with the
-// stack, so no input can take a server down. http.ErrAbortHandler is re-raised
-// as net/http expects.
-func recoverer(log *slog.Logger, writeError func(http.ResponseWriter, *http.Request, error)) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			defer func() {
-				v := recover()
-				if v == nil {
-					return
-				}
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				log.ErrorContext(r.Context(), "handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				writeError(w, r, apierror.New(apierror.Internal, "internal error"))
-			}()
-			next.ServeHTTP(w, r)
-		})
-	}
-}
-
-func limitBody(n int64) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Body != nil {
-				r.Body = http.MaxBytesReader(w, r.Body, n)
-			}
-			next.ServeHTTP(w, r)
-		})
-	}
-}
 
 // ReadBody reads a request body, mapping an oversized body to body_too_large.
 func ReadBody(r *http.Request) ([]byte, error) {

