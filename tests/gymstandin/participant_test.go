@@ -48,11 +48,13 @@ func TestParticipant(t *testing.T) {
 		"source": gymstandin.StartParticipant(t, "gym_resources", token),
 		"fresh":  gymstandin.StartParticipant(t, "gym_resources", token),
 	}
-	for s, r := range map[string]string{"s1": "r1", "s2": "r2"} {
-		if rec.Sessions[s] != r {
+	// Seeded in the recording's order (s1, then s2): Gym's participant
+	// exports its sessions in the order they were bound.
+	for _, s := range []struct{ session, rollout string }{{"s1", "r1"}, {"s2", "r2"}} {
+		if rec.Sessions[s.session] != s.rollout {
 			t.Fatalf("recording's sessions %v", rec.Sessions)
 		}
-		servers["source"].Seed(s, r, 0)
+		servers["source"].Seed(s.session, s.rollout, 0)
 	}
 	dir := filepath.Join(t.TempDir(), "ckpt-c1")
 	client := &http.Client{Transport: &http.Transport{}}
