@@ -25,10 +25,12 @@
 // NeMo RL's vLLM worker splices them, so a trajectory's token ids stay
 // contiguous across turns (splice.go).
 //
-// The cut routes are ours (POST /_ckpt/generation-cut, pkg/checkpoint/gencut)
-// and upstream's (POST /ng-control/v1/generation-cut, the inventory and
-// receipt of NeMo Gym's nemo_gym/_checkpoint/generation_cut.py), both
-// behind the same bearer token.
+// The cut route is NeMo Gym's (POST /ng-control/v1/generation-cut, the
+// inventory and receipt of nemo_gym/_checkpoint/generation_cut.py,
+// pkg/checkpoint/gencut's Inventory and Receipt), which the model server
+// speaks; our former body (gencut's Legacy*) is still served there and on
+// POST /_ckpt/generation-cut, for a model server of an earlier release. Both
+// take the same bearer token.
 //
 // What is not cut, and why (a failed cut only costs regeneration): streaming
 // calls; calls with tools (vLLM parses tool calls out of the whole text, and

@@ -163,7 +163,7 @@ func TestCutAndContinue(t *testing.T) {
 	if st != http.StatusOK {
 		t.Fatalf("cut: %d %s", st, b)
 	}
-	rc, err := gencut.DecodeReceipt(b, 2)
+	rc, err := gencut.DecodeLegacyReceipt(b, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
