@@ -19,7 +19,10 @@ import (
 // Chunks are aligned for direct I/O, which writes a full chunk from where
 // it lies (directWriter.Write). The first chunk is small, most
 // participants of a test, and many of a fleet, writing little; the others
-// are whole huge pages.
+// are whole huge pages mapped outside the Go heap (hugepage.Map) and
+// unmapped by stop: a commit is a process's one large allocation, and
+// from the heap it could start a collection that marks every held
+// rollout's state in the middle of the commit.
 type recordsSink struct {
 	// w receives every byte in order; nil where the bytes are only hashed
 	// (a directory that already holds the commit).
@@ -30,6 +33,10 @@ type recordsSink struct {
 	// made is 0 before the first chunk is allocated, 1 with only the
 	// first, sinkChunks once the others are.
 	made int
+	// unmaps return the mapped chunks; released is set once they are,
+	// after which the sink takes no bytes.
+	unmaps   []func()
+	released bool
 	// free returns chunks the goroutine is done with; full hands it
 	// chunks to hash and write. Both have room for every chunk.
 	free, full chan []byte
@@ -58,6 +65,9 @@ func newRecordsSink(w io.Writer) *recordsSink {
 // write copies p into the chunks. It fails with the goroutine's error once
 // a write to the backend has failed.
 func (s *recordsSink) write(p []byte) error {
+	if s.released {
+		return ErrStopped
+	}
 	for len(p) > 0 {
 		if s.cur == nil || len(s.cur) == cap(s.cur) {
 			if err := s.next(); err != nil {
@@ -73,6 +83,9 @@ func (s *recordsSink) write(p []byte) error {
 
 // writeByte writes one byte (a line's newline).
 func (s *recordsSink) writeByte(c byte) error {
+	if s.released {
+		return ErrStopped
+	}
 	if s.cur == nil || len(s.cur) == cap(s.cur) {
 		if err := s.next(); err != nil {
 			return err
@@ -103,7 +116,7 @@ func (s *recordsSink) next() error {
 		s.made = 1
 	case s.made == 1:
 		// The rest at once, from one allocation of whole huge pages.
-		rest := hugepage.MakePages((sinkChunks - 1) * sinkChunk)
+		rest := s.mapChunks((sinkChunks - 1) * sinkChunk)
 		for k := sinkChunk; k < len(rest); k += sinkChunk {
 			s.free <- rest[k : k : k+sinkChunk]
 		}
@@ -114,11 +127,18 @@ func (s *recordsSink) next() error {
 		if cap(s.cur) < sinkChunk {
 			// The small first chunk, back: a commit that filled it is
 			// large, and the others are in use.
-			s.cur = hugepage.MakePages(sinkChunk)[:0]
+			s.cur = s.mapChunks(sinkChunk)[:0]
 		}
 		return s.failed()
 	}
 	return nil
+}
+
+// mapChunks maps n bytes of chunks (hugepage.Map), which stop unmaps.
+func (s *recordsSink) mapChunks(n int) []byte {
+	buf, unmap := hugepage.Map(n)
+	s.unmaps = append(s.unmaps, unmap)
+	return buf
 }
 
 // drain hashes and writes every chunk handed over, in order, until full
@@ -171,7 +191,9 @@ func (s *recordsSink) finish() ([]byte, error) {
 
 // stop ends the goroutine once a write failed or was stopped: it writes
 // no chunk it has not started, and stop returns once it has ended, so
-// the records object can be aborted.
+// the records object can be aborted. Then it unmaps the chunks: Write
+// calls it last, once finish has handed every byte over (the backend's
+// writer keeps none of them, as io.Writer's contract says).
 func (s *recordsSink) stop() {
 	if s.done != nil {
 		s.mu.Lock()
@@ -183,4 +205,9 @@ func (s *recordsSink) stop() {
 		<-s.done
 		s.done = nil
 	}
+	s.released, s.cur = true, nil
+	for _, unmap := range s.unmaps {
+		unmap()
+	}
+	s.unmaps = nil
 }
