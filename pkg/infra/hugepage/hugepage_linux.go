@@ -75,6 +75,9 @@ func PrepareHeap(n int64) Prepared {
 // called; unmap runs once however often it is called. Where the mapping
 // fails, buf is MakePages' and unmap does nothing.
 func Map(n int) (buf []byte, unmap func()) {
+	if n <= 0 {
+		return nil, func() {}
+	}
 	whole := (n + Size - 1) &^ (Size - 1)
 	mem, err := syscall.Mmap(-1, 0, whole+Size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {
