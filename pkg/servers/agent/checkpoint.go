@@ -832,8 +832,11 @@ func decodeRecords(records []ctlplane.Record) []decodedRecord {
 	return out
 }
 
-// encodeWindow is how many records Export encodes before it emits them.
-const encodeWindow = 1024
+// encodeWindow is how many records Export encodes before it emits them:
+// enough to keep every core busy between two hand-overs, and few, since
+// the two windows' slots are fresh memory every commit faults in and the
+// kernel zeroes.
+const encodeWindow = 256
 
 func invalidState(format string, args ...any) error {
 	return apierror.New(apierror.InvalidCheckpointState, format, args...)
