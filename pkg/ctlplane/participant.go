@@ -52,7 +52,10 @@ type Participant interface {
 	// holds state for, by calling emit. It returns extras for the manifest
 	// and for the commit reply (both may be nil). emit does not retain
 	// Record.Data after it returns (the store copies it into its line), so
-	// an Export may reuse a record's buffer for the next record.
+	// an Export may reuse a record's buffer for the next record. Each
+	// Record.Data is one JSON object of the participant's own encoding
+	// (its tests hold the encoder to codec.Marshal's bytes): the store
+	// frames it and does not validate it, and Install trusts its syntax.
 	Export(ctx context.Context, scope Scope, emit func(Record) error) (Extras, error)
 	// Committed runs after the commit's write is durable: a participant
 	// deletes restored state the scope left out (SPEC §6) and may free
@@ -64,10 +67,10 @@ type Participant interface {
 	Fresh() error
 	// Install validates every record, then installs every one under its
 	// episode's next attempt (all or nothing). Each record's data is one
-	// JSON value: the store checked each as it wrote it, and the records
-	// file's digest, checked as it read them, proves they are the bytes
-	// written (ckptstore.Read). So Install checks what the value holds, not
-	// its syntax again. scope names the checkpointed
+	// JSON value: Export made it with this participant's own encoder, and
+	// the records file's digest, checked as it read them, proves they are
+	// the bytes written (ckptstore.Read). So Install checks what the value
+	// holds, not its syntax again. scope names the checkpointed
 	// attempts the controller continues (records are already filtered by
 	// it); a participant may use it to clear what dead executions left for
 	// episodes that have no record. It returns the next attempts installed.

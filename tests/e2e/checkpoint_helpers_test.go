@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -32,7 +33,34 @@ func (f *Fleet) Checkpoint(c *coordination.Coordinator, id string, scope ...roll
 	if err != nil {
 		f.t.Fatalf("commit %s: %v", id, err)
 	}
+	f.requireRecordsAreJSON(id)
 	return res, cm
+}
+
+// requireRecordsAreJSON fails the test unless every record of checkpoint
+// id is one JSON object by encoding/json's reading: the store frames
+// records and leaves their syntax to the participants' own encoders
+// (ckptstore.Store.Write), so every checkpoint a scenario takes checks
+// those encoders on the records a real fleet makes.
+func (f *Fleet) requireRecordsAreJSON(id string) {
+	f.t.Helper()
+	ctx := context.Background()
+	store := ctlplanetest.Store(f.t, f.Dir(id))
+	manifests, err := store.Manifests(ctx, f.Dir(id))
+	if err != nil {
+		f.t.Fatalf("manifests of %s: %v", id, err)
+	}
+	for _, m := range manifests {
+		_, recs, _, err := store.Read(ctx, ckptstore.Target{Dir: f.Dir(id), Kind: m.Kind, Instance: m.Instance, CheckpointID: id}, nil)
+		if err != nil {
+			f.t.Fatalf("records of %s/%s in %s: %v", m.Kind, m.Instance, id, err)
+		}
+		for i, r := range recs {
+			if !json.Valid(r.Data) || r.Data[0] != '{' {
+				f.t.Fatalf("record %d of %s/%s in %s (%s) is not one JSON object: %.200q", i+1, m.Kind, m.Instance, id, r.EpisodeID, r.Data)
+			}
+		}
+	}
 }
 
 // Dir is the directory of checkpoint id (an s3:// URL where CkptDir is).

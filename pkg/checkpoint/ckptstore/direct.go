@@ -44,11 +44,15 @@ func isAligned(b []byte) bool {
 
 // directWriter writes a records file opened with direct I/O: bytes are
 // gathered into aligned chunks, each written by a goroutine while the next
-// is filled. The tail, not a whole number of blocks, is written through the
-// cache by finish. The first error is kept and returned by every later
-// call; finish and abort wait for the chunk being written.
+// is filled. Whole blocks handed over in a buffer that is aligned already
+// (the store's chunks) are written from it, with nothing buffered. The
+// tail, not a whole number of blocks, is written through the cache by
+// finish. The first error is kept and returned by every later call;
+// finish and abort wait for the chunk being written.
 type directWriter struct {
-	f    *os.File
+	f *os.File
+	// bufs are allocated when first needed: a writer handed aligned
+	// chunks copies only its last, partial one.
 	bufs [2][]byte
 	fill int // the buffer being filled
 	n    int // bytes in it
@@ -59,29 +63,58 @@ type directWriter struct {
 }
 
 func newDirectWriter(f *os.File) *directWriter {
-	return &directWriter{f: f, bufs: writeChunks()}
+	return &directWriter{f: f}
 }
 
-// writeChunks returns a direct writer's two chunks, cut from one buffer of
-// whole huge pages (so aligned for direct I/O too). A commit runs with
-// collections held, so its buffers are fresh memory, which faults once
-// per 4 KiB page otherwise (pkg/infra/hugepage).
-func writeChunks() [2][]byte {
+// writeChunks returns a direct writer's two chunks for a first copy of
+// n bytes: directChunk each, cut from one buffer of whole huge pages
+// (fresh memory, which faults once per 4 KiB page otherwise,
+// pkg/infra/hugepage), or a block each for a tail of less than a block,
+// which is all a writer handed aligned chunks copies.
+func writeChunks(n int) [2][]byte {
+	if n < directAlign {
+		b := alignedBlocks(2)
+		return [2][]byte{b[:directAlign:directAlign], b[directAlign:]}
+	}
 	b := hugepage.MakePages(2 * directChunk)
 	return [2][]byte{b[:directChunk:directChunk], b[directChunk : 2*directChunk : 2*directChunk]}
 }
 
+// alignedBlocks returns n blocks of directAlign bytes that start at a
+// multiple of directAlign.
+func alignedBlocks(n int) []byte {
+	b := make([]byte, (n+1)*directAlign)
+	skip := (directAlign - int(uintptr(unsafe.Pointer(unsafe.SliceData(b))))%directAlign) % directAlign
+	return b[skip : skip+n*directAlign : skip+n*directAlign]
+}
+
 func (w *directWriter) Write(b []byte) (int, error) {
 	written := 0
+	if w.n == 0 && len(b) >= directAlign && isAligned(b) {
+		// Whole blocks in an aligned buffer go to the file from where
+		// they are, once the chunk before them is written.
+		whole := len(b) &^ (directAlign - 1)
+		if err := w.wait(); err != nil {
+			return 0, err
+		}
+		if err := writeChunk(w.f, b[:whole]); err != nil {
+			w.err = err
+			return 0, err
+		}
+		written, b = whole, b[whole:]
+	}
 	for len(b) > 0 {
 		if w.err != nil {
 			return written, w.err
+		}
+		if w.bufs[0] == nil {
+			w.bufs = writeChunks(len(b))
 		}
 		c := copy(w.bufs[w.fill][w.n:], b)
 		w.n += c
 		b = b[c:]
 		written += c
-		if w.n == directChunk {
+		if w.n == len(w.bufs[w.fill]) {
 			w.startChunk()
 		}
 	}

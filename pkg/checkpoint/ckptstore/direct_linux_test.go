@@ -106,18 +106,56 @@ func alignedBuffer(n int) []byte {
 }
 
 // The direct writer's chunks are whole huge pages each, aligned for direct
-// I/O, and do not overlap.
+// I/O, and do not overlap; for a tail of less than a block, a block each.
 func TestWriteChunks(t *testing.T) {
-	c := writeChunks()
-	for i, b := range c {
-		at := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-		if len(b) != directChunk || cap(b) != directChunk || at%hugepage.Size != 0 || !isAligned(b) {
-			t.Fatalf("chunk %d: %d bytes (cap %d) at %#x; want %d at a huge page boundary", i, len(b), cap(b), at, directChunk)
+	for _, first := range []int{directAlign, directChunk, 1, directAlign - 1} {
+		c := writeChunks(first)
+		size := directChunk
+		if first < directAlign {
+			size = directAlign
+		}
+		for i, b := range c {
+			at := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+			if len(b) != size || cap(b) != size || !isAligned(b) || (size == directChunk && at%hugepage.Size != 0) {
+				t.Fatalf("first copy of %d: chunk %d: %d bytes (cap %d) at %#x; want %d, aligned", first, i, len(b), cap(b), at, size)
+			}
+		}
+		c[0] = append(c[0], 1) // over its capacity: a new array, not the next chunk
+		if c[1][0] != 0 {
+			t.Fatal("appending to the first chunk wrote into the second")
 		}
 	}
-	c[0] = append(c[0], 1) // over its capacity: a new array, not the next chunk
-	if c[1][0] != 0 {
-		t.Fatal("appending to the first chunk wrote into the second")
+}
+
+// TestDirectWriter_AlignedChunksAreWrittenInPlace: chunks handed over in
+// aligned buffers, as the store's sink hands them, with a last one not a
+// whole number of blocks, and a writer that copies only that tail: the
+// file holds every byte in order.
+func TestDirectWriter_AlignedChunksAreWrittenInPlace(t *testing.T) {
+	for _, sizes := range [][]int{{64 << 10, directChunk, directChunk, 12345}, {directAlign, 1}, {3 * directAlign}, {100}, {directChunk, directAlign - 1, directAlign}} {
+		f := directFile(t)
+		w := newDirectWriter(f)
+		var want []byte
+		for k, n := range sizes {
+			chunk := alignedBuffer(n)
+			for i := range chunk {
+				chunk[i] = byte(k*31 + i*7)
+			}
+			want = append(want, chunk...)
+			if got, err := w.Write(chunk); got != n || err != nil {
+				t.Fatalf("%v: Write(%d bytes) = %d, %v", sizes, n, got, err)
+			}
+		}
+		if err := w.finish(); err != nil {
+			t.Fatalf("%v: finish: %v", sizes, err)
+		}
+		got, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%v: the file holds %d bytes, not the %d written", sizes, len(got), len(want))
+		}
 	}
 }
 
@@ -241,9 +279,15 @@ func TestReadDirect_AFileThatChangedIsRefused(t *testing.T) {
 		{"longer than stat'ed", size - 10, errChanged},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			buf, ok, err := readDirect(f, c.size)
+			// follow sees the bytes in order: all of them, or a prefix
+			// of them when a read fails.
+			var followed []byte
+			buf, ok, err := readDirect(f, c.size, func(b []byte) { followed = append(followed, b...) })
 			if !ok {
 				t.Fatal("the file was not read direct")
+			}
+			if !bytes.HasPrefix(data, followed) || (err == nil && len(followed) != len(data)) {
+				t.Fatalf("follow had %d bytes that are not the file's first (of %d; read error %v)", len(followed), len(data), err)
 			}
 			switch {
 			case c.want == nil && err != nil:
@@ -257,7 +301,7 @@ func TestReadDirect_AFileThatChangedIsRefused(t *testing.T) {
 			}
 		})
 	}
-	if buf, ok, err := readDirect(f, directReadMin-1); ok || buf != nil || err != nil {
+	if buf, ok, err := readDirect(f, directReadMin-1, nil); ok || buf != nil || err != nil {
 		t.Errorf("a file under directReadMin was read direct (ok %v, err %v)", ok, err)
 	}
 }

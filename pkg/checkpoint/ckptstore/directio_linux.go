@@ -46,7 +46,12 @@ func setDirect(f *os.File, on bool) error {
 // readDirect reads the size bytes of f into a new buffer with direct I/O,
 // directReaders chunks at a time. ok is false, with nothing read and f as
 // it was, where f does not take direct I/O or is too small to be worth it.
-func readDirect(f *os.File, size int) (buf []byte, ok bool, err error) {
+// follow, if not nil, is called with the buffer's bytes in order, a read
+// chunk at a time, from a goroutine of its own as soon as each chunk and
+// those before it are read (a restore hashes the file while it reads it);
+// readDirect returns once follow has had every byte, or once a read
+// failed, after which follow is not called again.
+func readDirect(f *os.File, size int, follow func([]byte)) (buf []byte, ok bool, err error) {
 	if size < directReadMin {
 		return nil, false, nil
 	}
@@ -61,6 +66,11 @@ func readDirect(f *os.File, size int) (buf []byte, ok bool, err error) {
 	}
 	chunks := (padded + directReadChunk - 1) / directReadChunk
 	errs := make([]error, chunks)
+	// read[i] is closed once chunk i is read (errs[i] set first).
+	read := make([]chan struct{}, chunks)
+	for i := range read {
+		read[i] = make(chan struct{})
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(directReaders, chunks) {
@@ -77,6 +87,19 @@ func readDirect(f *os.File, size int) (buf []byte, ok bool, err error) {
 				}); err != nil {
 					errs[i] = err
 				}
+				close(read[i])
+			}
+		})
+	}
+	if follow != nil {
+		wg.Go(func() {
+			for i := range chunks {
+				<-read[i]
+				if errs[i] != nil {
+					return
+				}
+				start := i * directReadChunk
+				follow(buf[start:min(start+directReadChunk, size)])
 			}
 		})
 	}

@@ -11,4 +11,4 @@ import (
 func setDirect(*os.File, bool) error { return errors.ErrUnsupported }
 
 // readDirect reads nothing: direct I/O is used on Linux only.
-func readDirect(*os.File, int) ([]byte, bool, error) { return nil, false, nil }
+func readDirect(*os.File, int, func([]byte)) ([]byte, bool, error) { return nil, false, nil }

@@ -34,43 +34,57 @@ var wrappedRecordMember = []byte(`,"record":`)
 // errNotObject reports record data that is not a JSON object.
 var errNotObject = errors.New("a record is a JSON object")
 
-// appendRecord appends r's line. r.Data is the record: a JSON object with
-// or without its episode_id member. Where it starts with the episode id
-// (as every participant of ours writes it) it is the line as it is;
-// otherwise the id is put first. An episode_id member naming another
-// episode is refused.
+// appendRecord appends r's line and its newline (recordLine).
 func appendRecord(dst []byte, r Record) ([]byte, error) {
+	line, built, err := recordLine(dst, r)
+	if err != nil {
+		return dst, err
+	}
+	if len(built) == len(dst) {
+		built = append(built, line...)
+	}
+	return append(built, '\n'), nil
+}
+
+// recordLine returns r's line, without its newline. r.Data is the record:
+// a JSON object with or without its episode_id member. Where it starts
+// with the episode id (as every participant of ours writes it) it is the
+// line as it is, and line is r.Data's bytes (not copied; built is dst);
+// otherwise the id is put first, and the line is built in dst: line is
+// the bytes appended, built dst with them. An episode_id member naming
+// another episode is refused.
+func recordLine(dst []byte, r Record) (line, built []byte, err error) {
 	data := bytes.TrimSpace(r.Data)
 	if len(data) < 2 || data[0] != '{' || data[len(data)-1] != '}' {
-		return dst, errNotObject
+		return nil, dst, errNotObject
 	}
 	if rest, ok := bytes.CutPrefix(data, episodeIDMember); ok {
 		if id, attempt, _, ok := rollout.CutEpisodeIDJSON(rest); ok {
 			if string(id) != r.EpisodeID.RolloutID || attempt != r.EpisodeID.Attempt {
-				return dst, fmt.Errorf("the record names episode %s-a%d, filed under %s", id, attempt, r.EpisodeID)
+				return nil, dst, fmt.Errorf("the record names episode %s-a%d, filed under %s", id, attempt, r.EpisodeID)
 			}
-			dst = append(dst, data...)
-			return append(dst, '\n'), nil
+			return data, dst, nil
 		}
 	}
 	var members map[string]codec.RawMessage
 	if err := codec.UnmarshalStrict(data, &members); err != nil {
-		return dst, fmt.Errorf("%w: %s", errNotObject, codec.DescribeError(err))
+		return nil, dst, fmt.Errorf("%w: %s", errNotObject, codec.DescribeError(err))
 	}
 	if raw, ok := members["episode_id"]; ok {
 		var id rollout.EpisodeID
 		if err := codec.UnmarshalStrict(raw, &id); err != nil || id != r.EpisodeID {
-			return dst, fmt.Errorf("the record's episode_id %s is not %s", raw, r.EpisodeID)
+			return nil, dst, fmt.Errorf("the record's episode_id %s is not %s", raw, r.EpisodeID)
 		}
-		dst = append(dst, data...)
-		return append(dst, '\n'), nil
+		return data, dst, nil
 	}
-	dst = appendEpisodeIDMember(dst, r.EpisodeID)
+	start := len(dst)
+	built = appendEpisodeIDMember(dst, r.EpisodeID)
 	if inner := bytes.TrimSpace(data[1 : len(data)-1]); len(inner) > 0 {
-		dst = append(dst, ',')
-		dst = append(dst, inner...)
+		built = append(built, ',')
+		built = append(built, inner...)
 	}
-	return append(dst, '}', '\n'), nil
+	built = append(built, '}')
+	return built[start:], built, nil
 }
 
 // appendEpisodeIDMember appends {"episode_id":{…} (the id needs no

@@ -720,19 +720,32 @@ func (c *fullFS) CreateTemp(dir, pattern string) (atomicfile.File, error) {
 // when the exporter reports the failed add in words of its own), publishes
 // nothing, and the answer names no file.
 func TestStore_NoSpaceIsStorageFull(t *testing.T) {
-	for _, prefix := range []string{".records", ".manifest"} {
-		t.Run(prefix, func(t *testing.T) {
+	// A few small records fail at the end of the write; enough to fill
+	// the store's chunks fail while records are still being added.
+	big := []byte(`{"x":"` + strings.Repeat("y", 40<<10) + `"}`)
+	for _, c := range []struct {
+		prefix  string
+		records int
+		data    []byte
+	}{{".records", 3, []byte(`{"x":1}`)}, {".records", 300, big}, {".manifest", 3, []byte(`{"x":1}`)}} {
+		prefix := c.prefix
+		t.Run(fmt.Sprintf("%s_%d", strings.TrimPrefix(prefix, "."), c.records), func(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			s := ckptstore.New(tempLocal(t, func(base atomicfile.FS) atomicfile.FS { return &fullFS{FS: base, prefix: prefix} }))
+			added := 0
 			_, err := s.Write(ctx, target(dir), nil, func(add func(ckptstore.Record) error) (map[string]any, error) {
-				for i := range 3 {
-					if err := add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: fmt.Sprint("r", i)}, Data: []byte(`{"x":1}`)}); err != nil {
+				for i := range c.records {
+					if err := add(ckptstore.Record{EpisodeID: rollout.EpisodeID{RolloutID: fmt.Sprint("r", i)}, Data: c.data}); err != nil {
 						return nil, fmt.Errorf("export stopped: %v", err) // not wrapped
 					}
+					added++
 				}
 				return nil, nil
 			})
+			if c.records > 100 && added == c.records {
+				t.Fatalf("every one of %d records was added after the disk filled", added)
+			}
 			if !apierror.HasCode(err, apierror.StorageFull) {
 				t.Fatalf("a full disk must fail the commit with storage_full, got %v", err)
 			}

@@ -65,6 +65,31 @@ func PrepareHeap(n int64) Prepared {
 	return p
 }
 
+// Map returns n bytes of fresh anonymous memory mapped outside the Go
+// heap, whole huge pages advised as such (see MakePages), and the function
+// that unmaps them. For a large scratch buffer a burst of work fills and
+// then drops (a commit's write chunks): memory from the heap would count
+// toward the collector's next cycle, so a commit in a process with a large
+// heap could start a collection that marks all of it, and memory the
+// runtime recycles is zeroed first. Nothing may use buf once unmap is
+// called; unmap runs once however often it is called. Where the mapping
+// fails, buf is MakePages' and unmap does nothing.
+func Map(n int) (buf []byte, unmap func()) {
+	if n <= 0 {
+		return nil, func() {}
+	}
+	whole := (n + Size - 1) &^ (Size - 1)
+	mem, err := syscall.Mmap(-1, 0, whole+Size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return MakePages(n), func() {}
+	}
+	skip := (Size - int(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))%Size) % Size
+	buf = mem[skip : skip+whole : skip+whole]
+	_ = syscall.Madvise(buf, syscall.MADV_HUGEPAGE)
+	var once sync.Once
+	return buf[:n], func() { once.Do(func() { _ = syscall.Munmap(mem) }) }
+}
+
 // Prepared is the span of heap PrepareHeap advised.
 type Prepared struct{ start, end uintptr }
 

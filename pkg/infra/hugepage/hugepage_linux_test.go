@@ -314,3 +314,62 @@ func residentPages(start, end uintptr) (int64, error) {
 	}
 	return n, nil
 }
+
+// Map: whole huge pages from a huge page boundary, all advised, zeroed,
+// outside the Go heap (the runtime's heap counters do not move), and gone
+// from the process's mappings once unmapped, however often unmap is called.
+func TestMap(t *testing.T) {
+	n := 3*Size + 5
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	buf, unmap := Map(n)
+	runtime.ReadMemStats(&after)
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	if len(buf) != n || cap(buf)%Size != 0 || cap(buf)-n >= Size || start%Size != 0 {
+		t.Fatalf("Map(%d): len %d, cap %d, at %#x; want len %d, whole huge pages from a huge page boundary", n, len(buf), cap(buf), start, n)
+	}
+	if grew := after.HeapSys - before.HeapSys; grew >= uint64(n) {
+		t.Fatalf("Map(%d) grew the Go heap by %d bytes; want memory outside it", n, grew)
+	}
+	checkAdvised(t, "Map's first byte", start)
+	checkAdvised(t, "Map's last byte", start+uintptr(cap(buf))-1)
+	whole := buf[:cap(buf)]
+	for i := range whole {
+		if whole[i] != 0 {
+			t.Fatalf("Map(%d): byte %d is %d, want zeroed memory", n, i, whole[i])
+		}
+		whole[i] = byte(i)
+	}
+	unmap()
+	unmap()
+	if mapped(t, start) {
+		t.Fatalf("%#x is still mapped after unmap", start)
+	}
+}
+
+// mapped reports whether addr lies in one of the process's mappings.
+func mapped(t *testing.T, addr uintptr) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		span, _, _ := strings.Cut(sc.Text(), " ")
+		lo, hi, ok := strings.Cut(span, "-")
+		if !ok {
+			continue
+		}
+		l, err1 := strconv.ParseUint(lo, 16, 64)
+		h, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil && uint64(addr) >= l && uint64(addr) < h {
+			return true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return false
+}

@@ -10,6 +10,10 @@ func adviseInterior(buf []byte) {}
 // PrepareHeap does nothing (see the Linux version).
 func PrepareHeap(n int64) Prepared { return Prepared{} }
 
+// Map returns MakePages(n) and a function that does nothing: the memory
+// is the Go heap's here (see the Linux version).
+func Map(n int) (buf []byte, unmap func()) { return MakePages(n), func() {} }
+
 // Prepared is the span of heap PrepareHeap advised: none here.
 type Prepared struct{}
 

@@ -587,10 +587,15 @@ func inScopeOrder(out []exportedSession, at []int32, episodes int) {
 // emitting runs on one core, and the store's checks, hash and writes are a
 // third of an export. Windows alternate between two sets of slots, reused
 // by every other window: emit does not retain a record's data after it
-// returns (ctlplane.Participant.Export).
+// returns (ctlplane.Participant.Export), so the slots' memory is unmapped
+// when the last window is emitted.
 func emitWindows(out []exportedSession, emit func(ctlplane.Record) error) error {
 	n := min(encodeWindow, len(out))
-	slots := [2][]exportSlot{newExportSlots(n), newExportSlots(n)}
+	even, unmapEven := newExportSlots(n)
+	defer unmapEven()
+	odd, unmapOdd := newExportSlots(n)
+	defer unmapOdd()
+	slots := [2][]exportSlot{even, odd}
 	windowAt := func(k int) []exportedSession {
 		return out[k*encodeWindow : min((k+1)*encodeWindow, len(out))]
 	}
@@ -666,18 +671,19 @@ const recordSizeHint = 4 << 10
 // newExportSlots returns n slots whose buffers are empty, with
 // recordSizeHint bytes of room each, cut from one allocation. Each buffer
 // is capped at its own room, so a record that outgrows it moves to a new
-// array rather than into its neighbour's. The allocation is whole huge
-// pages (hugepage.MakePages): a commit runs with collections held, so it
-// is fresh memory, which faults once per 4 KiB page otherwise
-// (pkg/infra/hugepage).
-func newExportSlots(n int) []exportSlot {
-	arena := hugepage.MakePages(n * recordSizeHint)
-	slots := make([]exportSlot, n)
+// array, on the heap, rather than into its neighbour's. The allocation is whole huge pages mapped outside the Go heap
+// (hugepage.Map), which fault once per 2 MiB and, unlike the heap's, count
+// toward no collection: in a process holding every rollout's state a
+// commit's allocations could start one that marks all of it. Nothing may
+// use the slots once unmap is called.
+func newExportSlots(n int) (slots []exportSlot, unmap func()) {
+	arena, unmap := hugepage.Map(n * recordSizeHint)
+	slots = make([]exportSlot, n)
 	for i := range slots {
 		at := i * recordSizeHint
 		slots[i].buf = arena[at:at:(at + recordSizeHint)]
 	}
-	return slots
+	return slots, unmap
 }
 
 // Held implements ctlplane.Holder: the episodes of every open session and
@@ -826,8 +832,11 @@ func decodeRecords(records []ctlplane.Record) []decodedRecord {
 	return out
 }
 
-// encodeWindow is how many records Export encodes before it emits them.
-const encodeWindow = 1024
+// encodeWindow is how many records Export encodes before it emits them:
+// enough to keep every core busy between two hand-overs, and few, since
+// the two windows' slots are fresh memory every commit faults in and the
+// kernel zeroes.
+const encodeWindow = 256
 
 func invalidState(format string, args ...any) error {
 	return apierror.New(apierror.InvalidCheckpointState, format, args...)

@@ -25,9 +25,11 @@ type sessionCut struct {
 // the records file: the strict decode of the whole record was most of an
 // agent restore's CPU, and copying the head and the raw values out of the
 // buffer, into memory the restoring process faults in fresh, another sixth
-// of it at 100,000 sessions. data must be one JSON value (the store checks
-// every record it writes, and the digest of what it reads): CutValue finds where each value ends without
-// validating it, so only then are the cut values valid JSON.
+// of it at 100,000 sessions. data must be one JSON value (Export's encoder
+// writes it, held to codec.Marshal's bytes by record_encode_test.go, and
+// the store checks the digest of what it reads): CutValue finds where each
+// value ends without validating it, so only then are the cut values valid
+// JSON.
 //
 // ok is false for a record of any other shape (the boundary elsewhere or
 // twice, a session that is not an object, a cut member twice or spelled

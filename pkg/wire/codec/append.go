@@ -19,6 +19,17 @@ import (
 
 const hexDigits = "0123456789abcdef"
 
+// copiedAsIs holds the bytes AppendString copies as they are: ASCII but
+// for control bytes, the quote, the backslash and what HTML escaping
+// changes: one load a byte rather than a comparison with each of them,
+// on every string of every record a commit encodes.
+var copiedAsIs = func() (set [256]bool) {
+	for b := 0x20; b < utf8.RuneSelf; b++ {
+		set[b] = b != '"' && b != '\\' && b != '<' && b != '>' && b != '&'
+	}
+	return set
+}()
+
 // AppendString appends s as a JSON string: HTML-safe (<, > and & as
 // \u003c, \u003e, \u0026), invalid UTF-8 as \ufffd, U+2028 and U+2029
 // escaped.
@@ -26,11 +37,12 @@ func AppendString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
-		if b := s[i]; b < utf8.RuneSelf {
-			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
-				i++
-				continue
-			}
+		b := s[i]
+		if copiedAsIs[b] {
+			i++
+			continue
+		}
+		if b < utf8.RuneSelf {
 			dst = append(dst, s[start:i]...)
 			switch b {
 			case '\\', '"':

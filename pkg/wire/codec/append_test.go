@@ -66,3 +66,26 @@ func TestAppendEmpty(t *testing.T) {
 		t.Errorf("AppendFloats(nil) = %s, %v", got, err)
 	}
 }
+
+// BenchmarkAppendString encodes the strings of an agent's session record
+// at a rollout's second model call: a prompt with a JSON example in it,
+// ids, a tool's name and description, a tool's output.
+func BenchmarkAppendString(b *testing.B) {
+	strs := []string{
+		"What is the weather in City0? Call get_weather with {\"city\": \"City0\"}.",
+		"call_b4e29b32d0d8c3484f7f84bf", "get_weather", "Get the current weather of a city.",
+		"{\"city\":\"City0\",\"weather_description\":\"The weather in City0 is foggy.\"}",
+		"resources-session-f30725e65dca3c1450b534990f71931e", "You are a weather assistant.",
+	}
+	n := 0
+	for _, s := range strs {
+		n += len(s)
+	}
+	b.SetBytes(int64(n))
+	var buf []byte
+	for range b.N {
+		for _, s := range strs {
+			buf = codec.AppendString(buf[:0], s)
+		}
+	}
+}
