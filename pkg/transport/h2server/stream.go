@@ -106,23 +106,51 @@ func (st *stream) resetLocked(err error) {
 var errHandlerPanicked = errors.New("h2server: handler panicked")
 
 // runHandler serves the stream's request on the goroutine it is started
-// on, then sends what is left of the reply and forgets the stream.
+// on, then sends what is left of the reply and forgets the stream, unless
+// the handler detached the stream (Detach): its end then does.
 func (c *conn) runHandler(st *stream) {
-	defer c.handlers.Done()
 	w := &responseWriter{st: st, head: st.req.Method == http.MethodHead}
 	defer func() {
 		if p := recover(); p != nil {
+			// A panic ends the stream here, detached or not: a detached
+			// stream's end is called only by a handler that returned.
 			if p != http.ErrAbortHandler {
 				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", st.req.Method, "path", st.req.URL.Path, "panic", p, "stack", string(debug.Stack()))
 			}
-			w.releaseBuffer()
-			c.resetStream(st.id, http2.ErrCodeInternal, errHandlerPanicked)
-		} else {
-			w.finish()
+			c.endStream(w, true)
+			return
 		}
-		c.handlerDone(st)
+		if !w.detached {
+			c.endStream(w, false)
+		}
 	}()
 	c.s.cfg.Handler.ServeHTTP(w, st.req)
+}
+
+// endStream sends what is left of the reply (or, abort, resets the
+// stream) and forgets the stream.
+func (c *conn) endStream(w *responseWriter, abort bool) {
+	defer c.handlers.Done()
+	if abort {
+		w.releaseBuffer()
+		c.resetStream(w.st.id, http2.ErrCodeInternal, errHandlerPanicked)
+	} else {
+		w.finish()
+	}
+	c.handlerDone(w.st)
+}
+
+// Detach keeps the stream open after the handler returns, for a handler
+// that waits without its goroutine (pkg/infra/park): the request's context
+// and body and the writer stay valid, used by one goroutine at a time,
+// until end is called, once, from any goroutine; end sends what is left
+// of the reply (abort: resets the stream instead) as the handler's return
+// would have. The handler's goroutine must return normally after Detach;
+// if it panics instead, the stream ends with it and end must not be
+// called.
+func (w *responseWriter) Detach() (end func(abort bool)) {
+	w.detached = true
+	return func(abort bool) { w.st.c.endStream(w, abort) }
 }
 
 // errHandlerDone cancels a request's context once its handler returned.
