@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -500,6 +501,25 @@ func (t *epochTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, nil
 	}
 	return t.checkReply(req, resp, own)
+}
+
+// StartRoundTrip is RoundTrip for a caller that does not wait for the
+// reply (httpclient.Starter): the reply's epoch is checked on the
+// goroutine it arrives on.
+func (t *epochTransport) StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error)) {
+	if t.c.epoch.fenced.Load() {
+		closeReqBody(req)
+		done(refusal(req, t.c.epoch.staleErr(0)), nil)
+		return
+	}
+	own := t.c.epoch.cur.Load()
+	httpclient.StartRoundTrip(t.base, withEpoch(req, own), maxBody, func(resp *http.Response, err error) {
+		if err != nil || len(resp.Header[EpochHeader]) == 0 {
+			done(resp, err)
+			return
+		}
+		done(t.checkReply(req, resp, own))
+	})
 }
 
 // withEpoch is a copy of req carrying the fleet's epoch. Apart from

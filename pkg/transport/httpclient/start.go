@@ -1,0 +1,166 @@
+package httpclient
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+)
+
+// Starter is a transport that can send a request without a goroutine
+// waiting for its reply: the h2c pool, over h2client.Conn.Start, and the
+// transports wrapping it.
+type Starter interface {
+	// StartRoundTrip sends req and calls done, once, with what RoundTrip
+	// would return, but once the reply has arrived whole: its body
+	// buffered (at most maxBody bytes) and read without waiting. done may
+	// be called before StartRoundTrip returns, on its caller's goroutine
+	// (a transport that cannot do otherwise waits there), or later on
+	// another goroutine.
+	StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error))
+}
+
+// StartRoundTrip sends req on rt as a Starter does: without a goroutine
+// waiting when rt is one, else by a RoundTrip on the calling goroutine,
+// the reply read whole.
+func StartRoundTrip(rt http.RoundTripper, req *http.Request, maxBody int64, done func(*http.Response, error)) {
+	if s, ok := rt.(Starter); ok {
+		s.StartRoundTrip(req, maxBody, done)
+		return
+	}
+	done(wholeReply(rt.RoundTrip(req))(maxBody))
+}
+
+// wholeReply reads a reply's body whole, up to maxBody, in place of the
+// body as it streams: the curried form lets a RoundTrip's two results be
+// passed straight in.
+func wholeReply(resp *http.Response, err error) func(maxBody int64) (*http.Response, error) {
+	return func(maxBody int64) (*http.Response, error) {
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(b)) > maxBody {
+			return nil, fmt.Errorf("httpclient: the reply is longer than %d bytes", maxBody)
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		return resp, nil
+	}
+}
+
+// StartRoundTrip sends req on a connection with a free stream as RoundTrip
+// does; the reply goes to done once whole (h2client.Conn.Start), or, from
+// a host that speaks only HTTP/1.1, from a RoundTrip on the caller's
+// goroutine.
+func (p *h2cPool) StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error)) {
+	if req.URL == nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") {
+		closeBody(req)
+		done(nil, fmt.Errorf("h2c transport: only http:// and https:// addresses, got %v", req.URL))
+		return
+	}
+	secure := req.URL.Scheme == "https"
+	key := req.URL.Scheme + "://" + hostPort(req.URL)
+	for {
+		cc, opening, http1 := p.pick(key)
+		switch {
+		case cc != nil:
+			cc.Start(req, maxBody, done)
+			return
+		case http1 && secure:
+			done(wholeReply(p.tls1.RoundTrip(req))(maxBody))
+			return
+		case http1:
+			done(wholeReply(p.http1.RoundTrip(req))(maxBody))
+			return
+		case opening != nil:
+			select {
+			case <-opening:
+			case <-req.Context().Done():
+				closeBody(req)
+				done(nil, context.Cause(req.Context()))
+				return
+			}
+		default: // this request opens the connection
+			if err := p.open(req.Context(), key, req.URL); err != nil {
+				closeBody(req)
+				done(nil, err)
+				return
+			}
+		}
+	}
+}
+
+// StartRoundTrip is RoundTrip for a Starter beneath: a request the server
+// never processed is sent again, on the goroutine its failure arrived on
+// (rare; it waits there between sends).
+func (r resendUnsent) StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error)) {
+	req = withTraceparent(req)
+	StartRoundTrip(r.next, req, maxBody, func(resp *http.Response, err error) {
+		if err == nil || !neverProcessed(err) {
+			done(resp, err)
+			return
+		}
+		done(wholeReply(r.resend(req, err))(maxBody))
+	})
+}
+
+// Start sends one request with a JSON body (nil for none), as Do does, and
+// calls done, once, with the whole reply: over a transport that is a
+// Starter (the lean stack's, between our servers) no goroutine waits for
+// it, and done runs on a goroutine of its own; otherwise the request is
+// made on the calling goroutine and done is called before Start returns.
+// Like Do, it never retries.
+func Start(ctx context.Context, c *http.Client, method, url string, header http.Header, body any, done func(*Reply, error)) {
+	req, err := newRequest(ctx, method, url, header, body)
+	if err != nil {
+		done(nil, err)
+		return
+	}
+	if c.Jar != nil || c.Timeout != 0 || c.Transport == nil {
+		resp, err := c.Do(req)
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		done(readAll(method, url, resp))
+		return
+	}
+	StartRoundTrip(c.Transport, req, MaxReplyBytes, func(resp *http.Response, err error) {
+		if err != nil {
+			done(nil, sendError(req, err))
+			return
+		}
+		done(readAll(method, url, resp))
+	})
+}
+
+// StartJSON is PostJSON for Start: done gets the reply, and out decoded
+// from a 2xx reply (unless out is nil).
+func StartJSON(ctx context.Context, c *http.Client, url string, header http.Header, in, out any, done func(*Reply, error)) {
+	Start(ctx, c, http.MethodPost, url, header, in, func(rep *Reply, err error) {
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		done(rep, decodeJSONReply(url, rep, out))
+	})
+}
+
+// decodeJSONReply is PostJSON's check of a reply: its error, or out
+// decoded from it.
+func decodeJSONReply(url string, rep *Reply, out any) error {
+	if err := rep.Err(url); err != nil {
+		return err
+	}
+	if err := decodeReply(rep.Body, out); err != nil {
+		return &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
+	}
+	return nil
+}
