@@ -248,8 +248,18 @@ func (t *Tracker) Begin(id rollout.EpisodeID, taskDigest string, cancel context.
 
 // Step runs fn as a step of the given mode.
 func (e *Episode) Step(ctx context.Context, mode Mode, fn func(context.Context) error) error {
+	leave := e.Enter(mode)
+	err := fn(ctx)
+	leave()
+	return err
+}
+
+// Enter begins a step of the given mode whose work goes on after the
+// caller returns (a wait that holds no goroutine, pkg/infra/park); leave
+// ends it. Step is Enter and leave around a function.
+func (e *Episode) Enter(mode Mode) (leave func()) {
 	if e == nil {
-		return fn(ctx)
+		return func() {}
 	}
 	t := e.t
 	t.mu.Lock()
@@ -260,12 +270,16 @@ func (e *Episode) Step(ctx context.Context, mode Mode, fn func(context.Context) 
 	}
 	t.update(e)
 	t.mu.Unlock()
-	err := fn(ctx)
+	return e.leaveStep
+}
+
+// leaveStep ends the step Enter began.
+func (e *Episode) leaveStep() {
+	t := e.t
 	t.mu.Lock()
 	e.state = running
 	t.update(e)
 	t.mu.Unlock()
-	return err
 }
 
 // Boundary records a boundary (a JSON-encodable value, which must not

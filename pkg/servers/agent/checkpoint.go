@@ -16,6 +16,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/infra/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/infra/parallel"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -190,12 +191,13 @@ func (h sessionLoop) atBoundary(ctx context.Context, b Boundary, st *LoopState) 
 	return nil
 }
 
-func (h sessionLoop) awaitModel(ctx context.Context, a *activation) (*openai.Response, error) {
-	resp, err := a.callModel(ctx)
-	h.s.mu.Lock()
-	h.s.setPhase(h.sess, phaseRunning)
-	h.s.mu.Unlock()
-	return resp, err
+func (h sessionLoop) awaitModel(t *park.Task, ctx context.Context, a *activation, done func(*openai.Response, error)) {
+	a.callModel(t, ctx, func(resp *openai.Response, err error) {
+		h.s.mu.Lock()
+		h.s.setPhase(h.sess, phaseRunning)
+		h.s.mu.Unlock()
+		done(resp, err)
+	})
 }
 
 // startWatchLocked starts relaying the legacy tracker's readiness changes

@@ -14,7 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
@@ -137,8 +137,8 @@ type loopHooks interface {
 	// open, parks there until it reopens or ctx ends.
 	atBoundary(ctx context.Context, b Boundary, st *LoopState) error
 	// awaitModel makes a's next model call (a.callModel), right after a
-	// before-model-call boundary.
-	awaitModel(ctx context.Context, a *activation) (*openai.Response, error)
+	// before-model-call boundary, parked in t until done gets its reply.
+	awaitModel(t *park.Task, ctx context.Context, a *activation, done func(*openai.Response, error))
 }
 
 // resourcesRef names a resources session as a call carries it: our
@@ -178,15 +178,27 @@ func (s *Server) RunLoop(ctx context.Context, ep rollout.EpisodeID, resourcesSes
 	return s.runActivation(ctx, s.newActivation(ep, resourcesRef{id: resourcesSessionID}, params, state))
 }
 
-// runActivation runs a loop outside any session, counting its outcome.
-func (s *Server) runActivation(ctx context.Context, act *activation) (*openai.Response, error) {
-	resp, err := act.run(ctx)
-	if err != nil {
-		s.metrics.activations.WithLabelValues("failed").Inc()
-		return nil, err
-	}
-	s.metrics.activations.WithLabelValues("completed").Inc()
-	return resp, nil
+// runActivation runs a loop outside any session on the calling goroutine,
+// counting its outcome.
+func (s *Server) runActivation(ctx context.Context, act *activation) (resp *openai.Response, err error) {
+	park.Run(func(t *park.Task) {
+		s.startActivationLoop(t, ctx, act, func(r *openai.Response, e error) { resp, err = r, e })
+	})
+	return resp, err
+}
+
+// startActivationLoop runs a loop outside any session as a task's steps,
+// counting its outcome, and calls done with its result.
+func (s *Server) startActivationLoop(t *park.Task, ctx context.Context, act *activation, done func(*openai.Response, error)) {
+	act.start(t, ctx, func(resp *openai.Response, err error) {
+		if err != nil {
+			s.metrics.activations.WithLabelValues("failed").Inc()
+			done(nil, err)
+			return
+		}
+		s.metrics.activations.WithLabelValues("completed").Inc()
+		done(resp, nil)
+	})
 }
 
 // boundary marks that the loop is at b: with checkpointing on the hooks
@@ -195,43 +207,55 @@ func (a *activation) boundary(ctx context.Context, b Boundary) error {
 	return a.hooks.atBoundary(ctx, b, a.state)
 }
 
-// run runs the turn loop of gym-servers §3.2 from the activation's state: a
-// state with PendingTools first runs the last response's function calls.
-// It returns the last model response with output = NewOutputs and usage =
-// the accumulated usage.
-func (a *activation) run(ctx context.Context) (*openai.Response, error) {
-	st := a.state
-	if st.PendingTools {
+// start runs the turn loop of gym-servers §3.2 from the activation's state
+// as steps of t, parked while each model call is awaited, and calls done
+// with the last model response with output = NewOutputs and usage = the
+// accumulated usage. A state with PendingTools first runs the last
+// response's function calls.
+func (a *activation) start(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
+	if a.state.PendingTools {
 		if err := a.runPendingTools(ctx); err != nil {
-			return nil, err
+			done(nil, err)
+			return
 		}
 		if a.maxStepsReached() {
-			return a.result()
+			done(a.result())
+			return
 		}
 	}
-	for {
-		if err := a.boundary(ctx, BoundaryBeforeModelCall); err != nil {
-			return nil, err
+	a.nextTurn(t, ctx, done)
+}
+
+// nextTurn makes the loop's next turn: a model call, awaited parked, and the
+// tool round it asks for; then the turn after it, or done.
+func (a *activation) nextTurn(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
+	if err := a.boundary(ctx, BoundaryBeforeModelCall); err != nil {
+		done(nil, err)
+		return
+	}
+	a.state.Step++
+	// A turn is a model call and the tool round it asks for.
+	tctx, turn := a.startTurnSpan(ctx)
+	a.hooks.awaitModel(t, tctx, a, func(resp *openai.Response, err error) {
+		finished := false
+		if err == nil {
+			finished, err = a.afterModel(tctx, resp)
 		}
-		st.Step++
-		// A turn is a model call and the tool round it asks for.
-		tctx, turn := a.startTurnSpan(ctx)
-		done, err := a.turn(tctx)
 		tracing.Fail(turn, err)
 		turn.End()
-		if err != nil {
-			return nil, err
+		switch {
+		case err != nil:
+			done(nil, err)
+		case finished || a.maxStepsReached():
+			done(a.result())
+		default:
+			a.nextTurn(t, ctx, done)
 		}
-		if done || a.maxStepsReached() {
-			break
-		}
-	}
-	return a.result()
+	})
 }
 
 // runPendingTools runs the tool calls of a state restored with them
-// pending. Apart from run, whose frame stays on the stack of every
-// activation waiting for its model call.
+// pending.
 func (a *activation) runPendingTools(ctx context.Context) error {
 	st := a.state
 	if st.LastModelResponse == nil {
@@ -258,20 +282,9 @@ func (a *activation) startTurnSpan(ctx context.Context) (context.Context, trace.
 	return ctx, span
 }
 
-// turn makes one model call and runs the tool calls it asks for; done
-// says the loop ends with it.
-func (a *activation) turn(ctx context.Context) (done bool, err error) {
-	resp, err := a.awaitModel(ctx)
-	if err != nil {
-		return false, err
-	}
-	return a.afterModel(ctx, resp)
-}
-
 // afterModel records a model response in the loop state and runs the
-// tool calls it asks for. Apart from turn, whose frame stays on the stack
-// of every activation waiting for its model call.
-func (a *activation) afterModel(ctx context.Context, resp *openai.Response) (done bool, err error) {
+// tool calls it asks for; finished says the loop ends with it.
+func (a *activation) afterModel(ctx context.Context, resp *openai.Response) (finished bool, err error) {
 	st := a.state
 	calls := openai.FunctionCalls(resp.Output)
 	st.ModelCalls++
@@ -349,36 +362,34 @@ func (a *activation) result() (*openai.Response, error) {
 	return &out, nil
 }
 
-// awaitModel makes the next model call through the hooks: while it waits
-// for the reply the loop is still at the boundary before the call.
-func (a *activation) awaitModel(ctx context.Context) (*openai.Response, error) {
-	return a.hooks.awaitModel(ctx, a)
-}
-
 // callModel sends the original input plus every new output to the model
-// server; every other parameter passes through unchanged.
-func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
+// server, parked in t until the reply, which done gets; every other
+// parameter passes through unchanged. A streamed call is read on the
+// step's goroutine.
+func (a *activation) callModel(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
 	req, u := a.modelRequest()
 	ctx, span := a.startModelSpan(ctx, req.Model)
-	defer span.End()
-	var resp *openai.Response
-	var err error
+	finish := func(resp *openai.Response, err error) {
+		if err != nil {
+			err = upstream(ctx, "model server", err)
+			tracing.Fail(span, err)
+			resp = nil
+		}
+		span.End()
+		done(resp, err)
+	}
 	if a.srv.cfg.Stream {
-		resp, err = a.srv.postStreaming(ctx, u, req)
-	} else {
-		resp = new(openai.Response)
-		_, err = httpclient.PostJSON(ctx, a.srv.client, u, nil, req, resp)
+		finish(a.srv.postStreaming(ctx, u, req))
+		return
 	}
-	if err != nil {
-		err = upstream(ctx, "model server", err)
-		tracing.Fail(span, err)
-		return nil, err
-	}
-	return resp, nil
+	resp := new(openai.Response)
+	w := t.Hold()
+	httpclient.StartJSON(ctx, a.srv.client, u, nil, req, resp, func(_ *httpclient.Reply, err error) {
+		w.ResumeHere(func() { finish(resp, err) })
+	})
 }
 
-// modelRequest is the next model call's request and URL. Apart from
-// callModel, whose frame stays on the stack while the call is held.
+// modelRequest is the next model call's request and URL.
 func (a *activation) modelRequest() (*openai.ResponsesRequest, string) {
 	req := *a.params
 	input := make([]openai.Item, 0, len(a.input)+len(a.state.NewOutputs))
@@ -403,17 +414,9 @@ func (a *activation) startModelSpan(ctx context.Context, model string) (context.
 }
 
 // runTools runs function calls one by one, in output order, appending each
-// one's function_call_output.
-//
-// The calls run on a goroutine of their own: the path to a tool call is
-// deeper than the path to a model call, and a stack it grows stays grown
-// while the next model call is held (freshstack).
-func (a *activation) runTools(ctx context.Context, calls []openai.Item) (err error) {
-	freshstack.Run(func() { err = a.runToolsHere(ctx, calls) })
-	return err
-}
-
-func (a *activation) runToolsHere(ctx context.Context, calls []openai.Item) error {
+// one's function_call_output. (No goroutine of its own for the calls' deep
+// path: the loop waits for its next model call parked, on no stack.)
+func (a *activation) runTools(ctx context.Context, calls []openai.Item) error {
 	st := a.state
 	for _, call := range calls {
 		output, status, err := a.callTool(ctx, call)

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
@@ -46,29 +47,49 @@ func stageMode(b *Boundary) Mode {
 }
 
 // runSingleAgentTurn runs the stages from b until the return stage and
-// returns the /run reply. Final cleanup is the caller's.
-//
-// Boundaries go by pointer through the stages: a Boundary is 17 words, and
-// its copies in the frames of each function and closure on the way to the
-// agent's call made that path deeper than the 8 KB stack a /run parked in
-// it could otherwise keep (freshstack's package comment).
-func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b *Boundary) (codec.RawMessage, error) {
+// calls done with the /run reply. Final cleanup is the caller's. The
+// agent's activation is awaited parked (pkg/infra/park): an episode waiting
+// for its agent holds no goroutine.
+func (s *Server) runSingleAgentTurn(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(codec.RawMessage, error)) {
 	s.bindAgentReplica(ep, b)
 	s.registerCleanup(ep, b)
 	if err := ep.recordBoundary(ctx, b); err != nil {
-		return nil, err
+		done(nil, err)
+		return
 	}
+	s.advance(t, ctx, ep, b, done)
+}
+
+// advance runs the stages from b, recording the boundary after each, up
+// to the return stage or the agent's activation, which it awaits parked
+// and then advances from the boundary after it.
+func (s *Server) advance(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(codec.RawMessage, error)) {
 	for b.Next != StageReturn {
+		if b.Next == StageInvokeAgent {
+			s.runAgentStage(t, ctx, ep, b, func(next *Boundary, err error) {
+				if err == nil {
+					err = ep.recordBoundary(ctx, next)
+				}
+				if err != nil {
+					done(nil, err)
+					return
+				}
+				s.advance(t, ctx, ep, next, done)
+			})
+			return
+		}
 		next, err := s.runStage(ctx, ep, b)
 		if err != nil {
-			return nil, err
+			done(nil, err)
+			return
 		}
 		b = next
 		if err := ep.recordBoundary(ctx, b); err != nil {
-			return nil, err
+			done(nil, err)
+			return
 		}
 	}
-	return episodeReply(b.Result, ep.id, observationsOf(b.Observations))
+	done(episodeReply(b.Result, ep.id, observationsOf(b.Observations)))
 }
 
 // runStage runs the stage b names, in its mode, timing it.
@@ -89,13 +110,29 @@ func (s *Server) runStage(ctx context.Context, ep *episode, b *Boundary) (*Bound
 	return out, nil
 }
 
+// runAgentStage is runStage for invoke_agent, whose activation is awaited
+// parked: done gets the boundary after it.
+func (s *Server) runAgentStage(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error)) {
+	timer := s.metrics.stageTimer(b.Next)
+	ctx, span := s.startStageSpan(ctx, ep, b.Next)
+	leave := ep.tracked.Enter(modeOf(stageMode(b)))
+	s.invokeAgent(t, ctx, ep, b, func(out *Boundary, err error) {
+		leave()
+		if err != nil {
+			tracing.Fail(span, err)
+			out, err = nil, &stageError{stage: b.Next, err: err}
+		}
+		span.End()
+		timer()
+		done(out, err)
+	})
+}
+
 // stageFunc is what runs a stage; nil for an unknown one.
 func (s *Server) stageFunc(st Stage) func(context.Context, *episode, *Boundary) (*Boundary, error) {
 	switch st {
 	case StageSeed:
 		return s.seed
-	case StageInvokeAgent:
-		return s.invokeAgent
 	case StageCloseAgent:
 		return s.closeAgent
 	case StageVerify:
@@ -238,13 +275,18 @@ func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary,
 }
 
 // invokeAgent runs activation 1 of the agent session on the row's
-// responses_create_params.
-func (s *Server) invokeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/responses", agentCallHeader(b.Handles.AgentSessionID), ep.req.Params)
-	if err != nil {
-		return nil, err
-	}
-	return afterAgent(b, rep.Body)
+// responses_create_params, parked until the agent replies.
+func (s *Server) invokeAgent(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error)) {
+	w := t.Hold()
+	s.start(ctx, "agent", ep.agentURL, rollout.Path(ep.id, "/v1/responses"), agentCallHeader(b.Handles.AgentSessionID), ep.req.Params, func(rep *httpclient.Reply, err error) {
+		w.ResumeHere(func() {
+			if err != nil {
+				done(nil, err)
+				return
+			}
+			done(afterAgent(b, rep.Body))
+		})
+	})
 }
 
 // afterAgent is the boundary after the agent's reply body.
@@ -255,11 +297,7 @@ func afterAgent(b *Boundary, body []byte) (*Boundary, error) {
 	return &Boundary{Next: StageCloseAgent, Handles: b.Handles, Response: body}, nil
 }
 
-// agentCallHeader names the agent session and its first activation. Apart
-// from invokeAgent, whose frame stays on the stack of an episode waiting
-// for its agent: inlined, the map would be built in that frame.
-//
-//go:noinline
+// agentCallHeader names the agent session and its first activation.
 func agentCallHeader(sessionID string) http.Header {
 	return http.Header{HeaderAgentSession: {sessionID}, HeaderActivation: {"1"}}
 }
@@ -348,6 +386,21 @@ func (s *Server) call(ctx context.Context, kind, base string, id rollout.Episode
 func (s *Server) post(ctx context.Context, kind, base, path string, header http.Header, body any) (*httpclient.Reply, error) {
 	url := base + path
 	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, url, header, body)
+	return checkReply(kind, url, rep, err)
+}
+
+// start is post for a caller that parks: done gets what post returns,
+// and no goroutine waits for it meanwhile (httpclient.Start).
+func (s *Server) start(ctx context.Context, kind, base, path string, header http.Header, body any, done func(*httpclient.Reply, error)) {
+	url := base + path
+	httpclient.Start(ctx, s.client, http.MethodPost, url, header, body, func(rep *httpclient.Reply, err error) {
+		done(checkReply(kind, url, rep, err))
+	})
+}
+
+// checkReply is the 2xx reply of a POST to url, or its failure naming the
+// server.
+func checkReply(kind, url string, rep *httpclient.Reply, err error) (*httpclient.Reply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s POST %s: %w", kind, url, err)
 	}

@@ -358,7 +358,7 @@ func PostJSON(ctx context.Context, c *http.Client, url string, header http.Heade
 	if err != nil {
 		return nil, err
 	}
-	return rep, decodeJSONReply(url, rep, out)
+	return rep, checkJSONReply(url, rep, out, decodeReply)
 }
 
 // decodeReply decodes a reply's body into out (unless out is nil), on a

@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
+	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
 // Starter is a transport that can send a request without a goroutine
@@ -123,43 +124,56 @@ func Start(ctx context.Context, c *http.Client, method, url string, header http.
 		done(nil, err)
 		return
 	}
-	if c.Jar != nil || c.Timeout != 0 || c.Transport == nil {
-		resp, err := c.Do(req)
+	StartSend(c, req, MaxReplyBytes, func(resp *http.Response, err error) {
 		if err != nil {
 			done(nil, err)
-			return
-		}
-		done(readAll(method, url, resp))
-		return
-	}
-	StartRoundTrip(c.Transport, req, MaxReplyBytes, func(resp *http.Response, err error) {
-		if err != nil {
-			done(nil, sendError(req, err))
 			return
 		}
 		done(readAll(method, url, resp))
 	})
 }
 
+// StartSend is Send for a caller that does not wait for the reply: done
+// gets the reply once it has arrived whole (at most maxBody bytes), or
+// Send's error, as StartRoundTrip says.
+func StartSend(c *http.Client, req *http.Request, maxBody int64, done func(*http.Response, error)) {
+	if c.Jar != nil || c.Timeout != 0 || c.Transport == nil {
+		done(wholeReply(c.Do(req))(maxBody))
+		return
+	}
+	StartRoundTrip(c.Transport, req, maxBody, func(resp *http.Response, err error) {
+		if err != nil {
+			done(nil, sendError(req, err))
+			return
+		}
+		done(resp, nil)
+	})
+}
+
 // StartJSON is PostJSON for Start: done gets the reply, and out decoded
-// from a 2xx reply (unless out is nil).
+// from a 2xx reply (unless out is nil). The reply is decoded on the
+// goroutine done runs on, which does not wait afterwards: no goroutine of
+// its own is needed to keep a waiting stack small (freshstack).
 func StartJSON(ctx context.Context, c *http.Client, url string, header http.Header, in, out any, done func(*Reply, error)) {
 	Start(ctx, c, http.MethodPost, url, header, in, func(rep *Reply, err error) {
 		if err != nil {
 			done(nil, err)
 			return
 		}
-		done(rep, decodeJSONReply(url, rep, out))
+		done(rep, checkJSONReply(url, rep, out, func(b []byte, v any) error { return codec.Unmarshal(b, v) }))
 	})
 }
 
-// decodeJSONReply is PostJSON's check of a reply: its error, or out
-// decoded from it.
-func decodeJSONReply(url string, rep *Reply, out any) error {
+// checkJSONReply is PostJSON's check of a reply: its error, or out decoded
+// from it with decode.
+func checkJSONReply(url string, rep *Reply, out any, decode func([]byte, any) error) error {
 	if err := rep.Err(url); err != nil {
 		return err
 	}
-	if err := decodeReply(rep.Body, out); err != nil {
+	if out == nil {
+		return nil
+	}
+	if err := decode(rep.Body, out); err != nil {
 		return &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
 	}
 	return nil
