@@ -213,21 +213,24 @@ func (a *activation) boundary(ctx context.Context, b Boundary) error {
 // accumulated usage. A state with PendingTools first runs the last
 // response's function calls.
 func (a *activation) start(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
-	if a.state.PendingTools {
-		if err := a.runPendingTools(ctx); err != nil {
-			done(nil, err)
-			return
-		}
-		if a.maxStepsReached() {
-			done(a.result())
-			return
-		}
+	if !a.state.PendingTools {
+		a.nextTurn(t, ctx, done)
+		return
 	}
-	a.nextTurn(t, ctx, done)
+	a.runPendingTools(t, ctx, func(err error) {
+		switch {
+		case err != nil:
+			done(nil, err)
+		case a.maxStepsReached():
+			done(a.result())
+		default:
+			a.nextTurn(t, ctx, done)
+		}
+	})
 }
 
-// nextTurn makes the loop's next turn: a model call, awaited parked, and the
-// tool round it asks for; then the turn after it, or done.
+// nextTurn makes the loop's next turn: a model call and the tool round it
+// asks for, each call awaited parked; then the turn after it, or done.
 func (a *activation) nextTurn(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
 	if err := a.boundary(ctx, BoundaryBeforeModelCall); err != nil {
 		done(nil, err)
@@ -236,11 +239,7 @@ func (a *activation) nextTurn(t *park.Task, ctx context.Context, done func(*open
 	a.state.Step++
 	// A turn is a model call and the tool round it asks for.
 	tctx, turn := a.startTurnSpan(ctx)
-	a.hooks.awaitModel(t, tctx, a, func(resp *openai.Response, err error) {
-		finished := false
-		if err == nil {
-			finished, err = a.afterModel(tctx, resp)
-		}
+	endTurn := func(finished bool, err error) {
 		tracing.Fail(turn, err)
 		turn.End()
 		switch {
@@ -251,26 +250,38 @@ func (a *activation) nextTurn(t *park.Task, ctx context.Context, done func(*open
 		default:
 			a.nextTurn(t, ctx, done)
 		}
+	}
+	a.hooks.awaitModel(t, tctx, a, func(resp *openai.Response, err error) {
+		if err != nil {
+			endTurn(false, err)
+			return
+		}
+		a.afterModel(t, tctx, resp, endTurn)
 	})
 }
 
 // runPendingTools runs the tool calls of a state restored with them
-// pending.
-func (a *activation) runPendingTools(ctx context.Context) error {
+// pending, then calls done.
+func (a *activation) runPendingTools(t *park.Task, ctx context.Context, done func(error)) {
 	st := a.state
 	if st.LastModelResponse == nil {
-		return apierror.New(apierror.InvalidCheckpointState, "loop state has pending tools but no model response")
+		done(apierror.New(apierror.InvalidCheckpointState, "loop state has pending tools but no model response"))
+		return
 	}
 	// A state restored at this boundary is at it again: an activation
 	// continued while a checkpoint is open parks before any tool runs.
 	if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
-		return err
+		done(err)
+		return
 	}
-	if err := a.runTools(ctx, openai.FunctionCalls(st.lastOutput())); err != nil {
-		return err
-	}
-	st.PendingTools = false
-	return a.boundary(ctx, BoundaryAfterToolRound)
+	a.runTools(t, ctx, openai.FunctionCalls(st.lastOutput()), func(err error) {
+		if err != nil {
+			done(err)
+			return
+		}
+		st.PendingTools = false
+		done(a.boundary(ctx, BoundaryAfterToolRound))
+	})
 }
 
 // startTurnSpan starts a turn's span.
@@ -283,8 +294,9 @@ func (a *activation) startTurnSpan(ctx context.Context) (context.Context, trace.
 }
 
 // afterModel records a model response in the loop state and runs the
-// tool calls it asks for; finished says the loop ends with it.
-func (a *activation) afterModel(ctx context.Context, resp *openai.Response) (finished bool, err error) {
+// tool calls it asks for, each awaited parked; done gets whether the loop
+// ends with it.
+func (a *activation) afterModel(t *park.Task, ctx context.Context, resp *openai.Response, done func(finished bool, err error)) {
 	st := a.state
 	calls := openai.FunctionCalls(resp.Output)
 	st.ModelCalls++
@@ -304,26 +316,30 @@ func (a *activation) afterModel(ctx context.Context, resp *openai.Response) (fin
 	last.Output = nil
 	st.LastModelResponse = &last
 	st.Turns = append(st.Turns, Turn{Step: st.Step, ResponseID: resp.ID, Status: resp.Status, OutputItems: len(resp.Output), FunctionCalls: len(calls)})
-	if resp.IncompleteDetails != nil {
-		return true, nil
+	switch {
+	case resp.IncompleteDetails != nil:
+		done(true, nil)
+		return
+	case len(calls) == 0 && openai.HasAssistantMessage(resp.Output):
+		done(true, nil)
+		return
+	case len(calls) == 0:
+		done(false, nil)
+		return
 	}
-	if len(calls) == 0 && openai.HasAssistantMessage(resp.Output) {
-		return true, nil
+	st.PendingTools = true
+	if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
+		done(false, err)
+		return
 	}
-	if len(calls) > 0 {
-		st.PendingTools = true
-		if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
-			return false, err
-		}
-		if err := a.runTools(ctx, calls); err != nil {
-			return false, err
+	a.runTools(t, ctx, calls, func(err error) {
+		if err != nil {
+			done(false, err)
+			return
 		}
 		st.PendingTools = false
-		if err := a.boundary(ctx, BoundaryAfterToolRound); err != nil {
-			return false, err
-		}
-	}
-	return false, nil
+		done(false, a.boundary(ctx, BoundaryAfterToolRound))
+	})
 }
 
 // lastOutput is the last model response's output: the items of the last
@@ -413,20 +429,24 @@ func (a *activation) startModelSpan(ctx context.Context, model string) (context.
 	return ctx, span
 }
 
-// runTools runs function calls one by one, in output order, appending each
-// one's function_call_output. (No goroutine of its own for the calls' deep
-// path: the loop waits for its next model call parked, on no stack.)
-func (a *activation) runTools(ctx context.Context, calls []openai.Item) error {
-	st := a.state
-	for _, call := range calls {
-		output, status, err := a.callTool(ctx, call)
+// runTools runs function calls one by one, in output order, each awaited
+// parked, appending each one's function_call_output; then calls done.
+func (a *activation) runTools(t *park.Task, ctx context.Context, calls []openai.Item, done func(error)) {
+	if len(calls) == 0 {
+		done(nil)
+		return
+	}
+	call := calls[0]
+	a.callTool(t, ctx, call, func(output string, status int, err error) {
 		if err != nil {
-			return err
+			done(err)
+			return
 		}
+		st := a.state
 		st.NewOutputs = append(st.NewOutputs, openai.Item{Type: openai.ItemFunctionCallOutput, CallID: call.CallID, Output: openai.TextContent(output)})
 		st.ToolRecords = append(st.ToolRecords, ToolRecord{Step: st.Step, CallID: call.CallID, Name: call.Name, Status: status})
-	}
-	return nil
+		a.runTools(t, ctx, calls[1:], done)
+	})
 }
 
 // path is p under the activation's /ng-rollout prefix, or p itself for an
@@ -445,33 +465,42 @@ func (a *activation) path(p string) string {
 // Set-Cookie is not followed: Gym's servers set the same session id on
 // every reply (its value re-signed), and the environment verifies with the
 // seed's cookies, which a checkpoint holds.
-func (a *activation) callTool(ctx context.Context, call openai.Item) (output string, status int, err error) {
+func (a *activation) callTool(t *park.Task, ctx context.Context, call openai.Item, done func(output string, status int, err error)) {
 	a.srv.metrics.toolCalls.Inc()
 	if !codec.Valid([]byte(call.Arguments)) {
 		b, err := codec.Marshal(map[string]string{"error": "Invalid tool call arguments: " + call.Arguments})
 		if err != nil {
-			return "", 0, apierror.Wrap(apierror.Internal, err)
+			done("", 0, apierror.Wrap(apierror.Internal, err))
+			return
 		}
-		return string(b), 0, nil
+		done(string(b), 0, nil)
+		return
 	}
 	u := baseURL(a.srv.cfg.resourcesURL(a.episode.RolloutID)) + a.path("/"+url.PathEscape(call.Name))
 	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanToolCall)
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrTool.String(call.Name))
 	}
-	defer span.End()
-	rep, err := httpclient.Do(ctx, a.srv.client, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
-	if err != nil {
-		err = upstream(ctx, "resources server", err)
-		tracing.Fail(span, err)
-		return "", 0, err
-	}
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrStatus.Int(rep.Status))
-	}
-	// Our servers end a JSON reply with a newline; it is framing, not part
-	// of the tool's output, and NeMo Gym's tool outputs carry none.
-	return strings.TrimRight(string(rep.Body), "\r\n"), rep.Status, nil
+	w := t.Hold()
+	httpclient.Start(ctx, a.srv.client, http.MethodPost, u, a.resources.header(), []byte(call.Arguments), func(rep *httpclient.Reply, err error) {
+		w.ResumeHere(func() {
+			if err != nil {
+				err = upstream(ctx, "resources server", err)
+				tracing.Fail(span, err)
+				span.End()
+				done("", 0, err)
+				return
+			}
+			if span.IsRecording() {
+				span.SetAttributes(tracing.AttrStatus.Int(rep.Status))
+			}
+			span.End()
+			// Our servers end a JSON reply with a newline; it is framing, not
+			// part of the tool's output, and NeMo Gym's tool outputs carry
+			// none.
+			done(strings.TrimRight(string(rep.Body), "\r\n"), rep.Status, nil)
+		})
+	})
 }
 
 // upstream turns a failed call into upstream_error, unless the activation's

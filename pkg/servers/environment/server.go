@@ -390,13 +390,14 @@ func (s *Server) runEpisode(t *park.Task, ctx context.Context, ep *episode, done
 		// cleanup, so its reply means the sessions are closed.
 		ep.tracked.Finishing()
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
-		ep.cleanup.run(cctx, s.log, ep.id.CaptureKey(), s.late)
-		ccancel()
-		if err != nil {
-			reply, err = nil, s.episodeError(ctx, epCtx, ep, err)
-		}
-		end()
-		done(reply, err)
+		ep.cleanup.run(t, cctx, s.log, ep.id.CaptureKey(), s.late, func() {
+			ccancel()
+			if err != nil {
+				reply, err = nil, s.episodeError(ctx, epCtx, ep, err)
+			}
+			end()
+			done(reply, err)
+		})
 	}
 	switch ep.protocol {
 	case ProtocolLegacy:
