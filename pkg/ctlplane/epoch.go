@@ -504,21 +504,24 @@ func (t *epochTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // StartRoundTrip is RoundTrip for a caller that does not wait for the
-// reply (httpclient.Starter): the reply's epoch is checked on the
+// reply (httpclient.Starter): the epoch goes on req itself, which a
+// Starter's caller builds for the one call, rather than on a copy a
+// parked call would keep besides; the reply's epoch is checked on the
 // goroutine it arrives on.
 func (t *epochTransport) StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error)) {
 	if t.c.epoch.fenced.Load() {
 		closeReqBody(req)
-		done(refusal(req, t.c.epoch.staleErr(0)), nil)
+		done(refusal(nil, t.c.epoch.staleErr(0)), nil)
 		return
 	}
 	own := t.c.epoch.cur.Load()
-	httpclient.StartRoundTrip(t.base, withEpoch(req, own), maxBody, func(resp *http.Response, err error) {
+	req.Header.Set(EpochHeader, strconv.FormatUint(own, 10))
+	httpclient.StartRoundTrip(t.base, req, maxBody, func(resp *http.Response, err error) {
 		if err != nil || len(resp.Header[EpochHeader]) == 0 {
 			done(resp, err)
 			return
 		}
-		done(t.checkReply(req, resp, own))
+		done(t.checkReply(nil, resp, own))
 	})
 }
 

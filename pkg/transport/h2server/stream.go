@@ -11,14 +11,14 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// stream is one request and its reply. Its fields but id, ctx, cancel,
-// req and body are under c.mu.
+// stream is one request and its reply. Its fields but id, ctx, cancel and
+// body are under c.mu. The request itself is its handler's: a stream held
+// open for a parked request keeps none of it.
 type stream struct {
 	c      *conn
 	id     uint32
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	req    *http.Request
 
 	// recvWindow is what the client may still send on the stream; unacked
 	// what the handler read and the client has not been given back.
@@ -42,8 +42,9 @@ type stream struct {
 	body pipe
 }
 
-// newStream registers a stream for req and counts it open.
-func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost uint32) *stream {
+// newStream registers a stream for req and counts it open; it returns the
+// request its handler gets, in the stream's context.
+func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost uint32) (*stream, *http.Request) {
 	ctx, cancel := context.WithCancelCause(c.ctx)
 	st := &stream{
 		c:          c,
@@ -63,7 +64,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost ui
 	} else {
 		req.Body = requestBody{st}
 	}
-	st.req = req.WithContext(ctx)
+	req = req.WithContext(ctx)
 	c.mu.Lock()
 	st.sendWindow = c.peer.StreamWindow
 	c.streams[id] = st
@@ -74,7 +75,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost ui
 		c.watchLocked()
 	}
 	c.mu.Unlock()
-	return st
+	return st, req
 }
 
 // closedByPeer reports whether the client has no reason to send more
@@ -108,14 +109,14 @@ var errHandlerPanicked = errors.New("h2server: handler panicked")
 // runHandler serves the stream's request on the goroutine it is started
 // on, then sends what is left of the reply and forgets the stream, unless
 // the handler detached the stream (Detach): its end then does.
-func (c *conn) runHandler(st *stream) {
-	w := &responseWriter{st: st, head: st.req.Method == http.MethodHead}
+func (c *conn) runHandler(st *stream, req *http.Request) {
+	w := &responseWriter{st: st, head: req.Method == http.MethodHead}
 	defer func() {
 		if p := recover(); p != nil {
 			// A panic ends the stream here, detached or not: a detached
 			// stream's end is called only by a handler that returned.
 			if p != http.ErrAbortHandler {
-				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", st.req.Method, "path", st.req.URL.Path, "panic", p, "stack", string(debug.Stack()))
+				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", req.Method, "path", req.URL.Path, "panic", p, "stack", string(debug.Stack()))
 			}
 			c.endStream(w, true)
 			return
@@ -124,7 +125,7 @@ func (c *conn) runHandler(st *stream) {
 			c.endStream(w, false)
 		}
 	}()
-	c.s.cfg.Handler.ServeHTTP(w, st.req)
+	c.s.cfg.Handler.ServeHTTP(w, req)
 }
 
 // endStream sends what is left of the reply (or, abort, resets the

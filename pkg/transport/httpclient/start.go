@@ -7,6 +7,9 @@ import (
 	"io"
 	"net/http"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -20,7 +23,9 @@ type Starter interface {
 	// buffered (at most maxBody bytes) and read without waiting. done may
 	// be called before StartRoundTrip returns, on its caller's goroutine
 	// (a transport that cannot do otherwise waits there), or later on
-	// another goroutine.
+	// another goroutine. Unlike RoundTrip, it may add headers to req:
+	// its callers build a request for the one call, and a copy would be
+	// kept for as long as the call is awaited.
 	StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error))
 }
 
@@ -102,7 +107,9 @@ func (p *h2cPool) StartRoundTrip(req *http.Request, maxBody int64, done func(*ht
 // never processed is sent again, on the goroutine its failure arrived on
 // (rare; it waits there between sends).
 func (r resendUnsent) StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error)) {
-	req = withTraceparent(req)
+	if trace.SpanContextFromContext(req.Context()).IsValid() {
+		tracing.Inject(req.Context(), req.Header)
+	}
 	StartRoundTrip(r.next, req, maxBody, func(resp *http.Response, err error) {
 		if err == nil || !neverProcessed(err) {
 			done(resp, err)
@@ -117,9 +124,10 @@ func (r resendUnsent) StartRoundTrip(req *http.Request, maxBody int64, done func
 // Starter (the lean stack's, between our servers) no goroutine waits for
 // it, and done runs on a goroutine of its own; otherwise the request is
 // made on the calling goroutine and done is called before Start returns.
-// Like Do, it never retries.
+// Like Do, it never retries. The body must not change until done is
+// called: a request sent again is encoded again (see newStartRequest).
 func Start(ctx context.Context, c *http.Client, method, url string, header http.Header, body any, done func(*Reply, error)) {
-	req, err := newRequest(ctx, method, url, header, body)
+	req, err := newStartRequest(ctx, method, url, header, body)
 	if err != nil {
 		done(nil, err)
 		return
@@ -176,5 +184,62 @@ func checkJSONReply(url string, rep *Reply, out any, decode func([]byte, any) er
 	if err := decode(rep.Body, out); err != nil {
 		return &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
 	}
+	return nil
+}
+
+// newStartRequest is newRequest for Start. A body that is not bytes
+// already is encoded to be sent, and again if it is sent again: the
+// bytes are let go once written, so a call awaited for minutes keeps its
+// body's value (most often shared with its caller's state) and not an
+// encoding of it besides.
+func newStartRequest(ctx context.Context, method, url string, header http.Header, body any) (*http.Request, error) {
+	switch body.(type) {
+	case nil, []byte, codec.RawMessage:
+		return newRequest(ctx, method, url, header, body)
+	}
+	encode := func() ([]byte, error) { return codec.Marshal(body) }
+	b, err := encode()
+	if err != nil {
+		return nil, fmt.Errorf("encoding request to %s: %w", url, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	if req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Body, req.ContentLength = &sentBody{b: b}, int64(len(b))
+	req.GetBody = func() (io.ReadCloser, error) {
+		b, err := encode()
+		if err != nil {
+			return nil, err
+		}
+		return &sentBody{b: b}, nil
+	}
+	return req, nil
+}
+
+// sentBody is a request body that lets go of its bytes once they are read.
+type sentBody struct{ b []byte }
+
+func (r *sentBody) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		r.b = nil
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	if len(r.b) == 0 {
+		r.b = nil
+	}
+	return n, nil
+}
+
+func (r *sentBody) Close() error {
+	r.b = nil
 	return nil
 }
