@@ -704,11 +704,10 @@ func (s *Server) dropSessionLocked(sess *session) {
 		return
 	}
 	delete(s.sessions, sess.id)
-	if m := s.byRollout[sess.episode.RolloutID]; m != nil {
-		delete(m, sess.id)
-		if len(m) == 0 {
-			delete(s.byRollout, sess.episode.RolloutID)
-		}
+	if rest := slices.DeleteFunc(s.byRollout[sess.episode.RolloutID], func(o *session) bool { return o == sess }); len(rest) > 0 {
+		s.byRollout[sess.episode.RolloutID] = rest
+	} else {
+		delete(s.byRollout, sess.episode.RolloutID)
 	}
 	if !sess.closed {
 		s.metrics.sessions.Dec()
@@ -1123,7 +1122,8 @@ func (p participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		for _, sess := range s.byRollout[id.RolloutID] {
+		// A copy: dropping a session edits the rollout's list.
+		for _, sess := range slices.Clone(s.byRollout[id.RolloutID]) {
 			if covered(sess) && !sess.running {
 				s.dropSessionLocked(sess)
 			}

@@ -80,7 +80,7 @@ type Server struct {
 	sessions map[string]*session
 	// byRollout indexes sessions by rollout, so retiring one rollout never
 	// scans every session.
-	byRollout map[string]map[string]*session
+	byRollout map[string][]*session
 	// closed orders closed sessions by close time, for forgetClosedLocked.
 	closed closedSessions
 
@@ -194,7 +194,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		metrics:   newMetrics(deps.Registry),
 		tracer:    tracing.NewTracer(deps.Tracer),
 		sessions:  map[string]*session{},
-		byRollout: map[string]map[string]*session{},
+		byRollout: map[string][]*session{},
 	}
 	s.hooks = noHooks{s}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
@@ -333,12 +333,7 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 // addSessionLocked registers a new session. Called with s.mu held.
 func (s *Server) addSessionLocked(sess *session) {
 	s.sessions[sess.id] = sess
-	m := s.byRollout[sess.episode.RolloutID]
-	if m == nil {
-		m = map[string]*session{}
-		s.byRollout[sess.episode.RolloutID] = m
-	}
-	m[sess.id] = sess
+	s.byRollout[sess.episode.RolloutID] = append(s.byRollout[sess.episode.RolloutID], sess)
 	s.metrics.sessions.Inc()
 }
 
