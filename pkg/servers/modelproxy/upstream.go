@@ -163,7 +163,7 @@ func (s *Server) tryWorker(task *park.Task, ctx context.Context, client *http.Cl
 	httpclient.StartSend(client, req, httpclient.MaxReplyBytes, func(resp *http.Response, err error) {
 		var b []byte
 		if err == nil {
-			b, err = io.ReadAll(resp.Body)
+			b, err = httpclient.ReadReply(resp)
 			resp.Body.Close()
 		}
 		w.ResumeHere(func() {

@@ -228,11 +228,15 @@ func (c *Conn) Reserve() error {
 		return err
 	}
 	if c.slotsLocked() >= c.peer.MaxStreams {
-		return errors.New("h2client: no stream free")
+		return errNoStreamFree
 	}
 	c.reserved++
 	return nil
 }
+
+// errNoStreamFree is Reserve's refusal: a pool tries its connections one
+// after another, and a busy one must cost no allocation.
+var errNoStreamFree = errors.New("h2client: no stream free")
 
 // Release gives back a reservation RoundTrip will not use.
 func (c *Conn) Release() {

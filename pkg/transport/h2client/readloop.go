@@ -174,6 +174,11 @@ func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) {
 		ContentLength: contentLength(header),
 		Body:          replyBody{st},
 	}
+	if w := st.whole; w != nil && resp.ContentLength > 0 && resp.ContentLength <= w.maxBody {
+		// Read whole: one buffer of its size, but a length declared is
+		// not bytes sent, so a peer gets no more than presizeMax for it.
+		st.body.presize(int(min(resp.ContentLength, presizeMax)))
+	}
 	c.mu.Lock()
 	if st.headersIn { // failed meanwhile
 		c.mu.Unlock()

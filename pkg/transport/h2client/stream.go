@@ -236,6 +236,17 @@ func (p *pipe) fail(err error) {
 	p.mu.Unlock()
 }
 
+// presizeMax is the most of a reply's declared length allocated before
+// its bytes arrive.
+const presizeMax = 1 << 20
+
+// presize makes room for n bytes of body before any arrives.
+func (p *pipe) presize(n int) {
+	p.mu.Lock()
+	p.buf.Grow(n)
+	p.mu.Unlock()
+}
+
 // taken counts n received bytes of a whole reply as read, and returns the
 // window to give back for them now (0 until a batch is due).
 func (p *pipe) taken(n int) int {
