@@ -85,7 +85,7 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	var o ckptOptions
 	fs := newFlagSet("ckpt "+op, stderr)
 	fs.StringVar(&o.config, "config", "configs/local.yaml", "fleet file")
-	fs.StringVar(&o.token, "token", "", "control token (default: the fleet file's, or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN)")
+	fs.StringVar(&o.token, "token", "", "control token (default: the Gym config's checkpoint.control_auth_token, the fleet file's, or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN)")
 	fs.StringVar(&o.id, "id", "", "checkpoint id")
 	fs.StringVar(&o.dir, "dir", "", "checkpoint directory (absolute, reachable by every server)")
 	fs.StringVar(&o.episodes, "episodes", "", "comma-separated capture keys: the scope of commit and restore, the attempts to retire")
@@ -111,6 +111,17 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	if o.keyFile == "" && cfg.Checkpoint.SigningKeyFile != "" {
 		o.keyFile = cfg.Path(cfg.Checkpoint.SigningKeyFile)
 	}
+	// A Gym global config names the fleet and, in its checkpoint: block,
+	// the token its own controllers use.
+	gymDoc, err := gymConfigDoc(ctx, o)
+	if err != nil {
+		return fmt.Errorf("ckpt: %w", err)
+	}
+	if o.token == "" && gymDoc != nil {
+		if o.token, err = coordination.GymCheckpointToken(gymDoc); err != nil {
+			return fmt.Errorf("ckpt: %w", err)
+		}
+	}
 	if o.token == "" {
 		o.token = cfg.Checkpoint.ControlAuthToken
 	}
@@ -119,7 +130,7 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 		o.token = getenv("GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
 	}
 	if o.token == "" {
-		return errors.New("ckpt: no control token: set checkpoint.control_auth_token in the fleet file, --token or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
+		return errors.New("ckpt: no control token: set checkpoint.control_auth_token in the fleet file or the Gym config, --token or GYMFLEET_CHECKPOINT_CONTROL_AUTH_TOKEN")
 	}
 	if o.dir != "" {
 		if o.dir, err = checkpointDir(cfg, o.dir); err != nil {
@@ -130,7 +141,7 @@ func runCkpt(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
-	eps, err := ckptEndpoints(ctx, o, cfg)
+	eps, err := ckptEndpoints(gymDoc, cfg)
 	if err != nil {
 		return fmt.Errorf("ckpt: %w", err)
 	}
@@ -412,23 +423,23 @@ func checkpointDir(cfg *fleet.Config, dir string) (string, error) {
 	return abs, nil
 }
 
-// ckptEndpoints are the servers to discover: those of a NeMo Gym global
-// config when one is named (a file, or its head server's
-// /global_config_dict_yaml), else the fleet file's endpoints.
-func ckptEndpoints(ctx context.Context, o ckptOptions, cfg *fleet.Config) ([]coordination.Endpoint, error) {
+// gymConfigDoc is the NeMo Gym global config --gym-config (a file) or
+// --gym-head (its head server's /global_config_dict_yaml) names, or nil.
+func gymConfigDoc(ctx context.Context, o ckptOptions) ([]byte, error) {
 	switch {
 	case o.gymConfig != "":
-		doc, err := os.ReadFile(o.gymConfig)
-		if err != nil {
-			return nil, err
-		}
-		return coordination.EndpointsFromGymConfig(doc)
+		return os.ReadFile(o.gymConfig)
 	case o.gymHead != "":
-		doc, err := coordination.FetchGymConfig(ctx, nil, o.gymHead)
-		if err != nil {
-			return nil, err
-		}
-		return coordination.EndpointsFromGymConfig(doc)
+		return coordination.FetchGymConfig(ctx, nil, o.gymHead)
+	}
+	return nil, nil
+}
+
+// ckptEndpoints are the servers of the Gym global config, if one is
+// given, else the fleet file's.
+func ckptEndpoints(gymDoc []byte, cfg *fleet.Config) ([]coordination.Endpoint, error) {
+	if gymDoc != nil {
+		return coordination.EndpointsFromGymConfig(gymDoc)
 	}
 	var eps []coordination.Endpoint
 	for _, p := range cfg.Processes {

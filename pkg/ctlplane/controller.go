@@ -288,6 +288,10 @@ func validEpisodes(ids []rollout.EpisodeID) error {
 // scopeDigest names a scope canonically, to tell retries from conflicts.
 func scopeDigest(s Scope) string { return s.Digest() }
 
+// heldScopeDigest names a commit without a scope (episode_ids null): a
+// retry without one is the same commit, one with a list another.
+const heldScopeDigest = "held"
+
 // extendLease moves the lease to deadline + grace if that is later, and
 // (re)arms the expiry timer. Called with c.mu held.
 func (c *Controller) extendLease(deadline time.Time) {
@@ -508,14 +512,19 @@ func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) 
 	if err := c.validDir(req.CheckpointDir); err != nil {
 		return nil, err
 	}
-	if req.EpisodeIDs == nil {
-		return nil, apierror.New(apierror.InvalidRequest, "episode_ids is required: name every episode the controller continues (an empty list continues none)")
+	// No scope (episode_ids null or absent) exports everything the
+	// participant holds, as NeMo Gym's CommitRequest allows; the scope is
+	// then the participant's own list, taken once the commit writes.
+	everything := req.EpisodeIDs == nil
+	var scope Scope
+	digest := heldScopeDigest
+	if !everything {
+		if err := validEpisodes(req.EpisodeIDs); err != nil {
+			return nil, err
+		}
+		scope = newScope(req.EpisodeIDs, owned)
+		digest = scopeDigest(scope)
 	}
-	if err := validEpisodes(req.EpisodeIDs); err != nil {
-		return nil, err
-	}
-	scope := newScope(req.EpisodeIDs, owned)
-	digest := scopeDigest(scope)
 	if req.Stop {
 		digest += "+stop"
 	}
@@ -543,9 +552,19 @@ func (c *Controller) commit(ctx context.Context, req CommitRequest, owned bool) 
 		c.mu.Unlock()
 		return awaitTask[*CommitReply](ctx, c, t, deadline)
 	}
-	// ActWrite. A scope that names an episode this participant can only
-	// restart would promise a continuation nobody can give.
-	if restarts := c.p.Report(0).Restarts; len(restarts) > 0 {
+	// ActWrite.
+	if everything {
+		h, ok := c.p.(Holder)
+		if !ok {
+			c.extendLease(deadline)
+			c.mu.Unlock()
+			return nil, apierror.New(apierror.CheckpointError, "this %s participant needs the episode_ids the controller continues from this checkpoint: it exports only the episodes a scope names", c.p.Kind())
+		}
+		// What it holds excludes its restarts: none can be in scope.
+		scope = NewScope(h.Held())
+	} else if restarts := c.p.Report(0).Restarts; len(restarts) > 0 {
+		// A scope that names an episode this participant can only restart
+		// would promise a continuation nobody can give.
 		for _, k := range restarts {
 			if eid, err := rollout.ParseCaptureKey(k); err == nil && scope.Has(eid) {
 				c.mu.Unlock()
@@ -622,6 +641,7 @@ func (c *Controller) runWrite(ctx context.Context, t *task, req CommitRequest, s
 		return
 	}
 	c.st = Step(c.st, Input{Op: OpCommitDone, CheckpointID: t.id, OK: true}).Next
+	keys = sortedKeys(keys)
 	reply := &CommitReply{Phase: PhaseCommitted, Manifest: w.Manifest, EpisodeIDs: keys, Extras: extras.Reply, Records: w.Manifest.RecordCount, Bytes: w.Bytes, WriteSeconds: took.Seconds()}
 	if c.st.Phase == PhaseCommitted && c.st.CheckpointID == t.id {
 		c.committed = reply
@@ -632,6 +652,19 @@ func (c *Controller) runWrite(ctx context.Context, t *task, req CommitRequest, s
 		c.write = nil
 	}
 	t.finish(reply, nil)
+}
+
+// sortedKeys is keys sorted, each once: the capture keys a commit or
+// restore reply lists, as NeMo Gym replies them (control.py:
+// sorted({key ...})) and NeMo RL's adapter refuses duplicates. An export
+// writes in scope order, sorted already for most ids, so the sort is
+// usually only its check; a participant with several records of one
+// episode (sessions) lists its key once.
+func sortedKeys(keys []string) []string {
+	if !slices.IsSorted(keys) {
+		slices.Sort(keys)
+	}
+	return slices.Compact(keys)
 }
 
 func commitError(err error) error {
@@ -719,9 +752,11 @@ func (c *Controller) restore(ctx context.Context, req RestoreRequest, owned bool
 		c.mu.Unlock()
 		return nil, err
 	}
+	// Gym's participants refuse it with ControlError, checkpoint_error
+	// (model.py install: "requires a freshly started model server").
 	if err := c.p.Fresh(); err != nil {
 		c.mu.Unlock()
-		return nil, apierror.New(apierror.InvalidPhase, "restore requires a fresh process: %v", err)
+		return nil, apierror.New(apierror.CheckpointError, "restore requires a fresh process: %v", err)
 	}
 	c.st = d.Next
 	c.extendLease(deadline)
@@ -834,6 +869,7 @@ func (c *Controller) runInstall(ctx context.Context, t *task, req RestoreRequest
 	for i, id := range installed {
 		keys[i] = id.CaptureKey()
 	}
+	keys = sortedKeys(keys)
 	reply := &RestoreReply{
 		Phase: PhaseRestored, SourceCheckpointID: cmp.Or(m.CheckpointID, t.id), Restored: keys, Records: len(recs),
 		ReadSeconds: read.Seconds(), InstallSeconds: (took - read).Seconds(),

@@ -667,3 +667,73 @@ func TestController_RestoreByPartition(t *testing.T) {
 		t.Fatalf("restore of res-1 as replica 0 of 3: %v, want invalid_request", err)
 	}
 }
+
+// holdingFake is a Fake that names what it holds (ctlplane.Holder).
+type holdingFake struct {
+	*ctlplanetest.Fake
+	held []rollout.EpisodeID
+}
+
+func (h holdingFake) Held() []rollout.EpisodeID { return h.held }
+
+// TestController_CommitWithoutScope: a commit with episode_ids null (NeMo
+// Gym's CommitRequest default, nemo_gym/_checkpoint/control.py @
+// 011c3386d691) exports what a Holder holds, its restarts never in scope;
+// a participant that is no Holder refuses it with checkpoint_error and stays
+// prepared, as Gym's model participant refuses it (model.py
+// export_model_records). The reply lists each exported episode once,
+// sorted, as Gym's does.
+func TestController_CommitWithoutScope(t *testing.T) {
+	ctx := context.Background()
+	dl := deadlineIn(ctlplane.RealClock{}, 30*time.Second)
+
+	plain := ctlplanetest.NewFake("model", "m")
+	c := newController(t, plain, ctlplane.RealClock{}, nil)
+	if _, err := c.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: t.TempDir()})
+	var ae *apierror.Error
+	if !errors.As(err, &ae) || ae.Code != apierror.CheckpointError || ae.HTTPStatus() != http.StatusConflict {
+		t.Fatalf("a commit without a scope on a participant that is no Holder: %v", err)
+	}
+	if p, _ := c.Phase(); p != ctlplane.PhasePrepared {
+		t.Fatalf("phase = %s, want prepared", p)
+	}
+	if _, err := c.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: t.TempDir(), EpisodeIDs: []rollout.EpisodeID{}}); err != nil {
+		t.Fatalf("a commit with a scope after the refusal: %v", err)
+	}
+
+	f := ctlplanetest.NewFake("environment", "e")
+	held := []rollout.EpisodeID{{RolloutID: "r-0", Attempt: 0}, {RolloutID: "r", Attempt: 1}}
+	restart := rollout.EpisodeID{RolloutID: "restart-me"}
+	for _, id := range append(held, restart) {
+		f.SetEpisode(id, true)
+	}
+	f.SetRestart(restart)
+	cfg := ctlplane.Config{Enabled: true, ControlAuthToken: "t", LeaseGraceSeconds: 60, Root: os.TempDir()}
+	hc, err := ctlplane.New(cfg, holdingFake{Fake: f, held: held}, ctlplane.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hc.Close)
+	if _, err := hc.Prepare(ctx, ctlplane.CheckpointRequest{CheckpointID: "c1", DeadlineTS: dl}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rep, err := hc.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rep.EpisodeIDs, []string{"r-0", "r-a1"}) || rep.Manifest.RecordCount != 2 {
+		t.Fatalf("commit reply episode_ids %v, %d records; want [r-0 r-a1], 2", rep.EpisodeIDs, rep.Manifest.RecordCount)
+	}
+	again, err := hc.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir})
+	if err != nil || again != rep {
+		t.Fatalf("a retry without a scope: %+v, %v; want the first reply", again, err)
+	}
+	_, err = hc.Commit(ctx, ctlplane.CommitRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: held})
+	if !apierror.HasCode(err, apierror.CheckpointConflict) {
+		t.Fatalf("the same id with a scope after one without: %v", err)
+	}
+}

@@ -86,6 +86,19 @@ type Participant interface {
 	StatusExtra() map[string]any
 }
 
+// Holder is a participant that can name every episode it holds state for:
+// each one its Export would write were the scope to name them all. It
+// takes a commit without a scope (episode_ids null), which NeMo Gym's
+// participants read as "everything held" (control.py CommitRequest;
+// environment.py, agent.py, resources.py export every live episode and
+// every restored one); the scope is then what Held names. A participant
+// that is no Holder refuses such a commit with checkpoint_error, as Gym's
+// model participant does: its ledger keeps every episode it ever served.
+// Held is called with admission closed, the participant prepared.
+type Holder interface {
+	Held() []rollout.EpisodeID
+}
+
 // Record is one participant record of one episode, opaque to the control
 // plane: a line of the records file.
 type Record = ckptstore.Record

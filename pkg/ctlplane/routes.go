@@ -3,6 +3,7 @@ package ctlplane
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -106,6 +107,19 @@ func (c *Controller) Routes() chi.Router {
 	return r
 }
 
+// asValidationError answers a control body that does not validate (not
+// JSON, an unknown field, a bad id, a deadline or list out of range) with
+// 422, as NeMo Gym's FastAPI routes answer every body their pydantic
+// models refuse (control.py: each operation's body is its request model);
+// the envelope and its invalid_request code stay ours.
+func asValidationError(err error) error {
+	var ae *apierror.Error
+	if errors.As(err, &ae) && ae.Code == apierror.InvalidRequest && ae.HTTPStatus() != http.StatusUnprocessableEntity {
+		return ae.WithStatus(http.StatusUnprocessableEntity)
+	}
+	return err
+}
+
 // noPhase is annotate's phase for replies that report none.
 const noPhase Phase = 255
 
@@ -126,7 +140,10 @@ func annotate(r *http.Request, checkpointID string, phase Phase, attrs ...attrib
 // handle wraps an operation with metrics, its gym.checkpoint.<op> span
 // (not for status, which watchers poll) and the error envelope.
 func (c *Controller) handle(op string, h httpserver.HandlerFunc) http.HandlerFunc {
-	inner := httpserver.Handle(c.log, h)
+	inner := httpserver.Handle(c.log, func(r *http.Request) (any, error) {
+		v, err := h(r)
+		return v, asValidationError(err)
+	})
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &codeRecorder{ResponseWriter: w}

@@ -451,6 +451,26 @@ func (t *Tracker) Report(limit int) control.Report {
 	}
 }
 
+// Held names every episode Export would write were the scope to name them
+// all: the live ones parked at a boundary or inside a replay step (not
+// retired, not restarts), and the restored ones whose replacement has not
+// started, by their replacement attempt. A commit without a scope exports
+// these (ctlplane.Holder).
+func (t *Tracker) Held() []rollout.EpisodeID {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]rollout.EpisodeID, 0, len(t.episodes)+len(t.pending))
+	for _, e := range t.episodes {
+		if !e.retired && !e.restart && (e.state == parked || e.state == inReplayStep) {
+			out = append(out, e.id)
+		}
+	}
+	for _, r := range t.pending {
+		out = append(out, r.EpisodeID)
+	}
+	return out
+}
+
 // Export emits a record for every exportable episode in scope: live ones
 // parked at a boundary or inside a replay step (not retired, not restarts),
 // and restored ones whose replacement has not started, which the scope names

@@ -107,7 +107,24 @@ func splitPath(path string) []string {
 func wildcard(path string) bool { return strings.Contains(path, "[*]") || strings.Contains(path, "[?") }
 
 func (r *run) check(e Expect, ex *exchange) error {
+	if ex.member != nil {
+		// A fan-out step's eq_ref names the same participant's reply.
+		e.EqRef = strings.ReplaceAll(e.EqRef, "$name", ex.member.Name)
+	}
+	if ex.member != nil && len(e.Eq) > 0 {
+		// "$kind" and "$instance" are the participant's.
+		var want any
+		if json.Unmarshal(e.Eq, &want) == nil {
+			e.Eq, _ = json.Marshal(forMember(want, ex.member))
+		}
+	}
 	switch e.Check {
+	case "gym_adapter_commit":
+		return checkAdapterCommit(ex)
+	case "gym_status":
+		return checkGymStatus(ex)
+	case "gym_store":
+		return checkGymStore(ex)
 	case "set_cookie":
 		if len(ex.cookies) == 0 {
 			return errors.New("the reply sets no cookie; NeMo Gym's agent passes on only the cookies each reply sets")
@@ -257,6 +274,8 @@ func (r *run) checkValue(e Expect, v any) error {
 	}
 	switch e.Check {
 	case "":
+	case "gym_report":
+		return checkGymReport(v)
 	case "nemogym_response":
 		return checkNeMoGymResponse(v)
 	case "nemo_rl_trainable":

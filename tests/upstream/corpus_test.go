@@ -8,13 +8,16 @@ package upstream_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -66,7 +69,10 @@ type Fixture struct {
 	// NeMo Gym-shaped ones that keep sessions only in cookies (counter:
 	// tests/gymstandin).
 	GymResources []string `json:"gym_resources,omitempty"`
-	Steps        []Step   `json:"steps"`
+	// Checkpoint starts the fleet with checkpoints on, and a second, fresh
+	// fleet on the same checkpoint root for restores (checkpoint_test.go).
+	Checkpoint bool   `json:"checkpoint,omitempty"`
+	Steps      []Step `json:"steps"`
 }
 
 // StubReply is one reply of the stub vLLM.
@@ -83,7 +89,9 @@ type Step struct {
 	Name string `json:"name"`
 	// Server is env, env_legacy, agent:<name>, resources:<type>,
 	// gym_resources:<type>, model, fake, or upstream_log (the requests the
-	// stub vLLM received on Path).
+	// stub vLLM received on Path); in a checkpoint fixture also ctl:<name>,
+	// fresh:<name> and store:<name> (checkpoint_test.go), <name> a server
+	// of the fleet or * for every participant.
 	Server string `json:"server"`
 	Method string `json:"method,omitempty"`
 	Path   string `json:"path"`
@@ -103,7 +111,20 @@ type Step struct {
 	StatusIn []int `json:"status_in,omitempty"`
 	// SSE parses the reply as a server-sent event stream into
 	// {"events": [{"event", "data"}]}.
-	SSE    bool     `json:"sse,omitempty"`
+	SSE bool `json:"sse,omitempty"`
+	// Async sends the request in the background; a later step whose Await
+	// names this one waits for its reply and checks it.
+	Async bool   `json:"async,omitempty"`
+	Await string `json:"await,omitempty"`
+	// Poll sends the request again until its status and every expectation
+	// hold, for at most pollFor.
+	Poll bool `json:"poll,omitempty"`
+	// Auth, on a control step, is the bearer token sent: "" the fleet's,
+	// "none" no Authorization header, "wrong" another token.
+	Auth string `json:"auth,omitempty"`
+	// On, on a fan-out control step, keeps the participants it names (by
+	// server name or kind).
+	On     []string `json:"on,omitempty"`
 	Expect []Expect `json:"expect"`
 }
 
@@ -130,6 +151,9 @@ type Expect struct {
 	// one of the selected must be), not_true, text_of (Arg: the text).
 	Check string `json:"check,omitempty"`
 	Arg   string `json:"arg,omitempty"`
+	// On, on a fan-out control step, applies the check only to the
+	// participants it names (by server name or kind).
+	On []string `json:"on,omitempty"`
 }
 
 func loadFixtures(t *testing.T) []*Fixture {
@@ -201,6 +225,11 @@ type exchange struct {
 	raw     []byte
 	reply   any
 	cookies []*http.Cookie
+	// member is the participant a control step's reply came from.
+	member *member
+	// done closes when an async step's reply is in; err is its failure.
+	done chan struct{}
+	err  error
 }
 
 type run struct {
@@ -211,6 +240,9 @@ type run struct {
 	done   map[string]*exchange
 	// fakeModel is the model name the fleet's stand-in serves.
 	fakeModel string
+	// ck is a checkpoint fixture's state (checkpoint_test.go).
+	ck *ckptRun
+	asyncSteps
 }
 
 func newRun(t *testing.T, f *Fixture) *run {
@@ -222,6 +254,7 @@ func newRun(t *testing.T, f *Fixture) *run {
 		r.stub = newStub(t, f.Upstream)
 		// HTTP/1.1 upstream, as every real vLLM is.
 		r.urls["model"] = fleettest.StartModelServer(t, r.stub.srv.URL+"/v1", "upstream-model", false)
+		r.watchAsync(t)
 		return r
 	}
 	override := map[string]string{}
@@ -232,17 +265,21 @@ func newRun(t *testing.T, f *Fixture) *run {
 		override[typ] = gymstandin.StartCounter(t, gymstandin.CounterOptions{Name: typ}).URL
 		r.urls["gym_resources:"+typ] = override[typ]
 	}
-	fl := fleettest.Start(t, fleettest.Options{Resources: override})
-	r.urls["env"] = fl.EnvURLs[environment.ProtocolSingleAgentTurn]
-	r.urls["env_legacy"] = fl.EnvURLs[environment.ProtocolLegacy]
-	for name, u := range fl.AgentURLs {
-		r.urls["agent:"+name] = u
+	opts := fleettest.Options{Resources: override}
+	if f.Checkpoint {
+		r.ck = newCkptRun(t)
+		opts.Checkpoint = r.ck.config
 	}
-	for typ, u := range fl.ResourcesURLs {
-		r.urls["resources:"+typ] = u
+	fl := fleettest.Start(t, opts)
+	if r.ck != nil {
+		r.ck.fleet = r.ck.discover(t, r.client, fl)
+		r.ck.start = func() *fleettest.Fleet { return fleettest.Start(t, opts) }
+		// A fixture that stops early leaves its calls held: released
+		// before the servers close, they do not hold up the close.
+		t.Cleanup(func() { _, _ = fl.Ctl.Release(context.Background()) })
 	}
-	r.urls["model"] = fl.ModelURL
-	r.urls["fake"] = fl.FakeURL
+	r.watchAsync(t)
+	maps.Copy(r.urls, fleetURLs(fl))
 	r.fakeModel = fl.Model
 	if len(f.Script) > 0 {
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, fl.FakeURL+"/_ctl/script", bytes.NewReader(f.Script))
@@ -260,6 +297,23 @@ func newRun(t *testing.T, f *Fixture) *run {
 	return r
 }
 
+// fleetURLs names a fleet's servers as steps do.
+func fleetURLs(fl *fleettest.Fleet) map[string]string {
+	urls := map[string]string{
+		"env":        fl.EnvURLs[environment.ProtocolSingleAgentTurn],
+		"env_legacy": fl.EnvURLs[environment.ProtocolLegacy],
+		"model":      fl.ModelURL,
+		"fake":       fl.FakeURL,
+	}
+	for name, u := range fl.AgentURLs {
+		urls["agent:"+name] = u
+	}
+	for typ, u := range fl.ResourcesURLs {
+		urls["resources:"+typ] = u
+	}
+	return urls
+}
+
 func (r *run) replay(t *testing.T) {
 	for _, s := range r.f.Steps {
 		if !r.step(t, s) {
@@ -272,23 +326,61 @@ func (r *run) replay(t *testing.T) {
 // repeat the failure).
 func (r *run) step(t *testing.T, s Step) bool {
 	t.Helper()
+	if s.Await != "" {
+		return r.await(t, s)
+	}
+	if isControlServer(s.Server) {
+		return r.controlStep(t, s)
+	}
 	ex := &exchange{}
 	r.done[s.Name] = ex
 	if s.Server == "upstream_log" {
 		ex.reply = map[string]any{"requests": r.stub.requests(s.Path)}
 		return r.checkAll(t, s, ex)
 	}
+	if strings.HasPrefix(s.Server, "fresh_") && r.ck != nil {
+		r.startFresh(t)
+	}
 	base, ok := r.urls[s.Server]
 	if !ok {
 		t.Fatalf("step %s: unknown server %q", s.Name, s.Server)
 	}
-	var body io.Reader
 	if len(s.Body) > 0 {
 		var v any
 		if err := json.Unmarshal(s.Body, &v); err != nil {
 			t.Fatalf("step %s: body: %v", s.Name, err)
 		}
 		ex.body = r.substitute(t, v)
+	}
+	var cookies []*http.Cookie
+	if s.CookiesFrom != "" {
+		prev, ok := r.done[s.CookiesFrom]
+		if !ok {
+			t.Fatalf("step %s: cookies_from %q names no earlier step", s.Name, s.CookiesFrom)
+		}
+		cookies = prev.cookies
+	}
+	send := func(ctx context.Context) error { return r.send(ctx, s, base+s.Path, nil, cookies, ex) }
+	switch {
+	case s.Async:
+		r.startAsync(s, ex, send)
+		return true
+	case s.Poll:
+		return r.poll(t, s, ex, send)
+	}
+	if err := send(t.Context()); err != nil {
+		t.Errorf("step %s: %v", s.Name, err)
+		return false
+	}
+	return r.checkAll(t, s, ex)
+}
+
+// send sends a step's request (ex.body, already substituted) to url with
+// these headers and cookies, checks the status and parses the reply into
+// ex.
+func (r *run) send(ctx context.Context, s Step, url string, header http.Header, cookies []*http.Cookie, ex *exchange) error {
+	var body io.Reader
+	if ex.body != nil {
 		b, _ := json.Marshal(ex.body)
 		body = bytes.NewReader(b)
 	}
@@ -296,78 +388,62 @@ func (r *run) step(t *testing.T, s Step) bool {
 	if method == "" {
 		method = http.MethodPost
 	}
-	req, err := http.NewRequestWithContext(t.Context(), method, base+s.Path, body)
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
-		t.Fatal(err)
+		return err
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if s.CookiesFrom != "" {
-		prev, ok := r.done[s.CookiesFrom]
-		if !ok {
-			t.Fatalf("step %s: cookies_from %q names no earlier step", s.Name, s.CookiesFrom)
-		}
-		for _, c := range prev.cookies {
-			req.AddCookie(&http.Cookie{Name: c.Name, Value: c.Value})
-		}
+	for _, c := range cookies {
+		req.AddCookie(&http.Cookie{Name: c.Name, Value: c.Value})
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
-		t.Errorf("step %s: %s %s: %v", s.Name, method, s.Path, err)
-		return false
+		return fmt.Errorf("%s %s: %w", method, s.Path, err)
 	}
 	raw, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		t.Errorf("step %s: reading the reply: %v", s.Name, err)
-		return false
+		return fmt.Errorf("reading the reply: %w", err)
 	}
-	ex.raw = raw
+	ex.raw, ex.reply = raw, nil
 	ex.cookies = resp.Cookies()
-	want := s.StatusIn
-	if len(want) == 0 {
-		st := s.Status
-		if st == 0 {
-			st = 200
-		}
-		want = []int{st}
-	}
-	okStatus := false
-	for _, w := range want {
-		okStatus = okStatus || resp.StatusCode == w
-	}
-	if !okStatus {
-		t.Errorf("step %s: %s %s = %d, want %v; reply %.600s", s.Name, method, s.Path, resp.StatusCode, want, raw)
-		return false
+	if want := wantStatus(s); !slices.Contains(want, resp.StatusCode) {
+		return fmt.Errorf("%s %s = %d, want %v; reply %.600s", method, s.Path, resp.StatusCode, wantStatus(s), raw)
 	}
 	if s.SSE {
 		ex.reply = parseSSE(raw)
 	} else if len(bytes.TrimSpace(raw)) > 0 {
 		if err := json.Unmarshal(raw, &ex.reply); err != nil {
-			t.Errorf("step %s: reply is not JSON: %v: %.300s", s.Name, err, raw)
-			return false
+			return fmt.Errorf("reply is not JSON: %v: %.300s", err, raw)
 		}
 	}
-	return r.checkAll(t, s, ex)
+	return nil
 }
 
 func (r *run) checkAll(t *testing.T, s Step, ex *exchange) bool {
 	t.Helper()
 	ok := true
 	for _, e := range s.Expect {
+		if !ex.member.matches(e.On) {
+			continue
+		}
 		if err := r.check(e, ex); err != nil {
 			ok = false
 			what := e.Path
 			if e.Check != "" {
 				what += " (" + e.Check + ")"
 			}
-			t.Errorf("step %s: %s: %v; read by %s", s.Name, what, err, e.Reads)
+			t.Errorf("step %s%s: %s: %v; read by %s", s.Name, ex.member.suffix(), what, err, e.Reads)
 		}
 	}
 	if !ok {
 		b, _ := json.Marshal(ex.reply)
-		t.Logf("step %s reply: %.2000s", s.Name, b)
+		t.Logf("step %s%s reply: %.2000s", s.Name, ex.member.suffix(), b)
 	}
 	return ok
 }
@@ -399,6 +475,9 @@ func (r *run) substitute(t *testing.T, v any) any {
 	case string:
 		if x == "$fake_model" {
 			return r.fakeModel
+		}
+		if v, ok := r.substituteCheckpoint(t, x); ok {
+			return v
 		}
 		if step, ok := strings.CutPrefix(x, "$raw:"); ok {
 			// A reply's body as text: the simple agent hands a tool's raw

@@ -169,7 +169,8 @@ func stageIndex(kind string) int {
 	return len(PrepareOrder)
 }
 
-// Discover asks every endpoint for GET /_ckpt/status. 404 means the server
+// Discover asks every endpoint for GET /ng-control/v1/checkpoint/status
+// (NeMo Gym's discover does the same). 404 means the server
 // is not a participant (e.g. fakeinference, or a server with checkpointing
 // off); any other failure fails discovery.
 func Discover(ctx context.Context, endpoints []Endpoint, opts Options) (*Coordinator, error) {

@@ -109,6 +109,33 @@ func firstServerURL(entry *yaml.Node) (string, error) {
 	return "http://" + host + ":" + port, nil
 }
 
+// GymCheckpointToken is the bearer token of a Gym global config's
+// checkpoint: block (nemo_gym/_checkpoint/settings.py @ 7f40a593c741,
+// checkpoint_settings: enabled, control_auth_token, lease_grace_seconds),
+// the token Gym's own controllers take (collection.py
+// CollectionCheckpointer). It is "" when the block is absent or
+// checkpointing is off, and an error when it is on without a token, as
+// Gym's settings refuse it.
+func GymCheckpointToken(doc []byte) (string, error) {
+	var cfg struct {
+		Checkpoint *struct {
+			Enabled          bool   `yaml:"enabled"`
+			ControlAuthToken string `yaml:"control_auth_token"`
+		} `yaml:"checkpoint"`
+	}
+	if err := yaml.Unmarshal(doc, &cfg); err != nil {
+		return "", fmt.Errorf("gym config: %w", err)
+	}
+	switch c := cfg.Checkpoint; {
+	case c == nil || !c.Enabled:
+		return "", nil
+	case c.ControlAuthToken == "":
+		return "", errors.New("gym config: checkpoint.control_auth_token is required when checkpoint.enabled is true")
+	default:
+		return c.ControlAuthToken, nil
+	}
+}
+
 // FetchGymConfig reads the global config from a Gym head server at
 // headURL (http://host:port), as ServerClient.load_from_global_config
 // does, and returns the YAML it holds.

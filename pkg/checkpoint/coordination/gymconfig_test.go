@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
@@ -71,5 +72,22 @@ func TestFetchGymConfig(t *testing.T) {
 	eps, err := coordination.EndpointsFromGymConfig(got)
 	if err != nil || !reflect.DeepEqual(eps, wantGymEndpoints) {
 		t.Fatalf("endpoints = %v (%v), want %v", eps, err, wantGymEndpoints)
+	}
+}
+
+// TestGymCheckpointToken: the token of a Gym config's checkpoint: block,
+// as Gym's settings.py reads it (7f40a593c741): none when the block is
+// absent or off, an error when it is on without one.
+func TestGymCheckpointToken(t *testing.T) {
+	for _, c := range []struct{ doc, want, err string }{
+		{"a: 1\n", "", ""},
+		{"checkpoint: {enabled: false, control_auth_token: t}\n", "", ""},
+		{"checkpoint: {enabled: true, control_auth_token: tok}\nx: {resources_servers: {}}\n", "tok", ""},
+		{"checkpoint: {enabled: true}\n", "", "control_auth_token is required"},
+	} {
+		got, err := coordination.GymCheckpointToken([]byte(c.doc))
+		if got != c.want || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%q: %q, %v; want %q, %q", c.doc, got, err, c.want, c.err)
+		}
 	}
 }

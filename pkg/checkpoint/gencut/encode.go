@@ -14,8 +14,8 @@ import (
 // encoding's CPU. These encoders write the same bytes into one buffer sized for
 // them.
 
-// EncodeRequest is req's JSON, byte for byte as codec.Marshal writes it.
-func EncodeRequest(req Request) []byte {
+// EncodeLegacyRequest is req's JSON, byte for byte as codec.Marshal writes it.
+func EncodeLegacyRequest(req LegacyRequest) []byte {
 	n := 64 + len(req.CheckpointID) + len(req.ServerName)
 	for _, a := range req.Active {
 		n += len(`{"model_call_id":"","capture_key":""},`) + len(a.ModelCallID) + len(a.CaptureKey)
@@ -43,8 +43,8 @@ func EncodeRequest(req Request) []byte {
 	return append(b, "]}"...)
 }
 
-// EncodeReceipt is rc's JSON, byte for byte as codec.Marshal writes it.
-func EncodeReceipt(rc Receipt) []byte {
+// EncodeLegacyReceipt is rc's JSON, byte for byte as codec.Marshal writes it.
+func EncodeLegacyReceipt(rc LegacyReceipt) []byte {
 	n := 64 + len(rc.CheckpointID) + len(rc.CutID)
 	for i := range rc.Prefixes {
 		p := &rc.Prefixes[i]

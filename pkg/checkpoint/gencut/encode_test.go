@@ -17,14 +17,14 @@ func FuzzEncodeRequest(f *testing.F) {
 	f.Add("", "", "", "", 0, true)
 	f.Add("c<1>", "s&\"\\", "m\u2028\x00", "r\xff", 3, false)
 	f.Fuzz(func(t *testing.T, ckpt, server, callID, key string, n int, nilActive bool) {
-		req := gencut.Request{CheckpointID: ckpt, ServerName: server}
+		req := gencut.LegacyRequest{CheckpointID: ckpt, ServerName: server}
 		if !nilActive {
-			req.Active = []gencut.ActiveCall{}
+			req.Active = []gencut.LegacyActiveCall{}
 			for i := range n % 4 {
-				req.Active = append(req.Active, gencut.ActiveCall{ModelCallID: callID[:min(i, len(callID))] + callID, CaptureKey: key})
+				req.Active = append(req.Active, gencut.LegacyActiveCall{ModelCallID: callID[:min(i, len(callID))] + callID, CaptureKey: key})
 			}
 		}
-		sameAsMarshal(t, req, gencut.EncodeRequest(req))
+		sameAsMarshal(t, req, gencut.EncodeLegacyRequest(req))
 	})
 }
 
@@ -33,12 +33,12 @@ func FuzzEncodeReceipt(f *testing.F) {
 	f.Add("ck-1", "0123abcd", "m1", "r-a1", "durable_failure", "held", "", 0, "")
 	f.Add("c<1>", "", "m\u2028", "r\xff", "x&y", "capture_key_mismatch: the call belongs to \"q\"", "k\x01", -3, "<d>")
 	f.Fuzz(func(t *testing.T, ckpt, cutID, callID, key, disposition, reason, staging string, count int, digest string) {
-		for _, prefixes := range [][]gencut.Prefix{nil, {}, {
+		for _, prefixes := range [][]gencut.LegacyPrefix{nil, {}, {
 			{ModelCallID: callID, CaptureKey: key, Disposition: disposition, Reason: reason, StagingKey: staging, PrefixTokenCount: count, PrefixDigest: digest},
 			{ModelCallID: key, CaptureKey: callID, Disposition: disposition},
 		}} {
-			rc := gencut.Receipt{CheckpointID: ckpt, CutID: cutID, Prefixes: prefixes}
-			sameAsMarshal(t, rc, gencut.EncodeReceipt(rc))
+			rc := gencut.LegacyReceipt{CheckpointID: ckpt, CutID: cutID, Prefixes: prefixes}
+			sameAsMarshal(t, rc, gencut.EncodeLegacyReceipt(rc))
 		}
 	})
 }

@@ -3,8 +3,14 @@
 // admission, the model server asks the worker to stop the generations still
 // running and stage their prefixes; the receipt names where each prefix is
 // staged, and a re-issued call continues one by naming its staging key. The
-// model server (the client) and fakeinference (a worker) share these types,
-// so the wire contract is written once.
+// model server (the client) and the workers (fakeinference, vllmcut) share
+// these types, so the wire contract is written once.
+//
+// The wire is NeMo Gym's (inventory.go): a GenerationCutInventory posted to
+// Path, a GenerationCutReceipt back. The Legacy* types are the shape our
+// workers took before, which they still serve on LegacyPath (and on Path,
+// told apart by its "active" list) for a model server of an earlier
+// release.
 package gencut
 
 import (
@@ -59,31 +65,31 @@ func StagingKey(captureKey, modelCallID string) string {
 	return StagingKeyPrefix + captureKey + "/" + modelCallID
 }
 
-// Request is the body of POST Path.
-type Request struct {
-	CheckpointID string       `json:"checkpoint_id"`
-	ServerName   string       `json:"server_name"`
-	Active       []ActiveCall `json:"active"`
+// LegacyRequest is the body of POST LegacyPath, our former shape.
+type LegacyRequest struct {
+	CheckpointID string             `json:"checkpoint_id"`
+	ServerName   string             `json:"server_name"`
+	Active       []LegacyActiveCall `json:"active"`
 }
 
-// ActiveCall names one call to cut.
-type ActiveCall struct {
+// LegacyActiveCall names one call to cut.
+type LegacyActiveCall struct {
 	ModelCallID string `json:"model_call_id"`
 	CaptureKey  string `json:"capture_key"`
 }
 
-// Receipt answers a request: one entry per listed call, in request order.
+// LegacyReceipt answers a request: one entry per listed call, in request order.
 // Prefixes are staged before the receipt is sent (the worker's durability
 // boundary).
-type Receipt struct {
-	CheckpointID string   `json:"checkpoint_id"`
-	CutID        string   `json:"cut_id"`
-	Prefixes     []Prefix `json:"prefixes"`
+type LegacyReceipt struct {
+	CheckpointID string         `json:"checkpoint_id"`
+	CutID        string         `json:"cut_id"`
+	Prefixes     []LegacyPrefix `json:"prefixes"`
 }
 
-// Prefix is one call's outcome: a durable_prefix carries the staging
+// LegacyPrefix is one call's outcome: a durable_prefix carries the staging
 // fields; a durable_failure carries only its reason.
-type Prefix struct {
+type LegacyPrefix struct {
 	ModelCallID      string `json:"model_call_id"`
 	CaptureKey       string `json:"capture_key"`
 	Disposition      string `json:"disposition"`
@@ -112,11 +118,11 @@ func ValidStagingKey(k string) bool {
 // ValidCallID accepts a model call id: 1 to 256 visible ASCII characters.
 func ValidCallID(id string) bool { return len(id) <= 256 && ValidStagingKey(id) }
 
-// ParseRequest decodes and validates a request body (the worker's side):
+// ParseLegacyRequest decodes and validates a request body (the worker's side):
 // unknown fields are refused, ids are checked, and no call is listed twice.
 // Its error is an *apierror.Error answered with 422.
-func ParseRequest(body []byte) (Request, error) {
-	var req Request
+func ParseLegacyRequest(body []byte) (LegacyRequest, error) {
+	var req LegacyRequest
 	invalid := func(format string, args ...any) error {
 		return apierror.New(apierror.InvalidRequest, format, args...).WithStatus(http.StatusUnprocessableEntity)
 	}
@@ -153,36 +159,36 @@ func ParseRequest(body []byte) (Request, error) {
 	return req, nil
 }
 
-// ErrMalformedReceipt reports a receipt that breaks the contract.
-var ErrMalformedReceipt = errors.New("malformed generation-cut receipt")
+// ErrMalformedLegacyReceipt reports a receipt that breaks the contract.
+var ErrMalformedLegacyReceipt = errors.New("malformed generation-cut receipt")
 
-// DecodeReceipt decodes a worker's receipt (the model server's side) and
+// DecodeLegacyReceipt decodes a worker's receipt (the model server's side) and
 // checks every entry's shape: a durable_prefix needs a staging key, a
 // positive token count and a digest; a durable_failure carries none of
 // them. Which entries answer which calls is the caller's to check. listed
 // is how many calls the request named, one entry each: the entries are
 // decoded into room made for that many rather than a slice grown as they
 // come.
-func DecodeReceipt(body []byte, listed int) (*Receipt, error) {
-	rc := Receipt{Prefixes: make([]Prefix, 0, min(max(listed, 0), MaxActive))}
+func DecodeLegacyReceipt(body []byte, listed int) (*LegacyReceipt, error) {
+	rc := LegacyReceipt{Prefixes: make([]LegacyPrefix, 0, min(max(listed, 0), MaxActive))}
 	if err := codec.Unmarshal(body, &rc); err != nil {
-		return nil, fmt.Errorf("%w: not JSON of the expected shape: %s", ErrMalformedReceipt, codec.DescribeError(err))
+		return nil, fmt.Errorf("%w: not JSON of the expected shape: %s", ErrMalformedLegacyReceipt, codec.DescribeError(err))
 	}
 	for i, p := range rc.Prefixes {
 		if !ValidCallID(p.ModelCallID) {
-			return nil, fmt.Errorf("%w: prefixes[%d].model_call_id is not a model call id", ErrMalformedReceipt, i)
+			return nil, fmt.Errorf("%w: prefixes[%d].model_call_id is not a model call id", ErrMalformedLegacyReceipt, i)
 		}
 		switch p.Disposition {
 		case DispositionDurablePrefix:
 			if !ValidStagingKey(p.StagingKey) || p.PrefixTokenCount <= 0 || p.PrefixDigest == "" || len(p.PrefixDigest) > 256 {
-				return nil, fmt.Errorf("%w: prefixes[%d] is a durable_prefix without a staging key, a positive prefix_token_count and a prefix_digest", ErrMalformedReceipt, i)
+				return nil, fmt.Errorf("%w: prefixes[%d] is a durable_prefix without a staging key, a positive prefix_token_count and a prefix_digest", ErrMalformedLegacyReceipt, i)
 			}
 		case DispositionDurableFailure:
 			if p.StagingKey != "" || p.PrefixTokenCount != 0 || p.PrefixDigest != "" {
-				return nil, fmt.Errorf("%w: prefixes[%d] is a durable_failure that carries staging fields", ErrMalformedReceipt, i)
+				return nil, fmt.Errorf("%w: prefixes[%d] is a durable_failure that carries staging fields", ErrMalformedLegacyReceipt, i)
 			}
 		default:
-			return nil, fmt.Errorf("%w: prefixes[%d].disposition %q is neither durable_prefix nor durable_failure", ErrMalformedReceipt, i, p.Disposition)
+			return nil, fmt.Errorf("%w: prefixes[%d].disposition %q is neither durable_prefix nor durable_failure", ErrMalformedLegacyReceipt, i, p.Disposition)
 		}
 	}
 	return &rc, nil

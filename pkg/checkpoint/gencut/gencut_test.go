@@ -10,9 +10,9 @@ import (
 
 func TestParseRequest(t *testing.T) {
 	ok := `{"checkpoint_id":"c1","server_name":"policy_model","active":[{"model_call_id":"m1","capture_key":"r-a1"}]}`
-	req, err := gencut.ParseRequest([]byte(ok))
+	req, err := gencut.ParseLegacyRequest([]byte(ok))
 	if err != nil || len(req.Active) != 1 || req.Active[0].CaptureKey != "r-a1" {
-		t.Fatalf("ParseRequest(%s) = %+v, %v", ok, req, err)
+		t.Fatalf("ParseLegacyRequest(%s) = %+v, %v", ok, req, err)
 	}
 	for _, bad := range []string{
 		``, `{}`, `{"checkpoint_id":"c1","server_name":"s","active":[],"x":1}`,
@@ -22,8 +22,8 @@ func TestParseRequest(t *testing.T) {
 		`{"checkpoint_id":"c1","server_name":"s","active":[{"model_call_id":"m","capture_key":"r/x"}]}`,
 		`{"checkpoint_id":"c1","server_name":"s","active":[{"model_call_id":"m","capture_key":"r"},{"model_call_id":"m","capture_key":"r"}]}`,
 	} {
-		if _, err := gencut.ParseRequest([]byte(bad)); !apierror.HasCode(err, apierror.InvalidRequest) {
-			t.Errorf("ParseRequest(%s) = %v, want invalid_request", bad, err)
+		if _, err := gencut.ParseLegacyRequest([]byte(bad)); !apierror.HasCode(err, apierror.InvalidRequest) {
+			t.Errorf("ParseLegacyRequest(%s) = %v, want invalid_request", bad, err)
 		}
 	}
 }
@@ -36,9 +36,9 @@ func TestDecodeReceipt(t *testing.T) {
 	good := `{"checkpoint_id":"c1","cut_id":"x","prefixes":[` +
 		`{"model_call_id":"m1","capture_key":"r-a1","disposition":"durable_prefix","staging_key":"` + key + `","prefix_token_count":3,"prefix_digest":"d"},` +
 		`{"model_call_id":"m2","capture_key":"r","disposition":"durable_failure","reason":"held"}]}`
-	rc, err := gencut.DecodeReceipt([]byte(good), 2)
+	rc, err := gencut.DecodeLegacyReceipt([]byte(good), 2)
 	if err != nil || len(rc.Prefixes) != 2 {
-		t.Fatalf("DecodeReceipt = %+v, %v", rc, err)
+		t.Fatalf("DecodeLegacyReceipt = %+v, %v", rc, err)
 	}
 	for _, bad := range []string{
 		`not json`,
@@ -48,8 +48,8 @@ func TestDecodeReceipt(t *testing.T) {
 		`{"prefixes":[{"model_call_id":"m1","disposition":"maybe"}]}`,
 		`{"prefixes":[{"model_call_id":"","disposition":"durable_failure"}]}`,
 	} {
-		if _, err := gencut.DecodeReceipt([]byte(bad), 1); !errors.Is(err, gencut.ErrMalformedReceipt) {
-			t.Errorf("DecodeReceipt(%s) = %v, want ErrMalformedReceipt", bad, err)
+		if _, err := gencut.DecodeLegacyReceipt([]byte(bad), 1); !errors.Is(err, gencut.ErrMalformedLegacyReceipt) {
+			t.Errorf("DecodeLegacyReceipt(%s) = %v, want ErrMalformedLegacyReceipt", bad, err)
 		}
 	}
 }

@@ -194,6 +194,9 @@ func testAuth(t *testing.T, s Subject) {
 	}
 }
 
+// testBadInput: every body refused answers 422, as NeMo Gym's FastAPI
+// routes answer the bodies their request models refuse (control.py), in
+// our envelope, and changes nothing.
 func testBadInput(t *testing.T, s Subject) {
 	c := newClient(t, s.URL, Token)
 	dir := t.TempDir()
@@ -206,24 +209,26 @@ func testBadInput(t *testing.T, s Subject) {
 		code   string
 	}{
 		{"unknown field", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "extra": 1}, 422, "invalid_request"},
-		{"malformed json", "prepare", []byte(`{"checkpoint_id":`), 400, "invalid_request"},
-		{"trailing data", "prepare", []byte(`{"checkpoint_id":"c1","deadline_ts":1e10} {}`), 400, "invalid_request"},
+		{"malformed json", "prepare", []byte(`{"checkpoint_id":`), 422, "invalid_request"},
+		{"trailing data", "prepare", []byte(`{"checkpoint_id":"c1","deadline_ts":1e10} {}`), 422, "invalid_request"},
 		{"wrong type", "prepare", map[string]any{"checkpoint_id": 7, "deadline_ts": future(30)}, 422, "invalid_request"},
-		{"bad id", "prepare", map[string]any{"checkpoint_id": "../etc", "deadline_ts": future(30)}, 400, "invalid_request"},
-		{"empty id", "prepare", map[string]any{"checkpoint_id": "", "deadline_ts": future(30)}, 400, "invalid_request"},
+		{"bad id", "prepare", map[string]any{"checkpoint_id": "../etc", "deadline_ts": future(30)}, 422, "invalid_request"},
+		{"empty id", "prepare", map[string]any{"checkpoint_id": "", "deadline_ts": future(30)}, 422, "invalid_request"},
 		{"deadline in the past", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": past}, 409, "deadline_exceeded"},
-		{"missing deadline", "prepare", map[string]any{"checkpoint_id": "c1"}, 400, "invalid_request"},
-		{"deadline past int64 nanoseconds", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 9999999999}, 400, "invalid_request"},
-		{"deadline far in the future", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 1e23}, 400, "invalid_request"},
+		{"missing deadline", "prepare", map[string]any{"checkpoint_id": "c1"}, 422, "invalid_request"},
+		{"deadline past int64 nanoseconds", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 9999999999}, 422, "invalid_request"},
+		{"deadline far in the future", "prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": 1e23}, 422, "invalid_request"},
 		{"commit in idle", "commit", commitReq("c1", dir, nil), 409, "invalid_phase"},
-		{"commit without scope", "commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir}, 400, "invalid_request"},
-		{"relative dir", "commit", commitReq("c1", "relative/dir", nil), 400, "invalid_request"},
-		{"bad episode id", "commit", commitReq("c1", dir, []rollout.EpisodeID{{RolloutID: "bad/id"}}), 400, "invalid_request"},
+		// No scope is NeMo Gym's "everything held" (control.py
+		// CommitRequest), still refused in idle.
+		{"commit without scope in idle", "commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir}, 409, "invalid_phase"},
+		{"relative dir", "commit", commitReq("c1", "relative/dir", nil), 422, "invalid_request"},
+		{"bad episode id", "commit", commitReq("c1", dir, []rollout.EpisodeID{{RolloutID: "bad/id"}}), 422, "invalid_request"},
 		{"renew in idle", "renew", req("c1"), 409, "invalid_phase"},
-		{"retire without episodes", "retire", map[string]any{"deadline_ts": future(30), "episode_ids": []any{}}, 400, "invalid_request"},
+		{"retire without episodes", "retire", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "episode_ids": []any{}}, 422, "invalid_request"},
 		{"retire unknown field", "retire", map[string]any{"deadline_ts": future(30), "episode_ids": []any{map[string]any{"rollout_id": "r", "attempt": 0, "x": 1}}}, 422, "invalid_request"},
-		{"forget bad rollout id", "forget", map[string]any{"deadline_ts": future(30), "rollout_ids": []string{"a/b"}}, 400, "invalid_request"},
-		{"restore relative dir", "restore", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": "x", "episode_ids": []any{}}, 400, "invalid_request"},
+		{"forget bad rollout id", "forget", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "rollout_ids": []string{"a/b"}}, 422, "invalid_request"},
+		{"restore relative dir", "restore", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": "x", "episode_ids": []any{}}, 422, "invalid_request"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -264,8 +269,8 @@ func testConfined(t *testing.T, newSubject Factory) {
 	c := newClient(t, s.URL, Token)
 	c.want("prepare", req("c1"), http.StatusOK, "")
 	for _, dir := range []string{outside, root + "/ck/../../outside", root + "/a/../ck", base} {
-		c.want("commit", commitReq("c1", dir, nil), http.StatusBadRequest, "invalid_request")
-		c.want("restore", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusBadRequest, "invalid_request")
+		c.want("commit", commitReq("c1", dir, nil), http.StatusUnprocessableEntity, "invalid_request")
+		c.want("restore", map[string]any{"checkpoint_id": "c1", "deadline_ts": future(30), "checkpoint_dir": dir, "episode_ids": []any{}}, http.StatusUnprocessableEntity, "invalid_request")
 	}
 	linked := filepath.Join(root, "linked")
 	if err := os.MkdirAll(linked, 0o755); err != nil {
@@ -274,7 +279,7 @@ func testConfined(t *testing.T, newSubject Factory) {
 	if err := os.Symlink(outside, filepath.Join(linked, "gym")); err != nil {
 		t.Fatal(err)
 	}
-	c.want("commit", commitReq("c1", linked, nil), http.StatusBadRequest, "invalid_request")
+	c.want("commit", commitReq("c1", linked, nil), http.StatusUnprocessableEntity, "invalid_request")
 	if p := c.phase(); p != "prepared" {
 		t.Fatalf("phase after a refused commit = %s, want prepared", p)
 	}
@@ -498,8 +503,8 @@ func testFence(t *testing.T, s Subject) {
 	}
 	// Both bodies name a checkpoint, as NeMo Gym's RetireRequest and
 	// ForgetRequest require (nemo_gym/_checkpoint/control.py).
-	c.want("retire", map[string]any{"deadline_ts": future(30), "episode_ids": []rollout.EpisodeID{retired}}, http.StatusBadRequest, "invalid_request")
-	c.want("forget", map[string]any{"deadline_ts": future(30), "rollout_ids": []string{"fenced-1"}}, http.StatusBadRequest, "invalid_request")
+	c.want("retire", map[string]any{"deadline_ts": future(30), "episode_ids": []rollout.EpisodeID{retired}}, http.StatusUnprocessableEntity, "invalid_request")
+	c.want("forget", map[string]any{"deadline_ts": future(30), "rollout_ids": []string{"fenced-1"}}, http.StatusUnprocessableEntity, "invalid_request")
 	m := c.want("retire", map[string]any{"checkpoint_id": "ops", "deadline_ts": future(30), "episode_ids": []rollout.EpisodeID{retired}}, http.StatusOK, "")
 	if fmt.Sprint(m["retired"]) != "[fenced-1-a1]" {
 		t.Fatalf("retire reply = %v", m)

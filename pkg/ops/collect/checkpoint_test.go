@@ -288,7 +288,7 @@ func (f *fakeFleet) handler(kind, instance string) http.Handler {
 			record("restore " + keysOf(episodes(body)))
 		}
 		if fail && kind == "model" {
-			return map[string]any{"error": map[string]any{"code": "invalid_phase", "detail": "restore requires a fresh process"}}, 409
+			return map[string]any{"error": map[string]any{"code": "checkpoint_error", "detail": "restore requires a fresh process"}}, 409
 		}
 		return map[string]any{"phase": "restored", "restored": []string{}}, 200
 	})

@@ -682,6 +682,23 @@ func newExportSlots(n int) []exportSlot {
 	return slots
 }
 
+// Held implements ctlplane.Holder: the episodes of every open session and
+// of every legacy /run the tracker holds, so a commit without a scope
+// exports them all, as Gym's agent participant does (agent.py export with
+// episode_ids None).
+func (p participant) Held() []rollout.EpisodeID {
+	s := p.s
+	out := s.runs.Held()
+	s.mu.Lock()
+	for _, sess := range s.sessions {
+		if !sess.closed && !sess.retired {
+			out = append(out, sess.episode)
+		}
+	}
+	s.mu.Unlock()
+	return out
+}
+
 func (p participant) Committed(ctx context.Context, scope ctlplane.Scope, stop bool) error {
 	s := p.s
 	s.mu.Lock()

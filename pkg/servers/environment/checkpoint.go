@@ -90,6 +90,10 @@ func (p *participant) Export(_ context.Context, scope ctlplane.Scope, emit func(
 	return ctlplane.Extras{}, p.tracker.Export(scope, faultpoint.AfterFirst(faultpoint.EnvExportPartial, emit))
 }
 
+// Held implements ctlplane.Holder: a commit without a scope exports every
+// episode the tracker holds.
+func (p *participant) Held() []rollout.EpisodeID { return p.tracker.Held() }
+
 // Committed releases restored episodes the scope no longer continues.
 func (p *participant) Committed(_ context.Context, scope ctlplane.Scope, _ bool) error {
 	p.tracker.DeleteRestoredOutside(scope)

@@ -37,17 +37,20 @@ func StagingKey(captureKey, modelCallID string) string {
 	return gencut.StagingKey(captureKey, modelCallID)
 }
 
-// Wire types of POST /ng-control/v1/generation-cut (and /_ckpt/generation-cut).
+// Our former generation-cut shape, which the server still answers on
+// /_ckpt/generation-cut and, told apart by its "active" list, on
+// /ng-control/v1/generation-cut (NeMo Gym's GenerationCutInventory and
+// GenerationCutReceipt are pkg/checkpoint/gencut's Inventory and Receipt).
 type (
-	CutRequest = gencut.Request
-	ActiveCall = gencut.ActiveCall
-	CutReceipt = gencut.Receipt
-	CutPrefix  = gencut.Prefix
+	CutRequest = gencut.LegacyRequest
+	ActiveCall = gencut.LegacyActiveCall
+	CutReceipt = gencut.LegacyReceipt
+	CutPrefix  = gencut.LegacyPrefix
 )
 
-// ParseCutRequest decodes and validates a generation-cut body; its error is
-// an *apierror.Error answered with 422.
-func ParseCutRequest(body []byte) (CutRequest, error) { return gencut.ParseRequest(body) }
+// ParseCutRequest decodes and validates a generation-cut body of our former
+// shape; its error is an *apierror.Error answered with 422.
+func ParseCutRequest(body []byte) (CutRequest, error) { return gencut.ParseLegacyRequest(body) }
 
 // stagedPrefix is one entry of the token store.
 type stagedPrefix struct {
@@ -117,6 +120,10 @@ func (s *Server) authorized(r *http.Request) error {
 // handleGenerationCut stops each listed call that is generating and has
 // produced a token, stages its prefix, and answers the receipt. A call that
 // cannot be cut is left untouched: a failed cut only costs regeneration.
+// The body is NeMo Gym's GenerationCutInventory, answered with its
+// GenerationCutReceipt; or our former shape (a list named "active", on
+// either route), answered in that shape, for a model server of an earlier
+// release.
 func (s *Server) handleGenerationCut(r *http.Request) (any, error) {
 	if err := s.authorized(r); err != nil {
 		return nil, err
@@ -125,24 +132,75 @@ func (s *Server) handleGenerationCut(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	var keys map[string]codec.RawMessage
+	if r.URL.Path == gencut.LegacyPath || codec.Unmarshal(body, &keys) == nil && keys["active"] != nil {
+		return s.legacyCut(r, body)
+	}
+	inv, err := gencut.ParseInventory(body)
+	if err != nil {
+		return nil, err
+	}
+	rc := gencut.Receipt{
+		CheckpointID: inv.CheckpointID, CutID: newCutID(), InventoryDigest: inv.InventoryDigest, Inventory: inv,
+		BackendSnapshotID: "fakeinference-token-store", Prefixes: make([]gencut.PrefixAck, len(inv.ActivePrefixes)),
+	}
+	calls := make([]ActiveCall, len(inv.ActivePrefixes))
+	for i, p := range inv.ActivePrefixes {
+		calls[i] = ActiveCall{ModelCallID: p.ModelCallID, CaptureKey: p.CaptureKey()}
+	}
+	for i, o := range s.cutCalls(calls) {
+		if o.Disposition != DispositionDurablePrefix {
+			rc.Prefixes[i] = gencut.Failure(inv.ActivePrefixes[i])
+			continue
+		}
+		// The call's planned reply bounds what a continuation generates.
+		rc.Prefixes[i] = gencut.DurablePrefix(inv.ActivePrefixes[i], o.StagingKey, o.PrefixTokenCount, o.PrefixDigest, max(o.outputLimit, 1))
+	}
+	s.log.InfoContext(r.Context(), "generation cut", "checkpoint_id", inv.CheckpointID, "server_name", inv.ServerName,
+		"cut_id", rc.CutID, "listed", len(calls))
+	b, err := gencut.EncodeReceipt(rc)
+	if err != nil {
+		return nil, err
+	}
+	return codec.RawMessage(b), nil
+}
+
+// legacyCut answers our former request shape.
+func (s *Server) legacyCut(r *http.Request, body []byte) (any, error) {
 	req, err := ParseCutRequest(body)
 	if err != nil {
 		return nil, err
 	}
-	var idb [8]byte
-	_, _ = rand.Read(idb[:])
-	rep := CutReceipt{CheckpointID: req.CheckpointID, CutID: hex.EncodeToString(idb[:]), Prefixes: make([]CutPrefix, 0, len(req.Active))}
-	round := []string{}
+	rep := CutReceipt{CheckpointID: req.CheckpointID, CutID: newCutID(), Prefixes: make([]CutPrefix, 0, len(req.Active))}
+	for _, o := range s.cutCalls(req.Active) {
+		rep.Prefixes = append(rep.Prefixes, o.LegacyPrefix)
+	}
+	s.log.InfoContext(r.Context(), "generation cut", "checkpoint_id", req.CheckpointID, "server_name", req.ServerName,
+		"cut_id", rep.CutID, "listed", len(req.Active))
+	return codec.RawMessage(gencut.EncodeLegacyReceipt(rep)), nil
+}
 
+// cutOutcome is one listed call's outcome, with the call's planned output
+// length when it was cut.
+type cutOutcome struct {
+	gencut.LegacyPrefix
+	outputLimit int
+}
+
+// cutCalls cuts each listed call it can, staging its prefix, and returns
+// every call's outcome in order.
+func (s *Server) cutCalls(active []ActiveCall) []cutOutcome {
+	out := make([]cutOutcome, 0, len(active))
+	round := []string{}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	for _, a := range req.Active {
-		p := CutPrefix{ModelCallID: a.ModelCallID, CaptureKey: a.CaptureKey, Disposition: DispositionDurableFailure}
+	for _, a := range active {
+		p := cutOutcome{LegacyPrefix: CutPrefix{ModelCallID: a.ModelCallID, CaptureKey: a.CaptureKey, Disposition: DispositionDurableFailure}}
 		c, reason := s.cuttableLocked(a, now)
 		if c == nil {
 			p.Reason = reason
-			rep.Prefixes = append(rep.Prefixes, p)
+			out = append(out, p)
 			continue
 		}
 		k := c.produced(now)
@@ -153,15 +211,20 @@ func (s *Server) handleGenerationCut(r *http.Request) (any, error) {
 		s.finishLocked(c, StatusCut, "abort", k)
 		close(c.cutCh)
 		p.Disposition, p.StagingKey, p.PrefixTokenCount, p.PrefixDigest = DispositionDurablePrefix, key, k, PrefixDigest(tokenIDs(prefix))
-		rep.Prefixes = append(rep.Prefixes, p)
+		p.outputLimit = len(c.tokens)
+		out = append(out, p)
 		round = append(round, c.id)
 	}
-	if len(req.Active) > 0 {
+	if len(active) > 0 {
 		s.cuts = append(s.cuts, round)
 	}
-	s.log.InfoContext(r.Context(), "generation cut", "checkpoint_id", req.CheckpointID, "server_name", req.ServerName,
-		"cut_id", rep.CutID, "listed", len(req.Active), "cut", len(round))
-	return codec.RawMessage(gencut.EncodeReceipt(rep)), nil
+	return out
+}
+
+func newCutID() string {
+	var idb [8]byte
+	_, _ = rand.Read(idb[:])
+	return hex.EncodeToString(idb[:])
 }
 
 // cuttableLocked returns the listed call if it can be cut now, or why not.

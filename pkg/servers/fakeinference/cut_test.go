@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/gencut"
 	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
@@ -284,5 +285,51 @@ func TestContinue_Errors(t *testing.T) {
 	}
 	if r := f.chat(longRequest(), map[string]string{fakeinference.HeaderContinueCut: p.StagingKey}); r.status != 400 {
 		t.Errorf("continuing a cut after a reset: %d", r.status)
+	}
+}
+
+// TestGenerationCut_Inventory: NeMo Gym's GenerationCutInventory, as a
+// model server sends it, is answered with a GenerationCutReceipt that
+// validates as Gym's validate_for requires: the call generating is cut
+// (durable_prefix, its one staging key), the unknown one is not
+// (durable_failure, no evidence), and the inventory is echoed.
+func TestGenerationCut_Inventory(t *testing.T) {
+	f := start(t, func(c *fakeinference.Config) { c.TokensPerSecond = 100 })
+	done := f.chatAsync(context.Background(), longRequest(), callHeaders("r1-a2", "m1"))
+	f.waitFor("m1 to produce tokens", func() bool {
+		for _, c := range f.calls() {
+			if c.CallID == "m1" {
+				return c.Status == fakeinference.StatusGenerating && c.CompletionTokens >= 5
+			}
+		}
+		return false
+	})
+	inv := gencut.BuildInventory("ckpt-1", "policy_model", []gencut.ActivePrefix{
+		{TicketID: "t-m1", RolloutID: "r1", Attempt: 2, ModelCallID: "m1", AdmittedAt: 1796605409.5},
+		{TicketID: "t-nope", RolloutID: "r1", Attempt: 2, ModelCallID: "nope", AdmittedAt: 1796605409.75},
+	})
+	body, err := f.ctl.CutInventory(context.Background(), testToken, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := gencut.DecodeReceiptFor(body, inv)
+	if err != nil {
+		t.Fatalf("the receipt does not validate: %v\n%s", err, body)
+	}
+	acks := map[string]gencut.PrefixAck{}
+	for _, a := range rc.Prefixes {
+		acks[a.TicketID] = a
+	}
+	cut, unknown := acks["t-m1"], acks["t-nope"]
+	if cut.Disposition != fakeinference.DispositionDurablePrefix || !slices.Equal(cut.StagingKeys, []string{"__generation_cut__/r1-a2/m1"}) ||
+		*cut.PrefixTokenCount < 5 || *cut.CutKind != gencut.CutKindActivePrefix || *cut.EffectiveOutputLimit < *cut.PrefixTokenCount {
+		t.Errorf("the cut call's ack: %+v", cut)
+	}
+	if unknown.Disposition != fakeinference.DispositionDurableFailure || len(unknown.StagingKeys) != 0 {
+		t.Errorf("the unknown call's ack: %+v", unknown)
+	}
+	recv(t, done) // the cut call's reply, which TestGenerationCut_AndContinue checks
+	if _, err := f.ctl.CutInventory(context.Background(), "wrong", inv); err == nil {
+		t.Error("a wrong token is taken")
 	}
 }

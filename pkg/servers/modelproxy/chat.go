@@ -444,6 +444,9 @@ func (s *Server) chatReply(ctx context.Context, up, b []byte, err error, digest 
 	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
 	capt := &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
+	if err := callError(terr); err != nil {
+		return reply{err: err, capture: capt, outcome: outcomeUpstreamError}
+	}
 	if !s.cfg.ReturnTokenIDs {
 		return reply{body: bytes.TrimSpace(b), capture: capt, outcome: outcomeOK}
 	}
@@ -673,7 +676,7 @@ func unfinished(sawDone bool) error {
 // streamChat relays an upstream SSE stream chunk by chunk. The final
 // [DONE] is held until the ledger row is staged. A stream that fails (an
 // upstream error event, a [DONE] or EOF before a finish_reason, a broken
-// connection) is a failed call: no ledger row, a capture failure recorded,
+// connection, a failed /tokenize of its prompt) is a failed call: no ledger row, a capture failure recorded,
 // and, once the client's stream started, an error event and [DONE].
 //
 // The log-probs the server asked for itself (return_token_ids without the
@@ -736,10 +739,21 @@ func (s *Server) streamChat(task *park.Task, w http.ResponseWriter, r *http.Requ
 	if upErr == nil && finishReason(c) == "" {
 		upErr = unfinished(sawDone)
 	}
+	var tf openai.TokenFields
+	var terr error
+	if upErr == nil {
+		tf, terr = s.completeTokens(ctx, c, up)
+		upErr = callError(terr)
+	}
 	if upErr != nil {
 		if !out.started() {
 			err := asAPIError(upErr)
-			s.finish(task, w, r, t, reply{err: err, outcome: outcomeOf(err)})
+			var capt *captured
+			if terr != nil {
+				// The generation ran: its failed capture is recorded.
+				capt = &captured{err: terr}
+			}
+			s.finish(task, w, r, t, reply{err: err, capture: capt, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {
@@ -752,7 +766,6 @@ func (s *Server) streamChat(task *park.Task, w http.ResponseWriter, r *http.Requ
 		s.done(t, outcomeStreamError)
 		return
 	}
-	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
 	if err := out.open(); err != nil {
 		s.done(t, outcomeCanceled)

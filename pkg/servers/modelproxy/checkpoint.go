@@ -800,11 +800,14 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 				c := m.GenerationCuts[0]
 				r.cut = &c
 			}
+			// The reply names the attempts whose records were installed,
+			// as NeMo Gym's restore does (control.py: sorted next attempts
+			// of the records read); every one in scope is restored pending.
+			next = append(next, n)
 		} else {
 			// Without a record the next attempt's ledger starts empty.
 			imports = append(imports, tokencapture.Import{Key: n.CaptureKey()})
 		}
-		next = append(next, n)
 		restored[n.RolloutID] = r
 	}
 	// One batch of writes for every ledger rather than one write each.
@@ -840,7 +843,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	p.restored = restored
 	p.restoredOnce = true
 	p.mu.Unlock()
-	p.log.InfoContext(ctx, "restored model ledgers", "episodes", len(next), "records", len(records))
+	p.log.InfoContext(ctx, "restored model ledgers", "episodes", len(ids), "records", len(records))
 	return next, nil
 }
 
@@ -922,17 +925,21 @@ func (p *participant) Forget(_ context.Context, rolloutIDs []string) error {
 func (p *participant) StatusExtra() map[string]any {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cuts := 0
+	// The restored attempts whose cut no call has consumed yet, as NeMo
+	// Gym's model participant lists them (model.py status_extra:
+	// sorted(restored cuts)).
+	cuts := []string{}
 	pending := []string{}
 	for _, r := range p.restored {
 		if r.cut != nil {
-			cuts++
+			cuts = append(cuts, r.id.CaptureKey())
 		}
 		if !r.used {
 			pending = append(pending, r.id.CaptureKey())
 		}
 	}
 	slices.Sort(pending)
+	slices.Sort(cuts)
 	return map[string]any{
 		"restored_generation_cuts": cuts, "restored_pending": pending,
 		"served": p.delivered, "inflight": len(p.calls), "held": p.held,

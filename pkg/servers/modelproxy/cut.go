@@ -37,7 +37,8 @@ const (
 // defaultCutBudget bounds a cut round whose operation has no deadline.
 const defaultCutBudget = 30 * time.Second
 
-// maxReceiptBytes bounds a cut receipt (about 300 bytes per call).
+// maxReceiptBytes bounds a cut receipt (about 600 bytes per call: it
+// echoes the inventory).
 const maxReceiptBytes = 64 << 20
 
 // cutPrefix is a staged prefix of one call, as a checkpoint records it.
@@ -50,56 +51,63 @@ type cutPrefix struct {
 func validStagingKey(k string) bool { return gencut.ValidStagingKey(k) }
 func validCallID(id string) bool    { return gencut.ValidCallID(id) }
 
-// DecodeCutReceipt decodes a worker's receipt for listed calls and checks
-// every entry's shape.
-func DecodeCutReceipt(body []byte, listed int) (*gencut.Receipt, error) {
-	return gencut.DecodeReceipt(body, listed)
+// DecodeCutReceipt decodes a worker's receipt for an inventory and checks
+// it as NeMo Gym's model server does (gencut.DecodeReceiptFor).
+func DecodeCutReceipt(body []byte, inv gencut.Inventory) (*gencut.Receipt, error) {
+	return gencut.DecodeReceiptFor(body, inv)
 }
 
 // cutRound asks every worker holding listed calls to cut its calls, all
-// at once, and records each call's outcome from the merged receipts. It
-// runs on the participant's goroutine; any failure of a worker's request
-// (transport, refusal, timeout, a malformed receipt) marks that worker's
-// calls failed: a cut only saves regeneration, so it never fails the
-// checkpoint.
+// at once, each with the inventory of its calls (NeMo Gym's
+// GenerationCutInventory, model.py PolicyGate._cut: one prefix per call,
+// the ticket being the model call id), and records each call's outcome
+// from the receipts. It runs on the participant's goroutine; any failure
+// of a worker's request (transport, refusal, timeout, a receipt that does
+// not validate) marks that worker's calls failed: a cut only saves
+// regeneration, so it never fails the checkpoint.
 func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, listed []*ticket) {
 	defer p.wg.Done()
 	defer cancel()
 	ctx, span := p.s.tracer.Start(ctx, tracing.SpanGenerationCut)
 	defer span.End()
 	id := p.checkpointID()
-	reqs := make([]gencut.Request, len(p.cutURLs))
+	prefixes := make([][]gencut.ActivePrefix, len(p.cutURLs))
 	for _, t := range listed {
-		w := int(t.worker.Load())
-		if reqs[w].CheckpointID == "" {
-			reqs[w] = gencut.Request{CheckpointID: id, ServerName: p.s.cfg.Name}
+		ep, err := rollout.ParseCaptureKey(t.captureKey)
+		if err != nil {
+			continue // never admitted as an episode's call: counted failed below
 		}
-		reqs[w].Active = append(reqs[w].Active, gencut.ActiveCall{ModelCallID: t.callID, CaptureKey: t.captureKey})
+		w := int(t.worker.Load())
+		prefixes[w] = append(prefixes[w], gencut.ActivePrefix{
+			TicketID: t.callID, RolloutID: ep.RolloutID, Attempt: ep.Attempt, ModelCallID: t.callID,
+			AdmittedAt: float64(t.admittedAt.UnixMicro()) / 1e6,
+		})
 	}
-	receipts := make([]*gencut.Receipt, len(reqs))
+	receipts := make([]*gencut.Receipt, len(prefixes))
 	var wg sync.WaitGroup
-	for w := range reqs {
-		if len(reqs[w].Active) == 0 {
+	for w := range prefixes {
+		if len(prefixes[w]) == 0 {
 			continue
 		}
+		inv := gencut.BuildInventory(id, p.s.cfg.Name, prefixes[w])
 		wg.Go(func() {
-			rc, err := p.postCut(ctx, p.cutURLs[w], reqs[w])
+			rc, err := p.postCut(ctx, p.cutURLs[w], inv)
 			if err != nil {
-				p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", id, "worker", p.cutURLs[w], "calls", len(reqs[w].Active), "err", err)
+				p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", id, "worker", p.cutURLs[w], "calls", len(inv.ActivePrefixes), "err", err)
 				return
 			}
 			receipts[w] = rc
 		})
 	}
 	wg.Wait()
-	outcome := make(map[string]*gencut.Prefix, len(listed))
+	outcome := make(map[string]*gencut.PrefixAck, len(listed))
 	for _, rc := range receipts {
 		if rc == nil {
 			continue
 		}
 		for i := range rc.Prefixes {
 			it := &rc.Prefixes[i]
-			outcome[it.ModelCallID] = it
+			outcome[it.TicketID] = it
 		}
 	}
 
@@ -108,11 +116,13 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 	cut, failed := 0, 0
 	for _, t := range listed {
 		it := outcome[t.callID]
-		if it == nil || it.CaptureKey != t.captureKey || it.Disposition != DispositionDurablePrefix {
+		// A continuation names one staged prefix (HeaderContinueCut): a
+		// prefix staged under several keys, or of no token, regenerates.
+		if it == nil || it.Disposition != DispositionDurablePrefix || len(it.StagingKeys) != 1 || !validStagingKey(it.StagingKeys[0]) || *it.PrefixTokenCount <= 0 {
 			failed++
 			continue
 		}
-		t.cut = &cutPrefix{stagingKey: it.StagingKey, tokenCount: it.PrefixTokenCount, digest: it.PrefixDigest}
+		t.cut = &cutPrefix{stagingKey: it.StagingKeys[0], tokenCount: *it.PrefixTokenCount, digest: *it.PrefixDigest}
 		cut++
 	}
 	p.round.cut += cut
@@ -129,10 +139,13 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 	p.notifyLocked()
 }
 
-// postCut sends one cut request to a worker's cut route on the control
-// client.
-func (p *participant) postCut(ctx context.Context, cutURL string, req gencut.Request) (*gencut.Receipt, error) {
-	body := gencut.EncodeRequest(req)
+// postCut posts one inventory to a worker's cut route on the control
+// client and checks the receipt against it.
+func (p *participant) postCut(ctx context.Context, cutURL string, inv gencut.Inventory) (*gencut.Receipt, error) {
+	body, err := codec.Marshal(inv)
+	if err != nil {
+		return nil, err
+	}
 	h := http.Header{"Authorization": {"Bearer " + p.s.cfg.GenerationCuts.ControlAuthToken}}
 	c, err := p.s.upstream.cutClient(ctx)
 	if err != nil {
@@ -148,7 +161,7 @@ func (p *participant) postCut(ctx context.Context, cutURL string, req gencut.Req
 	if len(rep.Body) > maxReceiptBytes {
 		return nil, fmt.Errorf("the cut receipt is %d bytes, more than %d", len(rep.Body), maxReceiptBytes)
 	}
-	return DecodeCutReceipt(rep.Body, len(req.Active))
+	return DecodeCutReceipt(rep.Body, inv)
 }
 
 // checkpointID names the round after the checkpoint being prepared. The

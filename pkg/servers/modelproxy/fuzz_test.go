@@ -214,13 +214,36 @@ func TestExtractTokens(t *testing.T) {
 	}{
 		{
 			name:       "bundle on the message wins",
-			completion: `{"prompt_token_ids":[9],"choices":[{"message":{"role":"assistant","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]}}]}`,
+			completion: `{"choices":[{"message":{"role":"assistant","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]},"logprobs":{"content":[{"token":"token_id:5","logprob":-3}]}}]}`,
 			want:       openai.TokenFields{PromptTokenIDs: []int{1}, GenerationTokenIDs: []int{2}, GenerationLogProbs: []float64{-1}},
 		},
 		{
-			name:       "logprob token ids when token_ids is missing",
+			name:       "bundle agreeing with the inline ids",
+			completion: `{"prompt_token_ids":[1],"choices":[{"message":{"role":"assistant","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]},"token_ids":[2]}]}`,
+			want:       openai.TokenFields{PromptTokenIDs: []int{1}, GenerationTokenIDs: []int{2}, GenerationLogProbs: []float64{-1}},
+		},
+		{
+			name:       "bundle disagreeing with the inline ids",
+			completion: `{"prompt_token_ids":[9],"choices":[{"message":{"role":"assistant","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]},"token_ids":[2]}]}`,
+			wantErr:    "disagree",
+		},
+		// nemo-gym 0.7.0's _extract_vllm_response_token_ids: a partially
+		// present source is invalid, never a /tokenize.
+		{
+			name:       "prompt ids without token_ids",
 			completion: `{"prompt_token_ids":[1,2],"choices":[{"message":{"role":"assistant"},"logprobs":{"content":[{"token":"token_id:7","logprob":-0.5},{"token":"token_id:8","logprob":-1.5}]}}]}`,
-			want:       openai.TokenFields{PromptTokenIDs: []int{1, 2}, GenerationTokenIDs: []int{7, 8}, GenerationLogProbs: []float64{-0.5, -1.5}},
+			wantErr:    "partial token ids: no choices[0].token_ids",
+		},
+		{
+			name:       "token_ids without prompt ids",
+			completion: `{"choices":[{"message":{"role":"assistant"},"token_ids":[7],"logprobs":{"content":[{"token":"token_id:7","logprob":-0.5}]}}]}`,
+			wantErr:    "partial token ids: no prompt_token_ids",
+		},
+		{
+			name:       "no inline ids: the generation from the logprob tokens, the prompt from /tokenize",
+			completion: `{"prompt_token_ids":null,"choices":[{"message":{"role":"assistant"},"token_ids":null,"logprobs":{"content":[{"token":"token_id:7","logprob":-0.5},{"token":"token_id:8","logprob":-1.5}]}}]}`,
+			want:       openai.TokenFields{GenerationTokenIDs: []int{7, 8}, GenerationLogProbs: []float64{-0.5, -1.5}},
+			wantErr:    "no prompt_token_ids",
 		},
 		{
 			name:       "an empty generation",
@@ -228,7 +251,7 @@ func TestExtractTokens(t *testing.T) {
 			want:       openai.TokenFields{PromptTokenIDs: []int{1}, GenerationTokenIDs: []int{}, GenerationLogProbs: []float64{}},
 		},
 		{name: "partial bundle", completion: `{"choices":[{"message":{"role":"assistant","prompt_token_ids":[1]}}]}`, wantErr: "all-or-nothing"},
-		{name: "text tokens and no ids", completion: `{"prompt_token_ids":[1],"choices":[{"message":{"role":"assistant"},"logprobs":{"content":[{"token":"Hello","logprob":-1}]}}]}`, wantErr: `"Hello"`},
+		{name: "text tokens and no ids", completion: `{"choices":[{"message":{"role":"assistant"},"logprobs":{"content":[{"token":"Hello","logprob":-1}]}}]}`, wantErr: `"Hello"`},
 		{name: "length mismatch", completion: `{"prompt_token_ids":[1],"choices":[{"message":{"role":"assistant"},"token_ids":[1,2],"logprobs":{"content":[{"token":"token_id:1","logprob":-1}]}}]}`, wantErr: "2 token_ids but 1 logprobs"},
 		{name: "no choices", completion: `{"choices":[]}`, wantErr: "no choices"},
 	}
@@ -242,6 +265,9 @@ func TestExtractTokens(t *testing.T) {
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				if tt.want.HasTokens() && !reflect.DeepEqual(got, tt.want) {
+					t.Fatalf("got %+v, want %+v", got, tt.want)
 				}
 				return
 			}

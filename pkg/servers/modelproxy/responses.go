@@ -309,6 +309,9 @@ func (s *Server) responsesReply(ctx context.Context, req *openai.ResponsesReques
 		s.countTokens(c.Usage, tf)
 		s.applyTokens(c, tf, terr)
 		capt = &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}
+		if err := callError(terr); err != nil {
+			return reply{err: err, capture: capt, outcome: outcomeUpstreamError}
+		}
 	}
 	resp, err := openai.ChatToResponse(req, c, openai.ResponseOptions{Model: s.cfg.Upstream.Model, Logprobs: wantsLogprobs(req)})
 	if err != nil {
@@ -386,10 +389,21 @@ func (s *Server) streamResponses(task *park.Task, w http.ResponseWriter, r *http
 	if upErr == nil && finishReason(c) == "" {
 		upErr = unfinished(sawDone)
 	}
+	var tf openai.TokenFields
+	var terr error
+	if upErr == nil {
+		tf, terr = s.completeTokens(ctx, c, up)
+		upErr = callError(terr)
+	}
 	if upErr != nil {
 		if !rs.out.started() {
 			err := asAPIError(upErr)
-			s.finish(task, w, r, t, reply{err: err, outcome: outcomeOf(err)})
+			var capt *captured
+			if terr != nil {
+				// The generation ran: its failed capture is recorded.
+				capt = &captured{err: terr}
+			}
+			s.finish(task, w, r, t, reply{err: err, capture: capt, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {
@@ -400,7 +414,6 @@ func (s *Server) streamResponses(task *park.Task, w http.ResponseWriter, r *http
 		s.done(t, outcomeStreamError)
 		return
 	}
-	tf, terr := s.completeTokens(ctx, c, up)
 	s.countTokens(c.Usage, tf)
 	s.applyTokens(c, tf, terr)
 	s.endResponseStream(rs, c, &captured{model: s.cfg.Upstream.Model, requestDigest: digest, tokens: tf, finishReason: finishReason(c), err: terr}, outcomeOK)

@@ -188,7 +188,7 @@ func TestChat_CaptureFailuresNeverFailTheCall(t *testing.T) {
 		name, reply, wantReason string
 	}{
 		{"token ids disagree with logprobs", mismatch, "token_ids says 9"},
-		{"no prompt ids", `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop","logprobs":{"content":[]}}]}`, "no prompt_token_ids"},
+		{"partial inline ids", `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop","token_ids":[],"logprobs":{"content":[]}}]}`, "no prompt_token_ids"},
 		{"no logprobs", `{"id":"c","object":"chat.completion","created":1,"model":"m","prompt_token_ids":[1],"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop","token_ids":[3]}]}`, "no logprobs"},
 	}
 	for _, tt := range tests {

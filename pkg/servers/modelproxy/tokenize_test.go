@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
@@ -60,6 +61,61 @@ func TestTokenizeFallback(t *testing.T) {
 		if tok.Path != "/tokenize" || tok.Body["model"] != "fake-model" || tok.Body["messages"] == nil || tok.Body["tools"] == nil ||
 			fmt.Sprint(tok.Body["chat_template_kwargs"]) != "map[enable_thinking:false]" || tok.Body["logprobs"] != nil {
 			t.Fatalf("%s: /tokenize got %s %v", path, tok.Path, tok.Body)
+		}
+	}
+}
+
+// TestTokenizeFallbackFails: a /tokenize that fails fails the call, as it
+// fails NeMo Gym's vllm_model's (nemo-gym 0.7.0: create_tokenize raises out
+// of chat_completions, answered 500): nothing is delivered to the ledger,
+// which records the failed call. A stream that already relayed the
+// generation ends with an error event (chat) or response.failed.
+func TestTokenizeFallbackFails(t *testing.T) {
+	up := newStub(t)
+	up.script(func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/tokenize" {
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, `{"error":{"message":"the tokenizer is gone","type":"InternalServerError","param":null,"code":500}}`)
+			return
+		}
+		if body["stream"] == true {
+			replySSE(
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"fake-model","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"logprobs":{"content":[{"token":"token_id:9","logprob":-0.5,"top_logprobs":[]}]},"finish_reason":null}],"prompt_token_ids":null}`,
+				`{"id":"c","object":"chat.completion.chunk","created":1,"model":"fake-model","choices":[{"index":0,"delta":{},"logprobs":{"content":[{"token":"token_id:8","logprob":-0.25,"top_logprobs":[]}]},"finish_reason":"stop","token_ids":null}]}`,
+				"[DONE]")(w, r, body)
+			return
+		}
+		io.WriteString(w, noPromptIDs)
+	})
+	p := newProxy(t, up, nil)
+	for i, tt := range []struct{ path, body string }{
+		{"/ng-rollout/tf%d/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`},
+		{"/ng-rollout/tf%d/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"stream":true}`},
+		{"/ng-rollout/tf%d/v1/responses", `{"input":"hi"}`},
+		{"/ng-rollout/tf%d/v1/responses", `{"input":"hi","stream":true}`},
+	} {
+		key, path := fmt.Sprintf("tf%d", i), fmt.Sprintf(tt.path, i)
+		status, b := p.post(t, path, tt.body)
+		switch {
+		case !strings.Contains(tt.body, `"stream"`):
+			if status != http.StatusBadGateway || !strings.Contains(string(b), "/tokenize failed") || !strings.Contains(string(b), "the tokenizer is gone") {
+				t.Fatalf("%s: %d %s", path, status, b)
+			}
+		case strings.Contains(path, "/chat/"):
+			evs := events(t, b)
+			if status != 200 || len(evs) < 2 || !strings.Contains(string(evs[len(evs)-2].Data), "/tokenize failed") || string(evs[len(evs)-1].Data) != "[DONE]" {
+				t.Fatalf("%s: %d %s", path, status, b)
+			}
+		default:
+			evs := events(t, b)
+			if status != 200 || len(evs) == 0 || evs[len(evs)-1].Name != "response.failed" || !strings.Contains(string(evs[len(evs)-1].Data), "/tokenize failed") {
+				t.Fatalf("%s: %d %s", path, status, b)
+			}
+		}
+		m := p.manifest(t, key)
+		if len(m.Records) != 0 || len(m.Failures) != 1 || !strings.Contains(m.Failures[0].Reason, "the tokenizer is gone") {
+			t.Fatalf("%s: manifest = %+v", path, m)
 		}
 	}
 }

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
@@ -19,27 +21,39 @@ import (
 const tokenIDPrefix = "token_id:"
 
 // extractTokens reads the training token fields of choices[0], in NeMo Gym's
-// order of sources (gym-servers.md §4.4):
+// order of sources (VLLMModel.chat_completions in nemo-gym 0.7.0's
+// responses_api_models/vllm_model/app.py; gym-servers.md §4.4):
 //  1. a complete bundle already on the message;
-//  2. vLLM's top-level prompt_token_ids and the choice's token_ids, with
-//     log-probs from logprobs.content, whose "token_id:N" tokens must agree;
-//  3. the "token_id:N" logprob tokens alone for the generation, with the
-//     top-level prompt_token_ids.
+//  2. vLLM's top-level prompt_token_ids and the choice's token_ids
+//     (return_token_ids), with log-probs from logprobs.content, whose
+//     "token_id:N" tokens must agree;
+//  3. with neither, the "token_id:N" logprob tokens for the generation
+//     (return_tokens_as_token_ids), and errNoPromptIDs: the prompt's ids
+//     come from the worker's /tokenize (see completeTokens).
 //
-// Without prompt_token_ids it returns the generation's fields and
-// errNoPromptIDs (see completeTokens).
-//
-// Token ids are never rebuilt from text: without prompt ids from the
-// upstream there are no token fields.
+// As in Gym, source 2 is all or nothing (one of its two fields alone is
+// an error, never a /tokenize), and a bundle must agree with it when both
+// are there. Token ids are never rebuilt from text.
 func extractTokens(c *openai.ChatCompletion) (openai.TokenFields, error) {
 	if len(c.Choices) == 0 {
 		return openai.TokenFields{}, errors.New("the upstream reply has no choices")
 	}
 	ch := &c.Choices[0]
+	inline := c.PromptTokenIDs != nil
+	if inline != (ch.TokenIDs != nil) {
+		missing := "choices[0].token_ids"
+		if !inline {
+			missing = "prompt_token_ids"
+		}
+		return openai.TokenFields{}, fmt.Errorf("the upstream returned partial token ids: no %s (return_token_ids gives both)", missing)
+	}
 	if ch.Message.HasTokens() {
 		tf := ch.Message.TokenFields
 		if err := tf.Validate(); err != nil {
 			return openai.TokenFields{}, fmt.Errorf("token fields on the upstream message: %w", err)
+		}
+		if inline && (!slices.Equal(tf.PromptTokenIDs, c.PromptTokenIDs) || !slices.Equal(tf.GenerationTokenIDs, ch.TokenIDs)) {
+			return openai.TokenFields{}, errors.New("the token fields on the upstream message disagree with its prompt_token_ids and token_ids")
 		}
 		return tf, nil
 	}
@@ -70,15 +84,16 @@ func extractTokens(c *openai.ChatCompletion) (openai.TokenFields, error) {
 		}
 	}
 	tf := openai.TokenFields{PromptTokenIDs: c.PromptTokenIDs, GenerationTokenIDs: orEmpty(gen), GenerationLogProbs: logprobs}
-	if c.PromptTokenIDs == nil {
+	if !inline {
 		return tf, errNoPromptIDs
 	}
 	return tf, nil
 }
 
-// errNoPromptIDs is a reply with the generation's ids and log-probs but no
-// prompt_token_ids (a vLLM without return_token_ids): the prompt's ids come
-// from the worker's /tokenize instead, as NeMo Gym's vllm_model gets them.
+// errNoPromptIDs is a reply with the generation's ids in its log-probs and
+// no inline ids (a vLLM not asked for return_token_ids, or without it):
+// the prompt's ids come from the worker's /tokenize instead, as NeMo Gym's
+// vllm_model gets them.
 var errNoPromptIDs = errors.New("the upstream returned no prompt_token_ids (is return_token_ids supported?)")
 
 func logprobTokenIDs(entries []openai.TokenLogprob) ([]int, error) {
@@ -120,7 +135,8 @@ const maxTokenizeReply = 64 << 20
 
 // completeTokens is extractTokens, with the prompt's ids from the
 // worker's /tokenize when the reply has the generation's but not the
-// prompt's. up is the request the upstream was sent.
+// prompt's. up is the request the upstream was sent. A /tokenize that
+// fails is a *tokenizeError, which fails the call (callError).
 func (s *Server) completeTokens(ctx context.Context, c *openai.ChatCompletion, up []byte) (openai.TokenFields, error) {
 	tf, err := extractTokens(c)
 	if !errors.Is(err, errNoPromptIDs) || !s.cfg.ReturnTokenIDs {
@@ -128,10 +144,34 @@ func (s *Server) completeTokens(ctx context.Context, c *openai.ChatCompletion, u
 	}
 	prompt, terr := s.tokenize(ctx, up)
 	if terr != nil {
-		return openai.TokenFields{}, fmt.Errorf("%w; the /tokenize fallback failed: %v", err, terr)
+		return openai.TokenFields{}, &tokenizeError{err: terr}
 	}
 	tf.PromptTokenIDs = prompt
 	return tf, nil
+}
+
+// tokenizeError is a /tokenize fallback that failed. It fails the call, as
+// it fails NeMo Gym's vllm_model's (create_tokenize raises out of
+// chat_completions, answered 500): unlike a reply whose token fields are
+// unusable, which is answered and recorded as a capture failure, here the
+// worker failed a request the call needs, after the generation ran.
+type tokenizeError struct{ err error }
+
+func (e *tokenizeError) Error() string {
+	return "the upstream returned no prompt_token_ids and its /tokenize failed: " + e.err.Error()
+}
+
+func (e *tokenizeError) Unwrap() error { return e.err }
+
+// callError is the error a token error fails the call with: a failed
+// /tokenize, as an upstream error that is not to be retried (the
+// generation ran); nil for any other, a capture failure only.
+func callError(terr error) error {
+	var te *tokenizeError
+	if !errors.As(terr, &te) {
+		return nil
+	}
+	return apierror.New(apierror.UpstreamError, "%s", te.Error())
 }
 
 // tokenize posts the request's prompt fields to <worker root>/tokenize

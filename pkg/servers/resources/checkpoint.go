@@ -368,6 +368,30 @@ func (p *participant) Export(ctx context.Context, scope ctlplane.Scope, emit fun
 	return extras, nil
 }
 
+// Held implements ctlplane.Holder: the episodes of every live session (none
+// on a restart_only server, whose sessions are restarts), each once, so a
+// commit without a scope exports every session, as Gym's resources
+// participant does (resources.py export with episode_ids None).
+func (p *participant) Held() []rollout.EpisodeID {
+	if p.ck.mode == ModeRestartOnly {
+		return nil
+	}
+	s := p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[rollout.EpisodeID]bool{}
+	var out []rollout.EpisodeID
+	for _, byID := range s.byRollout {
+		for _, sess := range byID {
+			if !sess.retired && !seen[sess.episode] {
+				seen[sess.episode] = true
+				out = append(out, sess.episode)
+			}
+		}
+	}
+	return out
+}
+
 // Committed implements ctlplane.Participant: restored sessions that no
 // request has used and that the scope leaves out are deleted, without a
 // fence (their ids can be seeded again).

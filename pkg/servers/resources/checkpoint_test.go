@@ -296,7 +296,7 @@ func TestRestoreNeedsFreshProcess(t *testing.T) {
 	ts := checkpointed(t, resources.TypeCounter, "", "")
 	ts.post("/seed_session", "s1", `{}`)
 	got := ts.ctl("restore", scopeReq("c1", dir))
-	expectCode(t, "restore", got, 409, "invalid_phase")
+	expectCode(t, "restore", got, 409, "checkpoint_error")
 	if !strings.Contains(got.body, "requires a process that has not served sessions") {
 		t.Errorf("refusal = %s", got.body)
 	}
@@ -445,4 +445,42 @@ func TestRetireIndex(t *testing.T) {
 	}
 	expect(t, "another rollout", ts.post("/ng-rollout/r4/increment", "s4", `{"by":1}`), 200, `{"count":2}`)
 	expectCode(t, "retired", ts.post("/increment", "s7", `{"by":1}`), 409, "stale_attempt")
+}
+
+// TestCommitWithoutScope: a commit with episode_ids null exports every
+// session the server holds, live and restored, as NeMo Gym's resources
+// participant does (nemo_gym/_checkpoint/resources.py @ 011c3386d691,
+// export with episode_ids None; control.py: nothing restored is deleted),
+// and a retry without a scope is the same commit while one with a list is
+// another.
+func TestCommitWithoutScope(t *testing.T) {
+	dir := writeCheckpoint(t, "counter", "c0", map[string]string{
+		"r": `{"episode_id":{"rollout_id":"r","attempt":0},"session_id":"s1","state":{"count":7}}`,
+	}, nil)
+	ts := checkpointed(t, resources.TypeCounter, "", "")
+	ts.mustCtl("restore", scopeReq("c0", dir, episodes("r")...))
+	ts.mustCtl("resume", ckptReq("c0"))
+	expect(t, "seed", ts.post("/ng-rollout/q-a2/seed_session", "s2", `{"initial_count":1}`), 200, `{}`)
+
+	ts.mustCtl("prepare", ckptReq("c1"))
+	dir1 := t.TempDir()
+	null := map[string]any{"checkpoint_id": "c1", "checkpoint_dir": dir1, "episode_ids": nil}
+	m := ts.mustCtl("commit", null)
+	if jsonOf(t, m["episode_ids"]) != `["q-a2","r-a1"]` || m["phase"] != "committed" {
+		t.Fatalf("commit reply = %v", m)
+	}
+	want := []string{
+		`{"episode_id":{"rollout_id":"q","attempt":2},"session_id":"s2","state":{"count":1}}`,
+		`{"episode_id":{"rollout_id":"r","attempt":1},"session_id":"s1","state":{"count":7}}`,
+	}
+	if got := records(t, dir1, "counter", "c1"); jsonOf(t, got) != jsonOf(t, want) {
+		t.Fatalf("records = %v\nwant %v", got, want)
+	}
+	absent := map[string]any{"checkpoint_id": "c1", "checkpoint_dir": dir1}
+	if again := ts.mustCtl("commit", absent); jsonOf(t, again) != jsonOf(t, m) {
+		t.Fatalf("a retry without episode_ids = %v, want the first reply %v", again, m)
+	}
+	expectCode(t, "the same id with a scope", ts.ctl("commit", scopeReq("c1", dir1, episodes("q-a2")...)), 409, "checkpoint_conflict")
+	ts.mustCtl("resume", ckptReq("c1"))
+	expect(t, "the restored session stays", ts.post("/ng-rollout/r-a1/get_counter_value", "s1", `{}`), 200, `{"count":7}`)
 }

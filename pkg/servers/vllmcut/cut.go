@@ -8,13 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/gencut"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
-	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // PrefixDigest is a receipt's prefix_digest of token ids.
@@ -158,7 +156,7 @@ func (s *Server) handleCut(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	req, err := gencut.ParseRequest(body)
+	req, err := gencut.ParseLegacyRequest(body)
 	if err != nil {
 		return nil, err
 	}
@@ -167,12 +165,12 @@ func (s *Server) handleCut(r *http.Request) (any, error) {
 		listed[i] = listedCall{id: a.ModelCallID, captureKey: a.CaptureKey}
 	}
 	res := s.cut(r.Context(), listed)
-	rc := gencut.Receipt{CheckpointID: req.CheckpointID, CutID: newCutID(), Prefixes: make([]gencut.Prefix, len(res))}
+	rc := gencut.LegacyReceipt{CheckpointID: req.CheckpointID, CutID: newCutID(), Prefixes: make([]gencut.LegacyPrefix, len(res))}
 	cut := 0
 	for i, o := range res {
-		p := gencut.Prefix{ModelCallID: listed[i].id, CaptureKey: listed[i].captureKey, Disposition: gencut.DispositionDurableFailure, Reason: o.reason}
+		p := gencut.LegacyPrefix{ModelCallID: listed[i].id, CaptureKey: listed[i].captureKey, Disposition: gencut.DispositionDurableFailure, Reason: o.reason}
 		if o.staged != nil {
-			p = gencut.Prefix{ModelCallID: listed[i].id, CaptureKey: listed[i].captureKey, Disposition: gencut.DispositionDurablePrefix,
+			p = gencut.LegacyPrefix{ModelCallID: listed[i].id, CaptureKey: listed[i].captureKey, Disposition: gencut.DispositionDurablePrefix,
 				StagingKey: o.staged.key, PrefixTokenCount: len(o.staged.tokenIDs), PrefixDigest: PrefixDigest(o.staged.tokenIDs)}
 			cut++
 		}
@@ -180,53 +178,14 @@ func (s *Server) handleCut(r *http.Request) (any, error) {
 	}
 	s.log.InfoContext(r.Context(), "generation cut", "checkpoint_id", req.CheckpointID, "server_name", req.ServerName,
 		"cut_id", rc.CutID, "listed", len(listed), "cut", cut)
-	return codec.RawMessage(gencut.EncodeReceipt(rc)), nil
+	return codec.RawMessage(gencut.EncodeLegacyReceipt(rc)), nil
 }
 
-// Upstream's wire (nemo_gym/_checkpoint/generation_cut.py, NVIDIA-NeMo/Gym
-// 012b7b66): GenerationCutInventory in, GenerationCutReceipt out; every
-// model forbids unknown fields.
-type (
-	upstreamPrefix struct {
-		TicketID    string  `json:"ticket_id"`
-		RolloutID   string  `json:"rollout_id"`
-		Attempt     int     `json:"attempt"`
-		ModelCallID string  `json:"model_call_id"`
-		AdmittedAt  float64 `json:"admitted_at"`
-	}
-	upstreamInventory struct {
-		CheckpointID    string           `json:"checkpoint_id"`
-		ServerName      string           `json:"server_name"`
-		ActivePrefixes  []upstreamPrefix `json:"active_prefixes"`
-		InventoryDigest string           `json:"inventory_digest"`
-	}
-	upstreamAck struct {
-		upstreamPrefix
-		Disposition          string   `json:"disposition"`
-		CutKind              *string  `json:"cut_kind"`
-		FrozenBufferID       *string  `json:"frozen_buffer_id"`
-		StagingKeys          []string `json:"staging_keys"`
-		PrefixTokenCount     *int     `json:"prefix_token_count"`
-		PrefixDigest         *string  `json:"prefix_digest"`
-		EffectiveOutputLimit *int     `json:"effective_output_limit"`
-		TerminalFinishReason *string  `json:"terminal_finish_reason"`
-		TerminalStopReason   *string  `json:"terminal_stop_reason"`
-	}
-	upstreamReceipt struct {
-		CheckpointID      string            `json:"checkpoint_id"`
-		CutID             string            `json:"cut_id"`
-		InventoryDigest   string            `json:"inventory_digest"`
-		Inventory         upstreamInventory `json:"inventory"`
-		BackendSnapshotID string            `json:"backend_snapshot_id"`
-		Prefixes          []upstreamAck     `json:"prefixes"`
-	}
-)
-
-var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
-// handleUpstreamCut is NeMo Gym's route: the calls named by rollout id,
-// attempt and model call id; every one answered once, echoing its
-// identity, as GenerationCutReceipt.validate_for requires.
+// handleUpstreamCut is NeMo Gym's wire (gencut.Inventory in,
+// gencut.Receipt out; nemo_gym/_checkpoint/generation_cut.py): the calls
+// named by rollout id, attempt and model call id, every one answered once
+// with the identity it was listed with, as GenerationCutReceipt.validate_for
+// requires.
 func (s *Server) handleUpstreamCut(r *http.Request) (any, error) {
 	if err := s.authorized(r); err != nil {
 		return nil, err
@@ -235,55 +194,37 @@ func (s *Server) handleUpstreamCut(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	invalid := func(format string, args ...any) error {
-		return apierror.New(apierror.InvalidRequest, format, args...).WithStatus(http.StatusUnprocessableEntity)
-	}
-	var inv upstreamInventory
-	if err := codec.UnmarshalStrict(body, &inv); err != nil {
-		return nil, invalid("%s", codec.DescribeError(err))
-	}
-	if inv.CheckpointID == "" || inv.ServerName == "" || !hexDigest.MatchString(inv.InventoryDigest) {
-		return nil, invalid("checkpoint_id and server_name must be set and inventory_digest be 64 hex digits")
-	}
-	if len(inv.ActivePrefixes) > gencut.MaxActive {
-		return nil, invalid("at most %d active prefixes, got %d", gencut.MaxActive, len(inv.ActivePrefixes))
+	inv, err := gencut.ParseInventory(body)
+	if err != nil {
+		return nil, err
 	}
 	listed := make([]listedCall, len(inv.ActivePrefixes))
-	seen := map[string]bool{}
 	for i, p := range inv.ActivePrefixes {
-		ep := rollout.EpisodeID{RolloutID: p.RolloutID, Attempt: p.Attempt}
-		if p.TicketID == "" || !gencut.ValidCallID(p.ModelCallID) || ep.Validate() != nil {
-			return nil, invalid("active_prefixes[%d] needs a ticket_id, a model_call_id, a rollout_id and an attempt >= 0", i)
-		}
-		if seen[p.TicketID] {
-			return nil, invalid("active_prefixes[%d]: ticket_id %q is listed twice", i, p.TicketID)
-		}
-		seen[p.TicketID] = true
-		listed[i] = listedCall{id: p.ModelCallID, captureKey: ep.CaptureKey()}
+		listed[i] = listedCall{id: p.ModelCallID, captureKey: p.CaptureKey()}
 	}
 	res := s.cut(r.Context(), listed)
-	rc := upstreamReceipt{
+	rc := gencut.Receipt{
 		CheckpointID: inv.CheckpointID, CutID: newCutID(), InventoryDigest: inv.InventoryDigest, Inventory: inv,
-		BackendSnapshotID: "vllmcut-" + newCutID(), Prefixes: make([]upstreamAck, len(res)),
-	}
-	if rc.Inventory.ActivePrefixes == nil {
-		rc.Inventory.ActivePrefixes = []upstreamPrefix{}
+		BackendSnapshotID: "vllmcut-" + newCutID(), Prefixes: make([]gencut.PrefixAck, len(res)),
 	}
 	for i, o := range res {
-		ack := upstreamAck{upstreamPrefix: inv.ActivePrefixes[i], Disposition: gencut.DispositionDurableFailure, StagingKeys: []string{}}
-		if st := o.staged; st != nil {
-			kind, n, digest := "active_prefix", len(st.tokenIDs), PrefixDigest(st.tokenIDs)
-			// The call's own limit; a call that set none is bounded by the
-			// context, which the sidecar does not know: the prefix is the
-			// least it can claim.
-			limit := st.limit
-			if limit < 1 {
-				limit = max(n, 1)
-			}
-			ack.Disposition, ack.CutKind, ack.FrozenBufferID = gencut.DispositionDurablePrefix, &kind, &st.key
-			ack.StagingKeys, ack.PrefixTokenCount, ack.PrefixDigest, ack.EffectiveOutputLimit = []string{st.key}, &n, &digest, &limit
+		st := o.staged
+		if st == nil {
+			rc.Prefixes[i] = gencut.Failure(inv.ActivePrefixes[i])
+			continue
 		}
-		rc.Prefixes[i] = ack
+		// The call's own limit; a call that set none is bounded by the
+		// context, which the sidecar does not know: the prefix is the
+		// least it can claim.
+		n, limit := len(st.tokenIDs), st.limit
+		if limit < 1 {
+			limit = max(n, 1)
+		}
+		rc.Prefixes[i] = gencut.DurablePrefix(inv.ActivePrefixes[i], st.key, n, PrefixDigest(st.tokenIDs), limit)
 	}
-	return rc, nil
+	b, err := gencut.EncodeReceipt(rc)
+	if err != nil {
+		return nil, err
+	}
+	return codec.RawMessage(b), nil
 }

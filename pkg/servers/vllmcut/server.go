@@ -2,7 +2,7 @@
 // §6) for a real vLLM: a sidecar in front of vLLM's OpenAI server that the
 // policy model server uses as its upstream.
 //
-// Every route is proxied to vLLM unchanged, with two exceptions. A
+// Every route is proxied to vLLM unchanged, with these exceptions. A
 // non-streaming chat call the model server names (X-Ng-Model-Call-Id and
 // X-Ng-Capture-Key) is sent to vLLM with an X-Request-Id of the sidecar's,
 // so a cut can abort it by id through vLLM's own
@@ -23,12 +23,16 @@
 // (the assistant message's prompt_token_ids and generation_token_ids) is
 // generated from the model's own tokens for that history, spliced in as
 // NeMo RL's vLLM worker splices them, so a trajectory's token ids stay
-// contiguous across turns (splice.go).
+// contiguous across turns (splice.go). A /tokenize of such a history is
+// spliced the same way, so the prompt ids NeMo Gym's /tokenize fallback
+// reads are the ones the call was generated from.
 //
-// The cut routes are ours (POST /_ckpt/generation-cut, pkg/checkpoint/gencut)
-// and upstream's (POST /ng-control/v1/generation-cut, the inventory and
-// receipt of NeMo Gym's nemo_gym/_checkpoint/generation_cut.py), both
-// behind the same bearer token.
+// The cut route is NeMo Gym's (POST /ng-control/v1/generation-cut, the
+// inventory and receipt of nemo_gym/_checkpoint/generation_cut.py,
+// pkg/checkpoint/gencut's Inventory and Receipt), which the model server
+// speaks; our former body (gencut's Legacy*) is still served there and on
+// POST /_ckpt/generation-cut, for a model server of an earlier release. Both
+// take the same bearer token.
 //
 // What is not cut, and why (a failed cut only costs regeneration): streaming
 // calls; calls with tools (vLLM parses tool calls out of the whole text, and
@@ -147,6 +151,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	r := httpserver.NewRouter(httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer})
 	r.Post("/v1/chat/completions", s.handleChat)
+	r.Post("/tokenize", s.handleTokenize)
 	h := func(f httpserver.HandlerFunc) http.HandlerFunc { return httpserver.Handle(s.log, f) }
 	r.Post(gencut.LegacyPath, h(s.handleCut))
 	r.Post(UpstreamCutPath, h(s.handleCutOfEitherShape))

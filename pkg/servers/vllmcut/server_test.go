@@ -69,7 +69,11 @@ func (v *stubVLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		v.mu.Unlock()
 	case "/tokenize":
-		_ = json.NewEncoder(w).Encode(map[string]any{"count": len(stubPrompt), "tokens": stubPrompt})
+		tokens := stubPrompt
+		if msgs, _ := req["messages"].([]any); hasAssistant(msgs) {
+			tokens = stubRender(msgs, req["add_generation_prompt"] != false)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"count": len(tokens), "max_model_len": 1024, "tokens": tokens, "token_strs": nil})
 	case "/v1/completions":
 		v.mu.Lock()
 		v.completions = append(v.completions, req)
@@ -82,6 +86,30 @@ func (v *stubVLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		w.WriteHeader(http.StatusNotFound)
 	}
+}
+
+func hasAssistant(msgs []any) bool {
+	for _, m := range msgs {
+		if m.(map[string]any)["role"] == "assistant" {
+			return true
+		}
+	}
+	return false
+}
+
+// stubRender is the stub's chat template for a history: each message is
+// 1, 100 + the length of its content, 2 (the terminator); the generation
+// prompt is 1.
+func stubRender(msgs []any, generationPrompt bool) []int {
+	var out []int
+	for _, m := range msgs {
+		content, _ := m.(map[string]any)["content"].(string)
+		out = append(out, 1, 100+len(content), 2)
+	}
+	if generationPrompt {
+		out = append(out, 1)
+	}
+	return out
 }
 
 func startSidecar(t *testing.T) (string, *stubVLLM) {
@@ -163,7 +191,7 @@ func TestCutAndContinue(t *testing.T) {
 	if st != http.StatusOK {
 		t.Fatalf("cut: %d %s", st, b)
 	}
-	rc, err := gencut.DecodeReceipt(b, 2)
+	rc, err := gencut.DecodeLegacyReceipt(b, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,4 +280,43 @@ func equal(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+// A /tokenize of a history carrying its last turn's token ids is spliced as
+// the chat call is (NeMo RL's worker renders both through one renderer):
+// the model's tokens up to their terminator, then the template from the
+// matching terminator on. Anything else is vLLM's own answer.
+func TestTokenizeSplicesHistory(t *testing.T) {
+	url, _ := startSidecar(t)
+	// Turn 1's prompt (the stub's rendering of the user message) and the
+	// model's own generation, which the template would spell otherwise.
+	history := `[{"role":"user","content":"hi"},{"role":"assistant","content":"ab","prompt_token_ids":[1,102,2,1],"generation_token_ids":[50,51,2]},{"role":"user","content":"again"}]`
+	status, _, b := post(t, url+"/tokenize", nil, `{"model":"tiny","messages":`+history+`}`)
+	var got struct {
+		Count  int   `json:"count"`
+		Tokens []int `json:"tokens"`
+	}
+	if err := json.Unmarshal(b, &got); status != http.StatusOK || err != nil {
+		t.Fatalf("/tokenize = %d %s", status, b)
+	}
+	want := []int{1, 102, 2, 1, 50, 51, 2, 1, 105, 2, 1}
+	if !equal(got.Tokens, want) || got.Count != len(want) {
+		t.Fatalf("/tokenize = %s, want tokens %v", b, want)
+	}
+
+	// No ids on the history: vLLM's rendering as it is.
+	status, _, b = post(t, url+"/tokenize", nil, `{"model":"tiny","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ab"},{"role":"user","content":"again"}]}`)
+	if err := json.Unmarshal(b, &got); status != http.StatusOK || err != nil || !equal(got.Tokens, stubRender([]any{
+		map[string]any{"content": "hi"}, map[string]any{"content": "ab"}, map[string]any{"content": "again"}}, true)) {
+		t.Fatalf("/tokenize without ids = %d %s", status, b)
+	}
+	status, _, b = post(t, url+"/tokenize", nil, `{"model":"tiny","prompt":"hi"}`)
+	if err := json.Unmarshal(b, &got); status != http.StatusOK || err != nil || !equal(got.Tokens, stubPrompt) {
+		t.Fatalf("/tokenize of a prompt = %d %s", status, b)
+	}
+
+	status, _, b = post(t, url+"/tokenize", nil, `{"model":"tiny","return_token_strs":true,"messages":`+history+`}`)
+	if status != http.StatusBadRequest || !strings.Contains(string(b), "return_token_strs") {
+		t.Fatalf("return_token_strs of a spliced history = %d %s", status, b)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
 
@@ -80,9 +81,24 @@ func (s *Server) splicedRender(ctx context.Context, f chatFields, body []byte, s
 	if err := codec.Unmarshal(reply, &gen); err != nil || codec.Unmarshal(gen["token_ids"], &full) != nil {
 		return nil, nil, fmt.Errorf("vLLM's render reply has no token_ids: %.200s", reply)
 	}
+	spliced, err := s.spliceHistory(ctx, f, src, full)
+	if err != nil {
+		return nil, nil, err
+	}
+	if gen["token_ids"], err = codec.Marshal(spliced); err != nil {
+		return nil, nil, err
+	}
+	return gen, spliced, nil
+}
+
+// spliceHistory splices the model's tokens of the history up to src into
+// full, vLLM's rendering of the whole call: the history up to src is
+// rendered alone (vLLM's /tokenize, no generation prompt) to find where
+// the model's tokens end in full.
+func (s *Server) spliceHistory(ctx context.Context, f chatFields, src spliceSource, full []int) ([]int, error) {
 	var msgs []codec.RawMessage
 	if err := codec.Unmarshal(f["messages"], &msgs); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	pb := map[string]any{"messages": msgs[:src.index+1], "add_generation_prompt": false}
 	for _, k := range []string{"model", "tools", "chat_template", "chat_template_kwargs", "documents"} {
@@ -92,29 +108,91 @@ func (s *Server) splicedRender(ctx context.Context, f chatFields, body []byte, s
 	}
 	prb, err := codec.Marshal(pb)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	status, _, reply, err = s.postVLLM(ctx, "/tokenize", nil, prb)
+	status, _, reply, err := s.postVLLM(ctx, "/tokenize", nil, prb)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if status != http.StatusOK {
-		return nil, nil, &vllmRefusal{status, reply}
+		return nil, &vllmRefusal{status, reply}
 	}
 	var tok struct {
 		Tokens []int `json:"tokens"`
 	}
 	if err := codec.Unmarshal(reply, &tok); err != nil || len(tok.Tokens) == 0 {
-		return nil, nil, fmt.Errorf("vLLM's /tokenize of the history has no tokens: %.200s", reply)
+		return nil, fmt.Errorf("vLLM's /tokenize of the history has no tokens: %.200s", reply)
 	}
 	spliced, err := splicePrefix(src.ids, tok.Tokens, full)
 	if err != nil {
-		return nil, nil, &vllmRefusal{http.StatusBadRequest, vllmErrorBody(http.StatusBadRequest, err.Error())}
+		return nil, &vllmRefusal{http.StatusBadRequest, vllmErrorBody(http.StatusBadRequest, err.Error())}
 	}
-	if gen["token_ids"], err = codec.Marshal(spliced); err != nil {
-		return nil, nil, err
+	return spliced, nil
+}
+
+// handleTokenize is vLLM's /tokenize, with a chat history's token ids
+// spliced in as the chat call splices them. NeMo RL's vLLM worker renders
+// /tokenize and /v1/chat/completions through one renderer, whose
+// preprocess_chat splices (NeMoRLTokenizeChatRequest, NeMoRLOnlineRenderer
+// in nemo_rl/models/generation/vllm/vllm_worker_async.py, NVIDIA-NeMo/RL
+// 7ea279abfbeb): NeMo Gym's /tokenize fallback, which the model server
+// makes for a reply without prompt_token_ids, then gets the prompt the call
+// was generated from. Anything else goes to vLLM as it came.
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	body, err := httpserver.ReadBody(r)
+	if err != nil {
+		writeVLLMError(w, http.StatusBadRequest, err.Error())
+		return
 	}
-	return gen, spliced, nil
+	var f chatFields
+	if codec.Unmarshal(body, &f) != nil || !f.present("messages") {
+		s.passThrough(w, r, body)
+		return
+	}
+	src, ok := modelPrefix(f)
+	if !ok {
+		s.passThrough(w, r, body)
+		return
+	}
+	if f.isTrue("return_token_strs") {
+		// The strings are the tokenizer's, which the sidecar does not have.
+		writeVLLMError(w, http.StatusBadRequest, "return_token_strs is not served for a history carrying its token ids")
+		return
+	}
+	ctx := r.Context()
+	status, _, reply, err := s.postVLLM(ctx, "/tokenize", nil, body)
+	if err != nil {
+		writeRefusal(w, err)
+		return
+	}
+	if status != http.StatusOK {
+		writeRefusal(w, &vllmRefusal{status, reply})
+		return
+	}
+	var tok map[string]codec.RawMessage
+	var full []int
+	if err := codec.Unmarshal(reply, &tok); err != nil || codec.Unmarshal(tok["tokens"], &full) != nil {
+		writeVLLMError(w, http.StatusBadGateway, fmt.Sprintf("vLLM's /tokenize reply has no tokens: %.200s", reply))
+		return
+	}
+	spliced, err := s.spliceHistory(ctx, f, src, full)
+	if err != nil {
+		writeRefusal(w, err)
+		return
+	}
+	if tok["tokens"], err = codec.Marshal(spliced); err == nil {
+		tok["count"], err = codec.Marshal(len(spliced))
+	}
+	if err == nil {
+		reply, err = codec.Marshal(tok)
+	}
+	if err != nil {
+		writeVLLMError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(reply)
 }
 
 // splicePrefix is NeMo RL's splice_prefix_tokens: the model's tokens up to
@@ -166,8 +244,8 @@ func (s *Server) chatUpstream(ctx context.Context, w http.ResponseWriter, f chat
 		writeRefusal(w, err)
 		return upstreamCall{}, false
 	}
-	wantIDs := f.isTrue("return_token_ids")
-	topN, _ := f.int("top_logprobs")
+	shape := replyShape{wantIDs: f.isTrue("return_token_ids"), asTokenIDs: f.isTrue("return_tokens_as_token_ids")}
+	shape.topN, _ = f.int("top_logprobs")
 	return upstreamCall{
 		// vLLM names a generate request "generate-tokens-<request_id>".
 		path: "/inference/v1/generate", idPrefix: "generate-tokens-",
@@ -181,15 +259,52 @@ func (s *Server) chatUpstream(ctx context.Context, w http.ResponseWriter, f chat
 			return b
 		},
 		finish: func(ctx context.Context, reqID string, reply []byte) (int, []byte, error) {
-			return s.derender(ctx, reqID, body, reply, spliced, wantIDs, topN)
+			return s.derender(ctx, reqID, body, reply, spliced, shape)
 		},
 	}, true
+}
+
+// replyShape is what the chat request asked of its reply's token fields.
+type replyShape struct {
+	// wantIDs: return_token_ids, the prompt's and the generation's ids.
+	wantIDs bool
+	// asTokenIDs: return_tokens_as_token_ids, log-prob tokens spelled
+	// "token_id:N".
+	asTokenIDs bool
+	// topN is top_logprobs.
+	topN int
+}
+
+// generateLogprobs are the ids of a generate reply's log-probs, per choice
+// and position: the sampled token's, then its top candidates'.
+type generateLogprobs struct {
+	Choices []struct {
+		Logprobs *struct {
+			Content []struct {
+				TokenID     int `json:"token_id"`
+				TopLogprobs []struct {
+					TokenID int `json:"token_id"`
+				} `json:"top_logprobs"`
+			} `json:"content"`
+		} `json:"logprobs"`
+	} `json:"choices"`
 }
 
 // derender turns a generate reply into the chat reply vLLM's chat route
 // gives: derendered by vLLM with the original request (its tool parser),
 // then named and shaped as the chat route names and shapes its replies.
-func (s *Server) derender(ctx context.Context, reqID string, chatBody, genReply []byte, prompt []int, wantIDs bool, topN int) (int, []byte, error) {
+// vLLM's derender spells log-prob tokens as text whatever the request
+// asked; with return_tokens_as_token_ids they are spelled "token_id:N"
+// again from the generate reply's ids, as the chat route spells them (and
+// NeMo Gym's vllm_model reads the generated ids from them).
+func (s *Server) derender(ctx context.Context, reqID string, chatBody, genReply []byte, prompt []int, shape replyShape) (int, []byte, error) {
+	wantIDs, topN := shape.wantIDs, shape.topN
+	var genIDs generateLogprobs
+	if shape.asTokenIDs {
+		if err := codec.Unmarshal(genReply, &genIDs); err != nil {
+			return 0, nil, fmt.Errorf("vLLM's generate reply: %w", err)
+		}
+	}
 	db, err := codec.Marshal(map[string]any{
 		"generate_response": codec.RawMessage(genReply), "prompt_tokens": len(prompt),
 		"prompt_token_ids": prompt, "chat_request": codec.RawMessage(chatBody),
@@ -213,8 +328,13 @@ func (s *Server) derender(ctx context.Context, reqID string, chatBody, genReply 
 		top["prompt_token_ids"] = prompt
 	}
 	choices, _ := top["choices"].([]any)
-	for _, c := range choices {
+	for ci, c := range choices {
 		ch, _ := c.(map[string]any)
+		if shape.asTokenIDs {
+			if err := spellTokenIDs(ch, genIDs, ci); err != nil {
+				return 0, nil, err
+			}
+		}
 		if msg, ok := ch["message"].(map[string]any); ok {
 			calls, _ := msg["tool_calls"].([]any)
 			for _, tc := range calls {
@@ -240,6 +360,35 @@ func (s *Server) derender(ctx context.Context, reqID string, chatBody, genReply 
 	}
 	out, err := codec.Marshal(top)
 	return http.StatusOK, out, err
+}
+
+// spellTokenIDs spells the log-prob tokens of choice ci "token_id:N", the
+// ids from the generate reply, position by position (derender resolves
+// each position's candidates in the generate reply's order).
+func spellTokenIDs(ch map[string]any, gen generateLogprobs, ci int) error {
+	lp, _ := ch["logprobs"].(map[string]any)
+	entries, _ := lp["content"].([]any)
+	if len(entries) == 0 {
+		return nil
+	}
+	if ci >= len(gen.Choices) || gen.Choices[ci].Logprobs == nil || len(gen.Choices[ci].Logprobs.Content) != len(entries) {
+		return fmt.Errorf("vLLM's derender reply has %d log-probs for choice %d, which its generate reply does not match", len(entries), ci)
+	}
+	for i, e := range entries {
+		m, _ := e.(map[string]any)
+		if m == nil {
+			continue
+		}
+		g := gen.Choices[ci].Logprobs.Content[i]
+		m["token"] = fmt.Sprintf("token_id:%d", g.TokenID)
+		tops, _ := m["top_logprobs"].([]any)
+		for j, t := range tops {
+			if tm, ok := t.(map[string]any); ok && j < len(g.TopLogprobs) {
+				tm["token"] = fmt.Sprintf("token_id:%d", g.TopLogprobs[j].TokenID)
+			}
+		}
+	}
+	return nil
 }
 
 // promptIDs is the prompt vLLM generates a call from: spliced when the

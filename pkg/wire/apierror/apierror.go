@@ -41,6 +41,10 @@ const (
 	// full (ENOSPC, EDQUOT): nothing was published and the previous
 	// checkpoint stands.
 	StorageFull Code = "storage_full"
+	// CheckpointError is NeMo Gym's ControlError code (errors.py): a
+	// participant refusing what it cannot do, such as a commit without a
+	// scope on a participant that exports only what a scope names.
+	CheckpointError Code = "checkpoint_error"
 	// ReplicasUnsupported refuses a restore into a set of replicas it
 	// cannot place the checkpoint's records on (docs/CHECKPOINTS.md,
 	// "Replicas"): before any participant is called.
@@ -77,6 +81,7 @@ var statusOf = map[Code]int{
 	StaleCheckpoint:        http.StatusConflict,
 	CheckpointConflict:     http.StatusConflict,
 	InvalidPhase:           http.StatusConflict,
+	CheckpointError:        http.StatusConflict,
 	DeadlineExceeded:       http.StatusConflict,
 	StaleAttempt:           http.StatusConflict,
 	StaleEpoch:             http.StatusConflict,

@@ -136,7 +136,7 @@ func FuzzUnmarshalStrictFastForgetRequest(f *testing.F) {
 }
 
 // A worker decodes a generation-cut request (every call in flight) through
-// gencut.ParseRequest, hence UnmarshalStrictFast.
+// gencut.ParseLegacyRequest, hence UnmarshalStrictFast.
 func FuzzUnmarshalStrictFastCutRequest(f *testing.F) {
 	addSeeds(f, append([]string{
 		`{"checkpoint_id":"ck-1","server_name":"policy_model","active":[{"model_call_id":"m1","capture_key":"r-a1"},{"model_call_id":"m2","capture_key":"q-a0"}]}`,
@@ -144,5 +144,5 @@ func FuzzUnmarshalStrictFastCutRequest(f *testing.F) {
 		`{"checkpoint_id":"ck-1","server_name":"s","active":[{"model_call_id":"m1","capture_key":"r-a1","extra":1}]}`,
 		`{"checkpoint_id":"ck-1","server_name":"s","active":[{"Model_Call_ID":"m1"}],"ACTIVE":[]}`,
 	}, append(strictSeeds, edgeSeeds...)...), "")
-	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[gencut.Request](t, data) })
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[gencut.LegacyRequest](t, data) })
 }

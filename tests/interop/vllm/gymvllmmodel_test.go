@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -401,28 +402,55 @@ func jsonText(v any) string {
 }
 
 // recorder is a reverse proxy to vLLM that keeps every POST it forwards:
-// the request's body and the reply's.
+// the request's body and the reply's. With stripTokenIDs it is also a
+// vLLM without return_token_ids to its caller (newStripper); refusal, when
+// set, answers /tokenize itself.
 type recorder struct {
 	url string
+	// stripTokenIDs: chat replies reach the caller with prompt_token_ids
+	// and each choice's token_ids null, as vLLM writes them when not asked
+	// for return_token_ids; the exchange keeps vLLM's own reply.
+	stripTokenIDs bool
 
 	mu        sync.Mutex
 	exchanges []exchange
+	refusal   *cannedReply
 }
 
 type exchange struct {
-	path     string
-	request  map[string]any
-	status   int
+	path    string
+	header  http.Header
+	request map[string]any
+	status  int
+	// response is the reply as vLLM (or a refusal) gave it.
 	response []byte
 }
 
+// cannedReply is a reply the recorder gives instead of vLLM.
+type cannedReply struct {
+	status int
+	body   string
+}
+
 func newRecorder(t *testing.T, target string) *recorder {
+	t.Helper()
+	return startRecorder(t, target, false)
+}
+
+// newStripper is a recorder that takes the inline token ids out of chat
+// replies (recorder.stripTokenIDs).
+func newStripper(t *testing.T, target string) *recorder {
+	t.Helper()
+	return startRecorder(t, target, true)
+}
+
+func startRecorder(t *testing.T, target string, strip bool) *recorder {
 	t.Helper()
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{}
+	rec := &recorder{stripTokenIDs: strip}
 	proxy := httputil.NewSingleHostReverseProxy(u)
 	proxy.ModifyResponse = func(resp *http.Response) error {
 		if resp.Request.Method != http.MethodPost {
@@ -433,14 +461,20 @@ func newRecorder(t *testing.T, target string) *recorder {
 		if err != nil {
 			return err
 		}
-		resp.Body = io.NopCloser(bytes.NewReader(b))
+		relayed := b
+		if rec.stripTokenIDs && resp.Request.URL.Path == "/v1/chat/completions" && resp.StatusCode == http.StatusOK {
+			if relayed, err = withoutTokenIDs(b, strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")); err != nil {
+				return err
+			}
+			resp.Header.Del("Content-Length")
+			resp.ContentLength = -1
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(relayed))
 		var req map[string]any
 		if body, ok := resp.Request.Context().Value(requestBodyKey{}).([]byte); ok {
 			_ = json.Unmarshal(body, &req)
 		}
-		rec.mu.Lock()
-		rec.exchanges = append(rec.exchanges, exchange{path: resp.Request.URL.Path, request: req, status: resp.StatusCode, response: b})
-		rec.mu.Unlock()
+		rec.add(exchange{path: resp.Request.URL.Path, header: resp.Request.Header.Clone(), request: req, status: resp.StatusCode, response: b})
 		return nil
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -452,12 +486,81 @@ func newRecorder(t *testing.T, target string) *recorder {
 			}
 			r.Body = io.NopCloser(bytes.NewReader(b))
 			r = r.WithContext(withRequestBody(r.Context(), b))
+			rec.mu.Lock()
+			refusal := rec.refusal
+			rec.mu.Unlock()
+			if refusal != nil && r.URL.Path == "/tokenize" {
+				var req map[string]any
+				_ = json.Unmarshal(b, &req)
+				rec.add(exchange{path: r.URL.Path, header: r.Header.Clone(), request: req, status: refusal.status, response: []byte(refusal.body)})
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(refusal.status)
+				_, _ = io.WriteString(w, refusal.body)
+				return
+			}
 		}
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	rec.url = srv.URL
 	return rec
+}
+
+func (r *recorder) add(e exchange) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.exchanges = append(r.exchanges, e)
+}
+
+// refuseTokenize has the recorder answer /tokenize with c (nil: vLLM does).
+func (r *recorder) refuseTokenize(c *cannedReply) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refusal = c
+}
+
+// withoutTokenIDs is a chat reply (a JSON body, or an SSE stream's events)
+// with prompt_token_ids and each choice's token_ids null, the rest as vLLM
+// wrote it (numbers keep their text).
+func withoutTokenIDs(body []byte, stream bool) ([]byte, error) {
+	strip := func(data []byte) ([]byte, error) {
+		var m map[string]any
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		if err := dec.Decode(&m); err != nil {
+			return nil, fmt.Errorf("a chat reply that is not a JSON object: %w: %.200s", err, data)
+		}
+		if _, ok := m["prompt_token_ids"]; ok {
+			m["prompt_token_ids"] = nil
+		}
+		for _, c := range asList(m["choices"]) {
+			if ch, ok := c.(map[string]any); ok {
+				if _, ok := ch["token_ids"]; ok {
+					ch["token_ids"] = nil
+				}
+			}
+		}
+		return json.Marshal(m)
+	}
+	if !stream {
+		return strip(body)
+	}
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(body), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || strings.TrimSpace(data) == "[DONE]" {
+			out.WriteString(line)
+			continue
+		}
+		b, err := strip([]byte(strings.TrimSpace(data)))
+		if err != nil {
+			return nil, err
+		}
+		out.WriteString("data: ")
+		out.Write(b)
+		out.WriteString("\n")
+	}
+	return out.Bytes(), nil
 }
 
 func (r *recorder) reset() {

@@ -94,9 +94,21 @@ func (c *Control) Reset(ctx context.Context) error {
 	return err
 }
 
-// GenerationCut asks the server to cut calls, as a model server does.
-func (c *Control) GenerationCut(ctx context.Context, token string, req gencut.Request) (gencut.Receipt, error) {
-	var out gencut.Receipt
+// CutInventory posts NeMo Gym's generation-cut inventory, as a model
+// server does, and returns the receipt's bytes.
+func (c *Control) CutInventory(ctx context.Context, token string, inv gencut.Inventory) ([]byte, error) {
+	h := http.Header{"Authorization": {"Bearer " + token}}
+	rep, err := httpclient.Do(ctx, c.hc, http.MethodPost, c.base+gencut.Path, h, inv)
+	if err != nil {
+		return nil, err
+	}
+	return rep.Body, rep.Err("generation cut")
+}
+
+// GenerationCut asks the server to cut calls in our former request shape,
+// as a model server of an earlier release does.
+func (c *Control) GenerationCut(ctx context.Context, token string, req gencut.LegacyRequest) (gencut.LegacyReceipt, error) {
+	var out gencut.LegacyReceipt
 	h := http.Header{"Authorization": {"Bearer " + token}}
 	_, err := httpclient.PostJSON(ctx, c.hc, c.base+gencut.Path, h, req, &out)
 	return out, err
