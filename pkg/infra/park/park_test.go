@@ -184,3 +184,28 @@ func TestStart_AWaitingTaskHoldsNoGoroutine(t *testing.T) {
 	}
 	waitFor(t, "every task to end", func() bool { return ended.Load() == n })
 }
+
+// A wait that two parties end at once (a reply and the request's context,
+// say) resumes its task once: one step runs, the defers and End once.
+func TestStart_AWaitResumedByTwoAtOnceRunsOnce(t *testing.T) {
+	for range 200 {
+		var w *Wait
+		var steps, defers, ends atomic.Int32
+		done := make(chan struct{})
+		Start(func(task *Task) {
+			task.Defer(func() { defers.Add(1) })
+			w = task.Hold()
+		}, func(any) {
+			ends.Add(1)
+			close(done)
+		})
+		var wg sync.WaitGroup
+		wg.Go(func() { w.Resume(func() { steps.Add(1) }) })
+		wg.Go(func() { w.ResumeHere(func() { steps.Add(1) }) })
+		wg.Wait()
+		<-done
+		if steps.Load() != 1 || defers.Load() != 1 || ends.Load() != 1 {
+			t.Fatalf("steps %d, defers %d, ends %d; want one each", steps.Load(), defers.Load(), ends.Load())
+		}
+	}
+}
