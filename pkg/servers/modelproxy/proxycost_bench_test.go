@@ -44,23 +44,7 @@ const proxyCostRound = 2000
 // issue bounds (model server ≤ 1.5× the reverse proxy, with capture ≤ 2.5×).
 // Run it with e.g. -benchtime=20000x -count=5 and read the medians.
 func BenchmarkProxyCPUPerCall(b *testing.B) {
-	upstreamBody, reply := cannedUpstream(b)
-	upstream := serveHTTP1(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := io.Copy(io.Discard, r.Body); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(reply)
-	}))
-
-	target, err := url.Parse(upstream)
-	if err != nil {
-		b.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.Transport = newHTTP1Transport()
-	reverseProxy := serveHTTP1(b, rp)
+	upstreamBody, upstream, reverseProxy := cannedUpstreamAndReverseProxy(b)
 
 	newServer := func(ck ctlplane.Config) *modelproxy.Server {
 		cfg := modelproxy.DefaultConfig()
@@ -136,6 +120,33 @@ func BenchmarkProxyCPUPerCall(b *testing.B) {
 		b.ReportMetric(added[3]/added[1], "capture/reverseproxy")
 		b.ReportMetric(added[4]/added[1], "checkpointing/reverseproxy")
 	}
+}
+
+// cannedUpstreamAndReverseProxy serves cannedUpstream's reply at once to
+// every request, and httputil.ReverseProxy in front of it: the two
+// baselines every proxy-cost benchmark measures the model server against.
+// It returns the request the model server would send upstream and the
+// two base URLs.
+func cannedUpstreamAndReverseProxy(b *testing.B) (upstreamBody []byte, upstream, reverseProxy string) {
+	b.Helper()
+	upstreamBody, reply := cannedUpstream(b)
+	upstream = serveHTTP1(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(reply)
+	}))
+
+	target, err := url.Parse(upstream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = newHTTP1Transport()
+	reverseProxy = serveHTTP1(b, rp)
+	return upstreamBody, upstream, reverseProxy
 }
 
 // cannedUpstream asks a zero-latency fakeinference for the reply to the

@@ -2,10 +2,6 @@ package modelproxy_test
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,22 +33,7 @@ func BenchmarkProxyCostWrk(b *testing.B) {
 	if err != nil {
 		b.Fatal("wrk is not installed (Debian: apt-get install wrk)")
 	}
-	upstreamBody, reply := cannedUpstream(b)
-	upstream := serveHTTP1(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := io.Copy(io.Discard, r.Body); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(reply)
-	}))
-	target, err := url.Parse(upstream)
-	if err != nil {
-		b.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.Transport = newHTTP1Transport()
-	reverseProxy := serveHTTP1(b, rp)
+	upstreamBody, upstream, reverseProxy := cannedUpstreamAndReverseProxy(b)
 
 	cfg := modelproxy.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"

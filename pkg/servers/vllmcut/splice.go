@@ -2,6 +2,7 @@ package vllmcut
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -106,24 +107,14 @@ func (s *Server) spliceHistory(ctx context.Context, f chatFields, src spliceSour
 			pb[k] = codec.RawMessage(f[k])
 		}
 	}
-	prb, err := codec.Marshal(pb)
+	prefix, err := s.tokenize(ctx, pb)
 	if err != nil {
 		return nil, err
 	}
-	status, _, reply, err := s.postVLLM(ctx, "/tokenize", nil, prb)
-	if err != nil {
-		return nil, err
+	if len(prefix) == 0 {
+		return nil, errors.New("vLLM's /tokenize of the history has no tokens")
 	}
-	if status != http.StatusOK {
-		return nil, &vllmRefusal{status, reply}
-	}
-	var tok struct {
-		Tokens []int `json:"tokens"`
-	}
-	if err := codec.Unmarshal(reply, &tok); err != nil || len(tok.Tokens) == 0 {
-		return nil, fmt.Errorf("vLLM's /tokenize of the history has no tokens: %.200s", reply)
-	}
-	spliced, err := splicePrefix(src.ids, tok.Tokens, full)
+	spliced, err := splicePrefix(src.ids, prefix, full)
 	if err != nil {
 		return nil, &vllmRefusal{http.StatusBadRequest, vllmErrorBody(http.StatusBadRequest, err.Error())}
 	}
@@ -408,11 +399,17 @@ func (s *Server) promptIDs(ctx context.Context, f chatFields) ([]int, error) {
 			render[k] = f[k]
 		}
 	}
-	rb, err := codec.Marshal(render)
+	return s.tokenize(ctx, render)
+}
+
+// tokenize posts body to vLLM's /tokenize and returns its tokens; a
+// refusal comes back as a *vllmRefusal, to be answered as vLLM sent it.
+func (s *Server) tokenize(ctx context.Context, body any) ([]int, error) {
+	b, err := codec.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
-	status, _, reply, err := s.postVLLM(ctx, "/tokenize", nil, rb)
+	status, _, reply, err := s.postVLLM(ctx, "/tokenize", nil, b)
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +420,7 @@ func (s *Server) promptIDs(ctx context.Context, f chatFields) ([]int, error) {
 		Tokens []int `json:"tokens"`
 	}
 	if err := codec.Unmarshal(reply, &tok); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("vLLM's /tokenize reply: %w: %.200s", err, reply)
 	}
 	return tok.Tokens, nil
 }
