@@ -56,6 +56,11 @@ type ticket struct {
 	// left out and the restored agent re-issues them) and waits only for
 	// started ones.
 	started atomic.Bool
+	// running: the upstream call is in flight. Not under the participant's
+	// mutex: every call sets it twice, and a prepare's cut round only
+	// reads it once per call, as it would have read it under the lock
+	// either before or after the call set it.
+	running atomic.Bool
 	// continueKey is the staging key of a cut prefix the next upstream call
 	// continues (X-Ng-Continue-Cut). Only the call's steps use it.
 	continueKey string
@@ -68,8 +73,6 @@ type ticket struct {
 	digest      string
 	stream      bool
 	constrained bool
-	// running: the upstream call is in flight.
-	running bool
 	// held: waiting for admission to reopen (at delivery, or after a cut).
 	held bool
 	// unsettled: started, and its ledger row not staged yet.

@@ -159,23 +159,27 @@ func (p *participant) notifyLocked() {
 // call is either listed and stopped or refused), and its work derives from
 // the returned request's context, which a retire cancels.
 func (p *participant) admit(r *http.Request, t *ticket) (*http.Request, error) {
+	// Allocated before the lock, which every call takes several times.
 	ctx, cancel := context.WithCancelCause(r.Context())
+	done := make(chan struct{})
+	r = r.WithContext(ctx)
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if t.captureKey != "" && p.ctl.Fence().Refuses(t.episode) {
+		p.mu.Unlock()
 		cancel(nil)
 		return nil, apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired", t.episode.Attempt, t.episode.RolloutID)
 	}
-	t.cancel, t.done = cancel, make(chan struct{})
+	t.cancel, t.done = cancel, done
 	p.calls[t.callID] = t
 	p.admitted++
 	if t.captureKey != "" {
 		p.byRollout[t.episode.RolloutID] = append(p.byRollout[t.episode.RolloutID], t)
-		if r := p.restoredOf(t.episode); r != nil {
-			r.used = true
+		if rs := p.restoredOf(t.episode); rs != nil {
+			rs.used = true
 		}
 	}
-	return r.WithContext(ctx), nil
+	p.mu.Unlock()
+	return r, nil
 }
 
 // shuttingDown reports whether the server has started closing.
@@ -252,11 +256,7 @@ func (p *participant) describe(t *ticket, digest string, stream, constrained boo
 	}
 }
 
-func (p *participant) upstreamRunning(t *ticket, running bool) {
-	p.mu.Lock()
-	t.running = running
-	p.mu.Unlock()
-}
+func (p *participant) upstreamRunning(t *ticket, running bool) { t.running.Store(running) }
 
 // deliver lets a response start, holding it (parked) while admission is
 // closed.
@@ -409,7 +409,7 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 	}
 	var listed []*ticket
 	for _, t := range p.calls {
-		if t.captureKey == "" || !t.running || t.started.Load() {
+		if t.captureKey == "" || !t.running.Load() || t.started.Load() {
 			continue
 		}
 		if t.stream || t.constrained {
