@@ -44,12 +44,19 @@ func fakeServer(t *testing.T, cfg ctlplane.Config, f *ctlplanetest.Fake, deps ct
 	r.Post("/probe", func(w http.ResponseWriter, r *http.Request) {
 		httpserver.WriteJSON(w, 200, map[string]bool{"ok": true})
 	})
-	srv := httptest.NewServer(r)
+	// Our server: HTTP/1.1 and h2c on one port.
+	srv := httpserver.New(httpserver.Config{Addr: "127.0.0.1:0"}, r)
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
 	t.Cleanup(func() {
-		srv.Close()
+		srv.CloseNow()
+		<-served
 		c.Close()
 	})
-	return c, srv.URL
+	return c, srv.URL()
 }
 
 func probe(url string) func(ctx context.Context, id rollout.EpisodeID) (int, string) {

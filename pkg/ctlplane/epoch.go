@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -500,6 +501,28 @@ func (t *epochTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, nil
 	}
 	return t.checkReply(req, resp, own)
+}
+
+// StartRoundTrip is RoundTrip for a caller that does not wait for the
+// reply (httpclient.Starter): the epoch goes on req itself, which a
+// Starter's caller builds for the one call, rather than on a copy a
+// parked call would keep besides; the reply's epoch is checked on the
+// goroutine it arrives on.
+func (t *epochTransport) StartRoundTrip(req *http.Request, maxBody int64, done func(*http.Response, error)) {
+	if t.c.epoch.fenced.Load() {
+		closeReqBody(req)
+		done(refusal(nil, t.c.epoch.staleErr(0)), nil)
+		return
+	}
+	own := t.c.epoch.cur.Load()
+	req.Header.Set(EpochHeader, strconv.FormatUint(own, 10))
+	httpclient.StartRoundTrip(t.base, req, maxBody, func(resp *http.Response, err error) {
+		if err != nil || len(resp.Header[EpochHeader]) == 0 {
+			done(resp, err)
+			return
+		}
+		done(t.checkReply(nil, resp, own))
+	})
 }
 
 // withEpoch is a copy of req carrying the fleet's epoch. Apart from

@@ -99,6 +99,13 @@ func TestEpoch_RestoreFencesTheEarlierIncarnation(t *testing.T) {
 	if err != nil || !rep.OK() || rep.Header.Get(ctlplane.EpochHeader) != "1" {
 		t.Fatalf("a call within epoch 1: %v %v", rep, err)
 	}
+	// The same over h2c, the replies not waited for (httpclient.Start).
+	if rep, err := started(ctx, old.Client(httpclient.New(httpclient.Options{H2C: true})), newURL+"/probe"); err != nil || apierror.Parse(rep.Status, rep.Body).Code != apierror.StaleEpoch {
+		t.Fatalf("a started call of the old process: %v %v", rep, err)
+	}
+	if rep, err := started(ctx, fresh.Client(httpclient.New(httpclient.Options{H2C: true})), newURL+"/probe"); err != nil || !rep.OK() || rep.Header.Get(ctlplane.EpochHeader) != "1" {
+		t.Fatalf("a started call within epoch 1: %v %v", rep, err)
+	}
 
 	// A controller that restores into an epoch the fleet has passed is a
 	// stale one.
@@ -113,6 +120,18 @@ func TestEpoch_RestoreFencesTheEarlierIncarnation(t *testing.T) {
 	if _, err := stale.Restore(ctx, ctlplane.RestoreRequest{CheckpointID: "c1", DeadlineTS: dl, CheckpointDir: dir, EpisodeIDs: []rollout.EpisodeID{id}, Epoch: 2}); !apierror.HasCode(err, apierror.StaleEpoch) {
 		t.Fatalf("a restore into epoch 2 of a fleet at 5: %v, want stale_epoch", err)
 	}
+}
+
+// started posts {} to url with httpclient.Start and returns what done got.
+func started(ctx context.Context, c *http.Client, url string) (*httpclient.Reply, error) {
+	type result struct {
+		rep *httpclient.Reply
+		err error
+	}
+	out := make(chan result, 1)
+	httpclient.Start(ctx, c, http.MethodPost, url, nil, map[string]any{}, func(rep *httpclient.Reply, err error) { out <- result{rep, err} })
+	r := <-out
+	return r.rep, r.err
 }
 
 // Ensure a streamed reply under way when its process's epoch was

@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -77,7 +78,7 @@ type Tracker struct {
 	episodes map[string]*Episode
 	// byRollout indexes live episodes by rollout id, so a retire never scans
 	// every episode.
-	byRollout map[string]map[*Episode]struct{}
+	byRollout map[string][]*Episode
 	// pending are restored records by the capture key of the replacement
 	// attempt that will claim them; pendingByRollout indexes their keys by
 	// rollout id, so a retire never scans every pending record.
@@ -97,7 +98,7 @@ type Tracker struct {
 func NewTracker() *Tracker {
 	return &Tracker{
 		episodes:         map[string]*Episode{},
-		byRollout:        map[string]map[*Episode]struct{}{},
+		byRollout:        map[string][]*Episode{},
 		pending:          map[string]*Record{},
 		pendingByRollout: map[string]map[string]struct{}{},
 		changed:          make(chan struct{}),
@@ -237,10 +238,7 @@ func (t *Tracker) Begin(id rollout.EpisodeID, taskDigest string, cancel context.
 	}
 	e := &Episode{t: t, id: id, taskDigest: taskDigest, cancel: cancel, done: make(chan struct{})}
 	t.episodes[key] = e
-	if t.byRollout[id.RolloutID] == nil {
-		t.byRollout[id.RolloutID] = map[*Episode]struct{}{}
-	}
-	t.byRollout[id.RolloutID][e] = struct{}{}
+	t.byRollout[id.RolloutID] = append(t.byRollout[id.RolloutID], e)
 	t.served++
 	t.update(e)
 	return e, cont, nil
@@ -248,8 +246,18 @@ func (t *Tracker) Begin(id rollout.EpisodeID, taskDigest string, cancel context.
 
 // Step runs fn as a step of the given mode.
 func (e *Episode) Step(ctx context.Context, mode Mode, fn func(context.Context) error) error {
+	leave := e.Enter(mode)
+	err := fn(ctx)
+	leave()
+	return err
+}
+
+// Enter begins a step of the given mode whose work goes on after the
+// caller returns (a wait that holds no goroutine, pkg/infra/park); leave
+// ends it. Step is Enter and leave around a function.
+func (e *Episode) Enter(mode Mode) (leave func()) {
 	if e == nil {
-		return fn(ctx)
+		return func() {}
 	}
 	t := e.t
 	t.mu.Lock()
@@ -260,12 +268,16 @@ func (e *Episode) Step(ctx context.Context, mode Mode, fn func(context.Context) 
 	}
 	t.update(e)
 	t.mu.Unlock()
-	err := fn(ctx)
+	return e.leaveStep
+}
+
+// leaveStep ends the step Enter began.
+func (e *Episode) leaveStep() {
+	t := e.t
 	t.mu.Lock()
 	e.state = running
 	t.update(e)
 	t.mu.Unlock()
-	return err
 }
 
 // Boundary records a boundary (a JSON-encodable value, which must not
@@ -366,11 +378,10 @@ func (e *Episode) End() {
 	key := e.id.CaptureKey()
 	if t.episodes[key] == e {
 		delete(t.episodes, key)
-		if set := t.byRollout[e.id.RolloutID]; set != nil {
-			delete(set, e)
-			if len(set) == 0 {
-				delete(t.byRollout, e.id.RolloutID)
-			}
+		if rest := slices.DeleteFunc(t.byRollout[e.id.RolloutID], func(o *Episode) bool { return o == e }); len(rest) > 0 {
+			t.byRollout[e.id.RolloutID] = rest
+		} else {
+			delete(t.byRollout, e.id.RolloutID)
 		}
 	}
 	e.ended = true
@@ -659,7 +670,7 @@ func (t *Tracker) Retire(ctx context.Context, ids []rollout.EpisodeID) error {
 	t.mu.Lock()
 	var waits []chan struct{}
 	for _, id := range ids {
-		for e := range t.byRollout[id.RolloutID] {
+		for _, e := range t.byRollout[id.RolloutID] {
 			if e.id.Attempt > id.Attempt {
 				continue
 			}

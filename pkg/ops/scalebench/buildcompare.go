@@ -111,6 +111,15 @@ func buildFigures(runs []*Result) []figure {
 		{"replacements: every one finished (s)", secs(func(r *Result) float64 { return r.ReplacementsSeconds }), 1},
 		{"replacements failed", func(r *Result) (float64, bool) { return float64(r.ReplacementFailures), r.Replacements > 0 }, 0},
 		{"first fleet, sum of peak RSS (GiB)", gib("first"), 2},
+		{"first fleet, sum of peak RSS through the dispatch (GiB)", func(r *Result) (float64, bool) {
+			var sum uint64
+			for _, k := range r.KindSums() {
+				if k.Fleet == "first" {
+					sum += k.PeakRSSAtBoundary
+				}
+			}
+			return float64(sum) / (1 << 30), sum > 0
+		}, 2},
 		{"fresh fleet, sum of peak RSS (GiB)", gib("fresh"), 2},
 	}
 	for _, kind := range comparedKinds(runs) {
@@ -150,6 +159,13 @@ func buildFigures(runs []*Result) []figure {
 			figure{kind + ": peak RSS per held rollout (KiB)", func(r *Result) (float64, bool) {
 				k, ok := r.kindSum("first", kind)
 				if !ok || r.InFlight == 0 {
+					return 0, false
+				}
+				return float64(k.PeakRSSBytes) / float64(r.InFlight) / 1024, true
+			}, 1},
+			figure{kind + ": fresh fleet peak RSS per rollout (KiB)", func(r *Result) (float64, bool) {
+				k, ok := r.kindSum("fresh", kind)
+				if !ok || r.InFlight == 0 || k.PeakRSSBytes == 0 {
 					return 0, false
 				}
 				return float64(k.PeakRSSBytes) / float64(r.InFlight) / 1024, true

@@ -120,6 +120,9 @@ func countFDs(pid int) (int, error) {
 type peak struct {
 	fds, fdsAtBoundary int
 	rss                uint64
+	// hwmAtBoundary is the process's peak resident set when every rollout
+	// was held: the dispatch's peak, before prepare and commit.
+	hwmAtBoundary uint64
 }
 
 // sampler reads every tracked process's resident memory and descriptors
@@ -229,8 +232,15 @@ func (s *sampler) markBoundary() {
 		pids = append(pids, t.pid)
 	}
 	for _, pid := range pids {
-		if fds, err := countFDs(pid); err == nil && s.peaks[pid] != nil {
-			s.peaks[pid].fdsAtBoundary = max(s.peaks[pid].fdsAtBoundary, fds)
+		p := s.peaks[pid]
+		if p == nil {
+			continue
+		}
+		if fds, err := countFDs(pid); err == nil {
+			p.fdsAtBoundary = max(p.fdsAtBoundary, fds)
+		}
+		if st, err := readStatus(pid); err == nil {
+			p.hwmAtBoundary = max(st.HWM, p.rss)
 		}
 	}
 }
@@ -281,6 +291,9 @@ func (b *bench) processStats(fleetLabel string, first bool) []ProcessStat {
 		ps.PeakRSSBytes = max(st.HWM, p.rss)
 		ps.PeakFDs = p.fds
 		ps.FDsAtBoundary = p.fdsAtBoundary
+		if t.fleet != "fresh" {
+			ps.PeakRSSAtBoundaryBytes = p.hwmAtBoundary
+		}
 		if rt, ok := b.atBoundary[t.name]; ok && t.fleet != "fresh" {
 			ps.StackBytesAtBoundary, ps.GoroutinesAtBoundary = rt.stackBytes, rt.goroutines
 			ps.HeapBytesAtBoundary = rt.heapBytes

@@ -129,8 +129,10 @@ func (p *profiler) self(ctx context.Context, path string, d time.Duration) error
 	return f.Close()
 }
 
-// heap writes a heap profile, a goroutine profile and the metrics of
-// every running server.
+// heap writes a heap profile (of what a collection run first leaves
+// live), a goroutine profile and the metrics of every running server:
+// at the boundary (label "boundary", every rollout held at its model
+// call), at the crash ("first") and after the replacements ("fresh").
 func (p *profiler) heap(ctx context.Context, fleetLabel string) {
 	if !p.b.opts.Profile {
 		return
@@ -149,7 +151,7 @@ func (p *profiler) heap(ctx context.Context, fleetLabel string) {
 			// (/metrics: stack and heap bytes, goroutines) show what the
 			// heap profile cannot: memory held by parked goroutines' stacks.
 			for _, snap := range []struct{ what, route, file string }{
-				{"heap profile", "/debug/pprof/heap", "heap-%s-%s.pb.gz"},
+				{"heap profile", "/debug/pprof/heap?gc=1", "heap-%s-%s.pb.gz"},
 				{"goroutine profile", "/debug/pprof/goroutine", "goroutine-%s-%s.pb.gz"},
 				{"metrics", "/metrics", "metrics-%s-%s.txt"},
 			} {

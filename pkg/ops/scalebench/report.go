@@ -177,6 +177,10 @@ type ProcessStat struct {
 	Fleet        string `json:"fleet"`
 	PID          int    `json:"pid"`
 	PeakRSSBytes uint64 `json:"peak_rss_bytes"`
+	// PeakRSSAtBoundaryBytes is the peak resident set up to the moment
+	// every rollout was held (first fleet): the dispatch's share of
+	// PeakRSSBytes, before prepare and commit.
+	PeakRSSAtBoundaryBytes uint64 `json:"peak_rss_at_boundary_bytes,omitempty"`
 	// PeakFDs is the most descriptors a sample saw; FDsAtBoundary the
 	// count with every rollout in flight (first fleet).
 	PeakFDs       int `json:"peak_fds"`
@@ -203,6 +207,7 @@ type KindSum struct {
 	Kind                 string  `json:"kind"`
 	Processes            int     `json:"processes"`
 	PeakRSSBytes         uint64  `json:"peak_rss_bytes"`
+	PeakRSSAtBoundary    uint64  `json:"peak_rss_at_boundary_bytes,omitempty"`
 	PeakFDs              int     `json:"peak_fds"`
 	FDsAtBoundary        int     `json:"fds_at_boundary"`
 	StackBytesAtBoundary uint64  `json:"stack_bytes_at_boundary,omitempty"`
@@ -248,6 +253,7 @@ func (r *Result) KindSums() []KindSum {
 		k := &out[i]
 		k.Processes++
 		k.PeakRSSBytes += p.PeakRSSBytes
+		k.PeakRSSAtBoundary += p.PeakRSSAtBoundaryBytes
 		k.PeakFDs += p.PeakFDs
 		k.FDsAtBoundary += p.FDsAtBoundary
 		k.StackBytesAtBoundary += p.StackBytesAtBoundary

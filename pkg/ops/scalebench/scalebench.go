@@ -313,6 +313,9 @@ func (b *bench) run(parent context.Context) (runErr error) {
 	b.res.PhaseCPU = append(b.res.PhaseCPU, pc)
 	b.sampler.markBoundary()
 	b.atBoundary = b.readRuntimeStats(ctx)
+	// What each held rollout keeps alive, with the dispatch's garbage
+	// collected (profiled runs only: a collection per server).
+	b.profiler.heap(ctx, "boundary")
 
 	coord, err := b.discover(ctx)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/infra/hugepage"
 	"github.com/gymfleet/gymfleet/pkg/infra/parallel"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -190,12 +191,13 @@ func (h sessionLoop) atBoundary(ctx context.Context, b Boundary, st *LoopState) 
 	return nil
 }
 
-func (h sessionLoop) awaitModel(ctx context.Context, a *activation) (*openai.Response, error) {
-	resp, err := a.callModel(ctx)
-	h.s.mu.Lock()
-	h.s.setPhase(h.sess, phaseRunning)
-	h.s.mu.Unlock()
-	return resp, err
+func (h sessionLoop) awaitModel(t *park.Task, ctx context.Context, a *activation, done func(*openai.Response, error)) {
+	a.callModel(t, ctx, func(resp *openai.Response, err error) {
+		h.s.mu.Lock()
+		h.s.setPhase(h.sess, phaseRunning)
+		h.s.mu.Unlock()
+		done(resp, err)
+	})
 }
 
 // startWatchLocked starts relaying the legacy tracker's readiness changes
@@ -725,11 +727,10 @@ func (s *Server) dropSessionLocked(sess *session) {
 		return
 	}
 	delete(s.sessions, sess.id)
-	if m := s.byRollout[sess.episode.RolloutID]; m != nil {
-		delete(m, sess.id)
-		if len(m) == 0 {
-			delete(s.byRollout, sess.episode.RolloutID)
-		}
+	if rest := slices.DeleteFunc(s.byRollout[sess.episode.RolloutID], func(o *session) bool { return o == sess }); len(rest) > 0 {
+		s.byRollout[sess.episode.RolloutID] = rest
+	} else {
+		delete(s.byRollout, sess.episode.RolloutID)
 	}
 	if !sess.closed {
 		s.metrics.sessions.Dec()
@@ -1147,7 +1148,8 @@ func (p participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		for _, sess := range s.byRollout[id.RolloutID] {
+		// A copy: dropping a session edits the rollout's list.
+		for _, sess := range slices.Clone(s.byRollout[id.RolloutID]) {
 			if covered(sess) && !sess.running {
 				s.dropSessionLocked(sess)
 			}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
@@ -55,6 +56,6 @@ type directLoop struct{}
 
 func (directLoop) atBoundary(context.Context, Boundary, *LoopState) error { return nil }
 
-func (directLoop) awaitModel(ctx context.Context, a *activation) (*openai.Response, error) {
-	return a.callModel(ctx)
+func (directLoop) awaitModel(t *park.Task, ctx context.Context, a *activation, done func(*openai.Response, error)) {
+	a.callModel(t, ctx, done)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
@@ -166,14 +167,12 @@ func (h legacyHooks) atBoundary(ctx context.Context, _ Boundary, st *LoopState) 
 	})
 }
 
-func (h legacyHooks) awaitModel(ctx context.Context, a *activation) (*openai.Response, error) {
-	var resp *openai.Response
-	err := h.e.Step(ctx, episode.Replay, func(ctx context.Context) error {
-		var err error
-		resp, err = a.callModel(ctx)
-		return err
+func (h legacyHooks) awaitModel(t *park.Task, ctx context.Context, a *activation, done func(*openai.Response, error)) {
+	leave := h.e.Enter(episode.Replay)
+	a.callModel(t, ctx, func(resp *openai.Response, err error) {
+		leave()
+		done(resp, err)
 	})
-	return resp, err
 }
 
 // handleRun is NeMo Gym's legacy /run: seed a fresh resources session, run

@@ -14,7 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
@@ -137,8 +137,8 @@ type loopHooks interface {
 	// open, parks there until it reopens or ctx ends.
 	atBoundary(ctx context.Context, b Boundary, st *LoopState) error
 	// awaitModel makes a's next model call (a.callModel), right after a
-	// before-model-call boundary.
-	awaitModel(ctx context.Context, a *activation) (*openai.Response, error)
+	// before-model-call boundary, parked in t until done gets its reply.
+	awaitModel(t *park.Task, ctx context.Context, a *activation, done func(*openai.Response, error))
 }
 
 // resourcesRef names a resources session as a call carries it: our
@@ -178,15 +178,27 @@ func (s *Server) RunLoop(ctx context.Context, ep rollout.EpisodeID, resourcesSes
 	return s.runActivation(ctx, s.newActivation(ep, resourcesRef{id: resourcesSessionID}, params, state))
 }
 
-// runActivation runs a loop outside any session, counting its outcome.
-func (s *Server) runActivation(ctx context.Context, act *activation) (*openai.Response, error) {
-	resp, err := act.run(ctx)
-	if err != nil {
-		s.metrics.activations.WithLabelValues("failed").Inc()
-		return nil, err
-	}
-	s.metrics.activations.WithLabelValues("completed").Inc()
-	return resp, nil
+// runActivation runs a loop outside any session on the calling goroutine,
+// counting its outcome.
+func (s *Server) runActivation(ctx context.Context, act *activation) (resp *openai.Response, err error) {
+	park.Run(func(t *park.Task) {
+		s.startActivationLoop(t, ctx, act, func(r *openai.Response, e error) { resp, err = r, e })
+	})
+	return resp, err
+}
+
+// startActivationLoop runs a loop outside any session as a task's steps,
+// counting its outcome, and calls done with its result.
+func (s *Server) startActivationLoop(t *park.Task, ctx context.Context, act *activation, done func(*openai.Response, error)) {
+	act.start(t, ctx, func(resp *openai.Response, err error) {
+		if err != nil {
+			s.metrics.activations.WithLabelValues("failed").Inc()
+			done(nil, err)
+			return
+		}
+		s.metrics.activations.WithLabelValues("completed").Inc()
+		done(resp, nil)
+	})
 }
 
 // boundary marks that the loop is at b: with checkpointing on the hooks
@@ -195,58 +207,81 @@ func (a *activation) boundary(ctx context.Context, b Boundary) error {
 	return a.hooks.atBoundary(ctx, b, a.state)
 }
 
-// run runs the turn loop of gym-servers §3.2 from the activation's state: a
-// state with PendingTools first runs the last response's function calls.
-// It returns the last model response with output = NewOutputs and usage =
-// the accumulated usage.
-func (a *activation) run(ctx context.Context) (*openai.Response, error) {
-	st := a.state
-	if st.PendingTools {
-		if err := a.runPendingTools(ctx); err != nil {
-			return nil, err
-		}
-		if a.maxStepsReached() {
-			return a.result()
-		}
+// start runs the turn loop of gym-servers §3.2 from the activation's state
+// as steps of t, parked while each model call is awaited, and calls done
+// with the last model response with output = NewOutputs and usage = the
+// accumulated usage. A state with PendingTools first runs the last
+// response's function calls.
+func (a *activation) start(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
+	if !a.state.PendingTools {
+		a.nextTurn(t, ctx, done)
+		return
 	}
-	for {
-		if err := a.boundary(ctx, BoundaryBeforeModelCall); err != nil {
-			return nil, err
+	a.runPendingTools(t, ctx, func(err error) {
+		switch {
+		case err != nil:
+			done(nil, err)
+		case a.maxStepsReached():
+			done(a.result())
+		default:
+			a.nextTurn(t, ctx, done)
 		}
-		st.Step++
-		// A turn is a model call and the tool round it asks for.
-		tctx, turn := a.startTurnSpan(ctx)
-		done, err := a.turn(tctx)
+	})
+}
+
+// nextTurn makes the loop's next turn: a model call and the tool round it
+// asks for, each call awaited parked; then the turn after it, or done.
+func (a *activation) nextTurn(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
+	if err := a.boundary(ctx, BoundaryBeforeModelCall); err != nil {
+		done(nil, err)
+		return
+	}
+	a.state.Step++
+	// A turn is a model call and the tool round it asks for.
+	tctx, turn := a.startTurnSpan(ctx)
+	endTurn := func(finished bool, err error) {
 		tracing.Fail(turn, err)
 		turn.End()
-		if err != nil {
-			return nil, err
-		}
-		if done || a.maxStepsReached() {
-			break
+		switch {
+		case err != nil:
+			done(nil, err)
+		case finished || a.maxStepsReached():
+			done(a.result())
+		default:
+			a.nextTurn(t, ctx, done)
 		}
 	}
-	return a.result()
+	a.hooks.awaitModel(t, tctx, a, func(resp *openai.Response, err error) {
+		if err != nil {
+			endTurn(false, err)
+			return
+		}
+		a.afterModel(t, tctx, resp, endTurn)
+	})
 }
 
 // runPendingTools runs the tool calls of a state restored with them
-// pending. Apart from run, whose frame stays on the stack of every
-// activation waiting for its model call.
-func (a *activation) runPendingTools(ctx context.Context) error {
+// pending, then calls done.
+func (a *activation) runPendingTools(t *park.Task, ctx context.Context, done func(error)) {
 	st := a.state
 	if st.LastModelResponse == nil {
-		return apierror.New(apierror.InvalidCheckpointState, "loop state has pending tools but no model response")
+		done(apierror.New(apierror.InvalidCheckpointState, "loop state has pending tools but no model response"))
+		return
 	}
 	// A state restored at this boundary is at it again: an activation
 	// continued while a checkpoint is open parks before any tool runs.
 	if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
-		return err
+		done(err)
+		return
 	}
-	if err := a.runTools(ctx, openai.FunctionCalls(st.lastOutput())); err != nil {
-		return err
-	}
-	st.PendingTools = false
-	return a.boundary(ctx, BoundaryAfterToolRound)
+	a.runTools(t, ctx, openai.FunctionCalls(st.lastOutput()), func(err error) {
+		if err != nil {
+			done(err)
+			return
+		}
+		st.PendingTools = false
+		done(a.boundary(ctx, BoundaryAfterToolRound))
+	})
 }
 
 // startTurnSpan starts a turn's span.
@@ -258,20 +293,10 @@ func (a *activation) startTurnSpan(ctx context.Context) (context.Context, trace.
 	return ctx, span
 }
 
-// turn makes one model call and runs the tool calls it asks for; done
-// says the loop ends with it.
-func (a *activation) turn(ctx context.Context) (done bool, err error) {
-	resp, err := a.awaitModel(ctx)
-	if err != nil {
-		return false, err
-	}
-	return a.afterModel(ctx, resp)
-}
-
 // afterModel records a model response in the loop state and runs the
-// tool calls it asks for. Apart from turn, whose frame stays on the stack
-// of every activation waiting for its model call.
-func (a *activation) afterModel(ctx context.Context, resp *openai.Response) (done bool, err error) {
+// tool calls it asks for, each awaited parked; done gets whether the loop
+// ends with it.
+func (a *activation) afterModel(t *park.Task, ctx context.Context, resp *openai.Response, done func(finished bool, err error)) {
 	st := a.state
 	calls := openai.FunctionCalls(resp.Output)
 	st.ModelCalls++
@@ -291,26 +316,30 @@ func (a *activation) afterModel(ctx context.Context, resp *openai.Response) (don
 	last.Output = nil
 	st.LastModelResponse = &last
 	st.Turns = append(st.Turns, Turn{Step: st.Step, ResponseID: resp.ID, Status: resp.Status, OutputItems: len(resp.Output), FunctionCalls: len(calls)})
-	if resp.IncompleteDetails != nil {
-		return true, nil
+	switch {
+	case resp.IncompleteDetails != nil:
+		done(true, nil)
+		return
+	case len(calls) == 0 && openai.HasAssistantMessage(resp.Output):
+		done(true, nil)
+		return
+	case len(calls) == 0:
+		done(false, nil)
+		return
 	}
-	if len(calls) == 0 && openai.HasAssistantMessage(resp.Output) {
-		return true, nil
+	st.PendingTools = true
+	if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
+		done(false, err)
+		return
 	}
-	if len(calls) > 0 {
-		st.PendingTools = true
-		if err := a.boundary(ctx, BoundaryPendingTools); err != nil {
-			return false, err
-		}
-		if err := a.runTools(ctx, calls); err != nil {
-			return false, err
+	a.runTools(t, ctx, calls, func(err error) {
+		if err != nil {
+			done(false, err)
+			return
 		}
 		st.PendingTools = false
-		if err := a.boundary(ctx, BoundaryAfterToolRound); err != nil {
-			return false, err
-		}
-	}
-	return false, nil
+		done(false, a.boundary(ctx, BoundaryAfterToolRound))
+	})
 }
 
 // lastOutput is the last model response's output: the items of the last
@@ -349,36 +378,34 @@ func (a *activation) result() (*openai.Response, error) {
 	return &out, nil
 }
 
-// awaitModel makes the next model call through the hooks: while it waits
-// for the reply the loop is still at the boundary before the call.
-func (a *activation) awaitModel(ctx context.Context) (*openai.Response, error) {
-	return a.hooks.awaitModel(ctx, a)
-}
-
 // callModel sends the original input plus every new output to the model
-// server; every other parameter passes through unchanged.
-func (a *activation) callModel(ctx context.Context) (*openai.Response, error) {
+// server, parked in t until the reply, which done gets; every other
+// parameter passes through unchanged. A streamed call is read on the
+// step's goroutine.
+func (a *activation) callModel(t *park.Task, ctx context.Context, done func(*openai.Response, error)) {
 	req, u := a.modelRequest()
 	ctx, span := a.startModelSpan(ctx, req.Model)
-	defer span.End()
-	var resp *openai.Response
-	var err error
+	finish := func(resp *openai.Response, err error) {
+		if err != nil {
+			err = upstream(ctx, "model server", err)
+			tracing.Fail(span, err)
+			resp = nil
+		}
+		span.End()
+		done(resp, err)
+	}
 	if a.srv.cfg.Stream {
-		resp, err = a.srv.postStreaming(ctx, u, req)
-	} else {
-		resp = new(openai.Response)
-		_, err = httpclient.PostJSON(ctx, a.srv.client, u, nil, req, resp)
+		finish(a.srv.postStreaming(ctx, u, req))
+		return
 	}
-	if err != nil {
-		err = upstream(ctx, "model server", err)
-		tracing.Fail(span, err)
-		return nil, err
-	}
-	return resp, nil
+	resp := new(openai.Response)
+	w := t.Hold()
+	httpclient.StartJSON(ctx, a.srv.client, u, nil, req, resp, func(_ *httpclient.Reply, err error) {
+		w.ResumeHere(func() { finish(resp, err) })
+	})
 }
 
-// modelRequest is the next model call's request and URL. Apart from
-// callModel, whose frame stays on the stack while the call is held.
+// modelRequest is the next model call's request and URL.
 func (a *activation) modelRequest() (*openai.ResponsesRequest, string) {
 	req := *a.params
 	input := make([]openai.Item, 0, len(a.input)+len(a.state.NewOutputs))
@@ -402,28 +429,24 @@ func (a *activation) startModelSpan(ctx context.Context, model string) (context.
 	return ctx, span
 }
 
-// runTools runs function calls one by one, in output order, appending each
-// one's function_call_output.
-//
-// The calls run on a goroutine of their own: the path to a tool call is
-// deeper than the path to a model call, and a stack it grows stays grown
-// while the next model call is held (freshstack).
-func (a *activation) runTools(ctx context.Context, calls []openai.Item) (err error) {
-	freshstack.Run(func() { err = a.runToolsHere(ctx, calls) })
-	return err
-}
-
-func (a *activation) runToolsHere(ctx context.Context, calls []openai.Item) error {
-	st := a.state
-	for _, call := range calls {
-		output, status, err := a.callTool(ctx, call)
+// runTools runs function calls one by one, in output order, each awaited
+// parked, appending each one's function_call_output; then calls done.
+func (a *activation) runTools(t *park.Task, ctx context.Context, calls []openai.Item, done func(error)) {
+	if len(calls) == 0 {
+		done(nil)
+		return
+	}
+	call := calls[0]
+	a.callTool(t, ctx, call, func(output string, status int, err error) {
 		if err != nil {
-			return err
+			done(err)
+			return
 		}
+		st := a.state
 		st.NewOutputs = append(st.NewOutputs, openai.Item{Type: openai.ItemFunctionCallOutput, CallID: call.CallID, Output: openai.TextContent(output)})
 		st.ToolRecords = append(st.ToolRecords, ToolRecord{Step: st.Step, CallID: call.CallID, Name: call.Name, Status: status})
-	}
-	return nil
+		a.runTools(t, ctx, calls[1:], done)
+	})
 }
 
 // path is p under the activation's /ng-rollout prefix, or p itself for an
@@ -442,33 +465,42 @@ func (a *activation) path(p string) string {
 // Set-Cookie is not followed: Gym's servers set the same session id on
 // every reply (its value re-signed), and the environment verifies with the
 // seed's cookies, which a checkpoint holds.
-func (a *activation) callTool(ctx context.Context, call openai.Item) (output string, status int, err error) {
+func (a *activation) callTool(t *park.Task, ctx context.Context, call openai.Item, done func(output string, status int, err error)) {
 	a.srv.metrics.toolCalls.Inc()
 	if !codec.Valid([]byte(call.Arguments)) {
 		b, err := codec.Marshal(map[string]string{"error": "Invalid tool call arguments: " + call.Arguments})
 		if err != nil {
-			return "", 0, apierror.Wrap(apierror.Internal, err)
+			done("", 0, apierror.Wrap(apierror.Internal, err))
+			return
 		}
-		return string(b), 0, nil
+		done(string(b), 0, nil)
+		return
 	}
 	u := baseURL(a.srv.cfg.resourcesURL(a.episode.RolloutID)) + a.path("/"+url.PathEscape(call.Name))
 	ctx, span := a.srv.tracer.Start(ctx, tracing.SpanToolCall)
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrCaptureKey.String(a.episode.CaptureKey()), tracing.AttrTool.String(call.Name))
 	}
-	defer span.End()
-	rep, err := httpclient.Do(ctx, a.srv.client, http.MethodPost, u, a.resources.header(), []byte(call.Arguments))
-	if err != nil {
-		err = upstream(ctx, "resources server", err)
-		tracing.Fail(span, err)
-		return "", 0, err
-	}
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrStatus.Int(rep.Status))
-	}
-	// Our servers end a JSON reply with a newline; it is framing, not part
-	// of the tool's output, and NeMo Gym's tool outputs carry none.
-	return strings.TrimRight(string(rep.Body), "\r\n"), rep.Status, nil
+	w := t.Hold()
+	httpclient.Start(ctx, a.srv.client, http.MethodPost, u, a.resources.header(), []byte(call.Arguments), func(rep *httpclient.Reply, err error) {
+		w.ResumeHere(func() {
+			if err != nil {
+				err = upstream(ctx, "resources server", err)
+				tracing.Fail(span, err)
+				span.End()
+				done("", 0, err)
+				return
+			}
+			if span.IsRecording() {
+				span.SetAttributes(tracing.AttrStatus.Int(rep.Status))
+			}
+			span.End()
+			// Our servers end a JSON reply with a newline; it is framing, not
+			// part of the tool's output, and NeMo Gym's tool outputs carry
+			// none.
+			done(strings.TrimRight(string(rep.Body), "\r\n"), rep.Status, nil)
+		})
+	})
 }
 
 // upstream turns a failed call into upstream_error, unless the activation's

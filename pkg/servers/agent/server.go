@@ -21,8 +21,8 @@ import (
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/episode"
-	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
@@ -80,7 +80,7 @@ type Server struct {
 	sessions map[string]*session
 	// byRollout indexes sessions by rollout, so retiring one rollout never
 	// scans every session.
-	byRollout map[string]map[string]*session
+	byRollout map[string][]*session
 	// closed orders closed sessions by close time, for forgetClosedLocked.
 	closed closedSessions
 
@@ -194,7 +194,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		metrics:   newMetrics(deps.Registry),
 		tracer:    tracing.NewTracer(deps.Tracer),
 		sessions:  map[string]*session{},
-		byRollout: map[string]map[string]*session{},
+		byRollout: map[string][]*session{},
 	}
 	s.hooks = noHooks{s}
 	opts := httpserver.RouterOptions{Logger: deps.Logger, Registry: deps.Registry, Tracer: deps.Tracer, Pprof: cfg.Pprof}
@@ -216,7 +216,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	h := func(f httpserver.HandlerFunc) http.HandlerFunc { return httpserver.Handle(s.log, f) }
 	r.Post("/v1/agent_sessions", h(s.handleOpen))
 	r.Post("/v1/agent_sessions/close", h(s.handleClose))
-	r.Post("/v1/responses", h(s.handleResponses))
+	r.Post("/v1/responses", httpserver.HandleParked(s.log, s.handleResponses))
 	r.Post("/run", h(s.handleRun))
 	r.Post(rewardprofile.Path, h(s.handleAggregateMetrics))
 	if s.ctl != nil {
@@ -333,12 +333,7 @@ func (s *Server) handleOpen(r *http.Request) (any, error) {
 // addSessionLocked registers a new session. Called with s.mu held.
 func (s *Server) addSessionLocked(sess *session) {
 	s.sessions[sess.id] = sess
-	m := s.byRollout[sess.episode.RolloutID]
-	if m == nil {
-		m = map[string]*session{}
-		s.byRollout[sess.episode.RolloutID] = m
-	}
-	m[sess.id] = sess
+	s.byRollout[sess.episode.RolloutID] = append(s.byRollout[sess.episode.RolloutID], sess)
 	s.metrics.sessions.Inc()
 }
 
@@ -427,63 +422,73 @@ func (s *Server) handleClose(r *http.Request) (any, error) {
 // then the /ng-rollout prefix is optional too, as it is on Gym's agent,
 // and without it the loop's calls carry none (its model calls are not
 // captured).
-func (s *Server) handleResponses(r *http.Request) (any, error) {
+//
+// It parks (pkg/infra/park) while each model call is awaited: an
+// activation in flight holds no goroutine of this server.
+func (s *Server) handleResponses(t *park.Task, r *http.Request, reply func(any, error)) {
 	sessionID := r.Header.Get(SessionHeader)
 	ep, err := episodeOf(r)
 	if err != nil && sessionID != "" {
-		return nil, err
+		reply(nil, err)
+		return
 	}
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
-		return nil, err
+		reply(nil, err)
+		return
 	}
-	// On a goroutine of its own: the decoder's depth would double the
-	// stack the activation then waits on (freshstack).
-	params, err := freshstack.Call(func() (*openai.ResponsesRequest, error) { return decodeParams(body) })
+	params, err := decodeParams(body)
 	if err != nil {
-		return nil, err
+		reply(nil, err)
+		return
 	}
 	if sessionID == "" {
-		return s.runStateless(r, params)
+		s.runStateless(t, r, params, reply)
+		return
 	}
 	n, err := strconv.Atoi(r.Header.Get(ActivationHeader))
 	if err != nil || n < 1 {
-		return nil, apierror.New(apierror.InvalidRequest, "%s must be an activation index >= 1, got %q", ActivationHeader, r.Header.Get(ActivationHeader))
+		reply(nil, apierror.New(apierror.InvalidRequest, "%s must be an activation index >= 1, got %q", ActivationHeader, r.Header.Get(ActivationHeader)))
+		return
 	}
-	return s.activate(r.Context(), ep, sessionID, n, params)
+	s.activate(t, r.Context(), ep, sessionID, n, params, reply)
 }
 
-func (s *Server) runStateless(r *http.Request, params *openai.ResponsesRequest) (any, error) {
+func (s *Server) runStateless(t *park.Task, r *http.Request, params *openai.ResponsesRequest, reply func(any, error)) {
 	ep, prefixed := rollout.FromContext(r.Context())
 	rsid := r.Header.Get(ResourcesSessionHeader)
 	if rsid != "" && !rollout.ValidID(rsid) {
-		return nil, apierror.New(apierror.InvalidRequest, "%s %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ResourcesSessionHeader, rsid)
+		reply(nil, apierror.New(apierror.InvalidRequest, "%s %q must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", ResourcesSessionHeader, rsid))
+		return
 	}
 	// As NeMo Gym's /v1/responses does (resources_server_cookies =
 	// request.cookies), the caller's cookies go to every tool call.
 	cookies := strings.Join(r.Header.Values("Cookie"), "; ")
 	if err := sessioncookie.Check(cookies); err != nil {
-		return nil, apierror.New(apierror.InvalidRequest, "Cookie: %v", err)
+		reply(nil, apierror.New(apierror.InvalidRequest, "Cookie: %v", err))
+		return
 	}
 	s.hooks.served()
 	s.metrics.inFlight.Inc()
-	defer s.metrics.inFlight.Dec()
 	act := s.newActivation(ep, resourcesRef{id: rsid, cookies: cookies}, params, nil)
 	act.unprefixed = !prefixed
-	resp, err := s.runActivation(r.Context(), act)
-	if err != nil {
-		return nil, err
-	}
-	h := http.Header{}
-	if rsid != "" {
-		h.Set(ResourcesSessionHeader, rsid)
-	}
-	// Gym's agent sets the resources cookies again on its reply, and its
-	// /run verifies with the cookies of that reply alone.
-	for _, c := range r.Cookies() {
-		h.Add("Set-Cookie", (&http.Cookie{Name: c.Name, Value: c.Value, Path: "/", Quoted: c.Quoted}).String())
-	}
-	return httpserver.Reply{Header: h, Body: resp}, nil
+	s.startActivationLoop(t, r.Context(), act, func(resp *openai.Response, err error) {
+		s.metrics.inFlight.Dec()
+		if err != nil {
+			reply(nil, err)
+			return
+		}
+		h := http.Header{}
+		if rsid != "" {
+			h.Set(ResourcesSessionHeader, rsid)
+		}
+		// Gym's agent sets the resources cookies again on its reply, and its
+		// /run verifies with the cookies of that reply alone.
+		for _, c := range r.Cookies() {
+			h.Add("Set-Cookie", (&http.Cookie{Name: c.Name, Value: c.Value, Path: "/", Quoted: c.Quoted}).String())
+		}
+		reply(httpserver.Reply{Header: h, Body: resp}, nil)
+	})
 }
 
 // admitActivation looks up the session an activation names and decides
@@ -515,22 +520,22 @@ func (s *Server) admitActivation(ep rollout.EpisodeID, sessionID string, n int) 
 // order; one activation runs at a time. On a session restored from a
 // checkpoint, activation completed_activation + 1 continues from the loop
 // boundary the checkpoint recorded.
-func (s *Server) activate(ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest) (any, error) {
-	act, sess, runCtx, reply, err := s.startActivation(ctx, ep, sessionID, n, params)
+func (s *Server) activate(t *park.Task, ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest, reply func(any, error)) {
+	act, sess, runCtx, rep, err := s.startActivation(ctx, ep, sessionID, n, params)
 	if act == nil {
-		return reply, err
+		reply(rep, err)
+		return
 	}
 	s.metrics.inFlight.Inc()
-	resp, err := act.run(runCtx)
-	s.metrics.inFlight.Dec()
-	return s.endActivation(act, sess, n, resp, err)
+	act.start(t, runCtx, func(resp *openai.Response, err error) {
+		s.metrics.inFlight.Dec()
+		reply(s.endActivation(act, sess, n, resp, err))
+	})
 }
 
 // startActivation admits activation n of a session and returns it ready
 // to run in runCtx, which the session can cancel (nil with the reply or
-// error of one that does not run: refused, or replayed). Apart from
-// activate, whose frame stays on the stack of every activation waiting
-// for its model call.
+// error of one that does not run: refused, or replayed).
 func (s *Server) startActivation(ctx context.Context, ep rollout.EpisodeID, sessionID string, n int, params *openai.ResponsesRequest) (*activation, *session, context.Context, any, error) {
 	s.mu.Lock()
 	sess, replay, refuse := s.admitActivation(ep, sessionID, n)

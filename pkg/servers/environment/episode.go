@@ -9,6 +9,7 @@ import (
 	"time"
 
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
@@ -171,19 +172,6 @@ func (ep *episode) recordBoundary(ctx context.Context, b *Boundary) error {
 	return ep.tracked.Boundary(ctx, b)
 }
 
-// step runs one stage in its mode: a wait step holds a checkpoint back until
-// it ends; a replay step does not, and after a crash runs again from the
-// boundary before it (SPEC §6).
-func (ep *episode) step(ctx context.Context, mode Mode, fn func(context.Context) (*Boundary, error)) (*Boundary, error) {
-	var out *Boundary
-	err := ep.tracked.Step(ctx, modeOf(mode), func(ctx context.Context) error {
-		var err error
-		out, err = fn(ctx)
-		return err
-	})
-	return out, err
-}
-
 // latest returns the latest recorded boundary.
 func (ep *episode) latest() Boundary {
 	ep.mu.Lock()
@@ -235,22 +223,28 @@ type cleanupStack struct {
 
 type cleanupFunc struct {
 	name string
-	fn   func(context.Context) error
+	fn   cleanupStep
 }
 
-func (c *cleanupStack) push(name string, fn func(context.Context) error) {
+// cleanupStep is one cleanup callback: it calls done, once, with its
+// outcome, and need not wait for it (it may start a parked call).
+type cleanupStep func(ctx context.Context, done func(error))
+
+func (c *cleanupStack) push(name string, fn cleanupStep) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.fns = append(c.fns, cleanupFunc{name: name, fn: fn})
 }
 
-// run runs every callback once, newest first. A step that got no answer is
-// handed to late, which sends it again in the background; only a step late
-// does not take is warned about here.
-func (c *cleanupStack) run(ctx context.Context, log *slog.Logger, key string, late *lateCleanup) {
+// run runs every callback once, newest first, as steps of t: a callback's
+// call is awaited parked. A step that got no answer is handed to late,
+// which sends it again in the background; only a step late does not take
+// is warned about here. done is called once the last step has ended.
+func (c *cleanupStack) run(t *park.Task, ctx context.Context, log *slog.Logger, key string, late *lateCleanup, done func()) {
 	c.mu.Lock()
 	if c.ran {
 		c.mu.Unlock()
+		done()
 		return
 	}
 	c.ran = true
@@ -260,20 +254,38 @@ func (c *cleanupStack) run(ctx context.Context, log *slog.Logger, key string, la
 	// The warning says when the failed step started and how long it ran:
 	// one total timeout means an earlier slow step can leave a later one
 	// only moments.
-	start := time.Now()
-	for i := len(fns) - 1; i >= 0; i-- {
-		stepStart := time.Now()
-		err := fns[i].fn(ctx)
-		if err == nil {
-			continue
-		}
-		took := time.Since(stepStart)
-		if late.add(ctx, key, fns[i].name, fns[i].fn, err) {
-			log.DebugContext(ctx, "final cleanup step failed; sending it again in the background", "step", fns[i].name, "err", err,
-				"started_after_s", stepStart.Sub(start).Seconds(), "took_s", took.Seconds())
-			continue
-		}
-		log.WarnContext(ctx, "final cleanup step failed", "step", fns[i].name, "err", err,
-			"started_after_s", stepStart.Sub(start).Seconds(), "took_s", took.Seconds())
+	runCleanupFrom(t, ctx, log, key, late, fns, len(fns)-1, time.Now(), done)
+}
+
+// runCleanupFrom runs fns[i], then the steps before it.
+func runCleanupFrom(t *park.Task, ctx context.Context, log *slog.Logger, key string, late *lateCleanup, fns []cleanupFunc, i int, start time.Time, done func()) {
+	if i < 0 {
+		done()
+		return
 	}
+	stepStart := time.Now()
+	w := t.Hold()
+	fns[i].fn(ctx, func(err error) {
+		w.ResumeHere(func() {
+			if err != nil {
+				took := time.Since(stepStart)
+				if late.add(ctx, key, fns[i].name, fns[i].fn.wait, err) {
+					log.DebugContext(ctx, "final cleanup step failed; sending it again in the background", "step", fns[i].name, "err", err,
+						"started_after_s", stepStart.Sub(start).Seconds(), "took_s", took.Seconds())
+				} else {
+					log.WarnContext(ctx, "final cleanup step failed", "step", fns[i].name, "err", err,
+						"started_after_s", stepStart.Sub(start).Seconds(), "took_s", took.Seconds())
+				}
+			}
+			runCleanupFrom(t, ctx, log, key, late, fns, i-1, start, done)
+		})
+	})
+}
+
+// wait runs the step and waits for its outcome: for the late cleanup,
+// whose workers have goroutines of their own to wait on.
+func (fn cleanupStep) wait(ctx context.Context) error {
+	out := make(chan error, 1)
+	fn(ctx, func(err error) { out <- err })
+	return <-out
 }

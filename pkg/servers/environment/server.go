@@ -24,6 +24,7 @@ import (
 	tracking "github.com/gymfleet/gymfleet/pkg/episode"
 	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
@@ -134,7 +135,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if s.ctl != nil {
 		s.ctl.Mount(r)
 	}
-	r.Post("/run", httpserver.Handle(deps.Logger, s.handleRun))
+	r.Post("/run", httpserver.HandleParked(deps.Logger, s.handleRun))
 	r.Get("/episodes", httpserver.Handle(deps.Logger, s.handleEpisodes))
 	// Gym's rollout collection posts the verify replies here once a run is
 	// done. Computed here rather than relayed by agent_ref: our agents and
@@ -228,18 +229,32 @@ func (s *Server) handleEpisodes(*http.Request) (any, error) {
 	return EpisodesReply{Episodes: out}, nil
 }
 
-func (s *Server) handleRun(r *http.Request) (any, error) {
+// handleRun runs one episode. It parks (pkg/infra/park) while the episode
+// waits for its agent: an episode in flight holds no goroutine of this
+// server.
+func (s *Server) handleRun(t *park.Task, r *http.Request, reply func(any, error)) {
 	ctx, ep, err := s.openRun(r)
 	if err != nil {
-		return nil, err
+		reply(nil, err)
+		return
 	}
-	defer s.release(ep)
-	reply, err := s.runEpisode(ctx, ep)
-	s.countEpisode(ctx, ep, err)
-	if err != nil {
-		return nil, err
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			s.release(ep)
+		}
 	}
-	return reply, nil
+	t.Defer(release) // however the task ends
+	s.runEpisode(t, ctx, ep, func(rep codec.RawMessage, err error) {
+		s.countEpisode(ctx, ep, err)
+		release()
+		if err != nil {
+			reply(nil, err)
+			return
+		}
+		reply(rep, nil)
+	})
 }
 
 // openRun decodes a /run and admits its episode. Apart from handleRun, whose
@@ -348,39 +363,48 @@ func (s *Server) release(ep *episode) {
 
 // runEpisode runs the protocol under episode_timeout, then the final cleanup
 // under cleanup_timeout, detached from the request so that a client that went
-// away still gets its sessions closed before the handler returns.
-func (s *Server) runEpisode(ctx context.Context, ep *episode) (codec.RawMessage, error) {
+// away still gets its sessions closed before the handler replies, and calls
+// done with the /run reply.
+func (s *Server) runEpisode(t *park.Task, ctx context.Context, ep *episode, done func(codec.RawMessage, error)) {
 	epCtx, cancel := context.WithTimeout(ctx, s.cfg.EpisodeTimeout)
-	defer cancel()
-
 	tracked, start, err := s.hooks.begin(ep, cancel)
 	if err != nil {
-		return nil, err
+		cancel()
+		done(nil, err)
+		return
 	}
 	ep.tracked = tracked
 	// End runs after the final cleanup below: until then a retire waits for
 	// this episode.
-	defer tracked.End()
-
-	var reply codec.RawMessage
+	ended := false
+	end := func() {
+		if !ended {
+			ended = true
+			tracked.End()
+			cancel()
+		}
+	}
+	t.Defer(end)
+	finish := func(reply codec.RawMessage, err error) {
+		// From here a retire no longer cancels the episode; it waits for the
+		// cleanup, so its reply means the sessions are closed.
+		ep.tracked.Finishing()
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
+		ep.cleanup.run(t, cctx, s.log, ep.id.CaptureKey(), s.late, func() {
+			ccancel()
+			if err != nil {
+				reply, err = nil, s.episodeError(ctx, epCtx, ep, err)
+			}
+			end()
+			done(reply, err)
+		})
+	}
 	switch ep.protocol {
 	case ProtocolLegacy:
-		reply, err = s.runLegacy(epCtx, ep)
+		s.runLegacy(t, epCtx, ep, finish)
 	default:
-		reply, err = s.runSingleAgentTurn(epCtx, ep, start)
+		s.runSingleAgentTurn(t, epCtx, ep, start, finish)
 	}
-
-	// From here a retire no longer cancels the episode; it waits for the
-	// cleanup, so its reply means the sessions are closed.
-	ep.tracked.Finishing()
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
-	ep.cleanup.run(cctx, s.log, ep.id.CaptureKey(), s.late)
-	ccancel()
-
-	if err != nil {
-		return nil, s.episodeError(ctx, epCtx, ep, err)
-	}
-	return reply, nil
 }
 
 // episodeError maps an episode's failure to the /run error: the client went

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/sessioncookie"
@@ -46,51 +47,67 @@ func stageMode(b *Boundary) Mode {
 }
 
 // runSingleAgentTurn runs the stages from b until the return stage and
-// returns the /run reply. Final cleanup is the caller's.
-//
-// Boundaries go by pointer through the stages: a Boundary is 17 words, and
-// its copies in the frames of each function and closure on the way to the
-// agent's call made that path deeper than the 8 KB stack a /run parked in
-// it could otherwise keep (freshstack's package comment).
-func (s *Server) runSingleAgentTurn(ctx context.Context, ep *episode, b *Boundary) (codec.RawMessage, error) {
+// calls done with the /run reply. Final cleanup is the caller's. The
+// agent's activation is awaited parked (pkg/infra/park): an episode waiting
+// for its agent holds no goroutine.
+func (s *Server) runSingleAgentTurn(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(codec.RawMessage, error)) {
 	s.bindAgentReplica(ep, b)
 	s.registerCleanup(ep, b)
 	if err := ep.recordBoundary(ctx, b); err != nil {
-		return nil, err
+		done(nil, err)
+		return
 	}
-	for b.Next != StageReturn {
-		next, err := s.runStage(ctx, ep, b)
-		if err != nil {
-			return nil, err
-		}
-		b = next
-		if err := ep.recordBoundary(ctx, b); err != nil {
-			return nil, err
-		}
-	}
-	return episodeReply(b.Result, ep.id, observationsOf(b.Observations))
+	s.advance(t, ctx, ep, b, done)
 }
 
-// runStage runs the stage b names, in its mode, timing it.
-func (s *Server) runStage(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+// advance runs the stages from b, each awaited parked, recording the
+// boundary after each, up to the return stage.
+func (s *Server) advance(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(codec.RawMessage, error)) {
+	if b.Next == StageReturn {
+		done(episodeReply(b.Result, ep.id, observationsOf(b.Observations)))
+		return
+	}
+	s.runStage(t, ctx, ep, b, func(next *Boundary, err error) {
+		if err == nil {
+			err = ep.recordBoundary(ctx, next)
+		}
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		s.advance(t, ctx, ep, next, done)
+	})
+}
+
+// runStage runs the stage b names, in its mode, timing it, parked while
+// its calls are awaited; done gets the boundary after it.
+func (s *Server) runStage(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error)) {
 	fn := s.stageFunc(b.Next)
 	if fn == nil {
-		return nil, apierror.New(apierror.Internal, "boundary names unknown stage %q", b.Next)
+		done(nil, apierror.New(apierror.Internal, "boundary names unknown stage %q", b.Next))
+		return
 	}
 	timer := s.metrics.stageTimer(b.Next)
-	defer timer()
 	ctx, span := s.startStageSpan(ctx, ep, b.Next)
-	defer span.End()
-	out, err := ep.step(ctx, stageMode(b), func(ctx context.Context) (*Boundary, error) { return fn(ctx, ep, b) })
-	if err != nil {
-		tracing.Fail(span, err)
-		return nil, &stageError{stage: b.Next, err: err}
-	}
-	return out, nil
+	leave := ep.tracked.Enter(modeOf(stageMode(b)))
+	fn(t, ctx, ep, b, func(out *Boundary, err error) {
+		leave()
+		if err != nil {
+			tracing.Fail(span, err)
+			out, err = nil, &stageError{stage: b.Next, err: err}
+		}
+		span.End()
+		timer()
+		done(out, err)
+	})
 }
 
+// stageRun runs one stage, parked while its calls are awaited, and calls
+// done with the boundary after it.
+type stageRun func(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error))
+
 // stageFunc is what runs a stage; nil for an unknown one.
-func (s *Server) stageFunc(st Stage) func(context.Context, *episode, *Boundary) (*Boundary, error) {
+func (s *Server) stageFunc(st Stage) stageRun {
 	switch st {
 	case StageSeed:
 		return s.seed
@@ -104,8 +121,7 @@ func (s *Server) stageFunc(st Stage) func(context.Context, *episode, *Boundary) 
 	return nil
 }
 
-// startStageSpan starts a stage's span. Apart from runStage, whose frame
-// stays on the stack of an episode waiting for its agent.
+// startStageSpan starts a stage's span.
 func (s *Server) startStageSpan(ctx context.Context, ep *episode, st Stage) (context.Context, trace.Span) {
 	ctx, span := s.tracer.Start(ctx, stageSpanName(st))
 	if span.IsRecording() {
@@ -184,33 +200,63 @@ func (s *Server) registerCleanup(ep *episode, b *Boundary) {
 	}
 	h := b.Handles
 	ep.setResourcesCookies(h.ResourcesCookies)
-	ep.cleanup.push("close resources session", func(ctx context.Context) error {
+	ep.cleanup.push("close resources session", func(ctx context.Context, done func(error)) {
 		h := h
 		h.ResourcesCookies = ep.resourcesCookiesNow()
-		return s.closeResources(ctx, ep, h)
+		s.closeResources(ctx, ep, h, done)
 	})
-	ep.cleanup.push("close agent session", func(ctx context.Context) error {
+	ep.cleanup.push("close agent session", func(ctx context.Context, done func(error)) {
 		if !ep.agentNeedsClose() {
-			return nil
+			done(nil)
+			return
 		}
-		_, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: h.AgentSessionID})
-		return err
+		s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: h.AgentSessionID}, func(_ *httpclient.Reply, err error) {
+			done(err)
+		})
 	})
 }
 
 // seed seeds the resources session, reading the verify mode the resources
 // server announces, and opens the agent session bound to it.
-func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
+func (s *Server) seed(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error)) {
 	h := b.Handles
-	rep, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/seed_session", resourcesHeader(h), ep.req.Row)
-	if err != nil {
-		return nil, err
-	}
+	s.await(t, func(then func(*httpclient.Reply, error)) {
+		s.call(ctx, "resources", ep.resourcesURL, ep.id, "/seed_session", resourcesHeader(h), ep.req.Row, then)
+	}, func(rep *httpclient.Reply, err error) {
+		if err == nil {
+			err = s.afterSeed(ctx, ep, &h, rep)
+		}
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		ep.setAgentOpened()
+		open := openAgentSession{
+			SessionID:          h.AgentSessionID,
+			ResourcesSessionID: h.ResourcesSessionID,
+			ResourcesCookies:   h.ResourcesCookies,
+			Request:            ep.req.Row,
+		}
+		s.await(t, func(then func(*httpclient.Reply, error)) {
+			s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions", nil, open, then)
+		}, func(_ *httpclient.Reply, err error) {
+			if err != nil {
+				done(nil, err)
+				return
+			}
+			done(&Boundary{Next: StageInvokeAgent, Handles: h}, nil)
+		})
+	})
+}
+
+// afterSeed reads the seed reply into the handles: the session's cookies
+// and verify mode, and whether it can only restart.
+func (s *Server) afterSeed(ctx context.Context, ep *episode, h *Handles, rep *httpclient.Reply) error {
 	// A NeMo Gym resources server names the session by the cookie it sets,
 	// and reads nothing else; the agent's tool calls and the verify carry it.
 	cookies, err := sessioncookie.FromSetCookie(rep.Header)
 	if err != nil {
-		return nil, apierror.New(apierror.UpstreamError, "resources /seed_session: %v", err)
+		return apierror.New(apierror.UpstreamError, "resources /seed_session: %v", err)
 	}
 	if cookies != "" {
 		h.ResourcesCookies = cookies
@@ -221,30 +267,33 @@ func (s *Server) seed(ctx context.Context, ep *episode, b *Boundary) (*Boundary,
 		// The resources server cannot capture this session: the episode
 		// never blocks or is exported, and starts over after a crash.
 		if err := ep.tracked.MarkRestart(ctx); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
 
-	ep.setAgentOpened()
-	if _, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions", nil, openAgentSession{
-		SessionID:          h.AgentSessionID,
-		ResourcesSessionID: h.ResourcesSessionID,
-		ResourcesCookies:   h.ResourcesCookies,
-		Request:            ep.req.Row,
-	}); err != nil {
-		return nil, err
-	}
-	return &Boundary{Next: StageInvokeAgent, Handles: h}, nil
+// await makes a parked call: call starts it, with a function for its
+// outcome, and then runs as the task's next step with that outcome.
+func (s *Server) await(t *park.Task, call func(then func(*httpclient.Reply, error)), then func(*httpclient.Reply, error)) {
+	w := t.Hold()
+	call(func(rep *httpclient.Reply, err error) {
+		w.ResumeHere(func() { then(rep, err) })
+	})
 }
 
 // invokeAgent runs activation 1 of the agent session on the row's
-// responses_create_params.
-func (s *Server) invokeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/responses", agentCallHeader(b.Handles.AgentSessionID), ep.req.Params)
-	if err != nil {
-		return nil, err
-	}
-	return afterAgent(b, rep.Body)
+// responses_create_params, parked until the agent replies.
+func (s *Server) invokeAgent(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error)) {
+	s.await(t, func(then func(*httpclient.Reply, error)) {
+		s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/responses", agentCallHeader(b.Handles.AgentSessionID), ep.req.Params, then)
+	}, func(rep *httpclient.Reply, err error) {
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		done(afterAgent(b, rep.Body))
+	})
 }
 
 // afterAgent is the boundary after the agent's reply body.
@@ -255,41 +304,45 @@ func afterAgent(b *Boundary, body []byte) (*Boundary, error) {
 	return &Boundary{Next: StageCloseAgent, Handles: b.Handles, Response: body}, nil
 }
 
-// agentCallHeader names the agent session and its first activation. Apart
-// from invokeAgent, whose frame stays on the stack of an episode waiting
-// for its agent: inlined, the map would be built in that frame.
-//
-//go:noinline
+// agentCallHeader names the agent session and its first activation.
 func agentCallHeader(sessionID string) http.Header {
 	return http.Header{HeaderAgentSession: {sessionID}, HeaderActivation: {"1"}}
 }
 
 // closeAgent closes the agent session and keeps its observations.
-func (s *Server) closeAgent(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: b.Handles.AgentSessionID})
-	if err != nil {
-		return nil, err
-	}
-	ep.setAgentClosed()
-	obs := rep.Body
-	if !codec.Valid(obs) {
-		obs = nil
-	}
-	return &Boundary{Next: StageVerify, Handles: b.Handles, Response: b.Response, Observations: obs}, nil
+func (s *Server) closeAgent(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error)) {
+	s.await(t, func(then func(*httpclient.Reply, error)) {
+		s.call(ctx, "agent", ep.agentURL, ep.id, "/v1/agent_sessions/close", nil, agentSessionRef{SessionID: b.Handles.AgentSessionID}, then)
+	}, func(rep *httpclient.Reply, err error) {
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		ep.setAgentClosed()
+		obs := rep.Body
+		if !codec.Valid(obs) {
+			obs = nil
+		}
+		done(&Boundary{Next: StageVerify, Handles: b.Handles, Response: b.Response, Observations: obs}, nil)
+	})
 }
 
 // verify asks the resources server for the reward: the row plus the agent's
 // response.
-func (s *Server) verify(ctx context.Context, ep *episode, b *Boundary) (*Boundary, error) {
-	rep, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/verify",
-		resourcesHeader(b.Handles), ep.req.Row.with("response", b.Response))
-	if err != nil {
-		return nil, err
-	}
-	if !isObject(rep.Body) {
-		return nil, apierror.New(apierror.UpstreamError, "resources /verify answered a body that is not a JSON object")
-	}
-	return &Boundary{Next: StageReturn, Handles: b.Handles, Observations: b.Observations, Result: rep.Body}, nil
+func (s *Server) verify(t *park.Task, ctx context.Context, ep *episode, b *Boundary, done func(*Boundary, error)) {
+	s.await(t, func(then func(*httpclient.Reply, error)) {
+		s.call(ctx, "resources", ep.resourcesURL, ep.id, "/verify", resourcesHeader(b.Handles), ep.req.Row.with("response", b.Response), then)
+	}, func(rep *httpclient.Reply, err error) {
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		if !isObject(rep.Body) {
+			done(nil, apierror.New(apierror.UpstreamError, "resources /verify answered a body that is not a JSON object"))
+			return
+		}
+		done(&Boundary{Next: StageReturn, Handles: b.Handles, Observations: b.Observations, Result: rep.Body}, nil)
+	})
 }
 
 // closeResourcesSession is the body of /close_session: NeMo Gym 0.7.0's
@@ -301,16 +354,18 @@ type closeResourcesSession struct {
 	EpisodeID          rollout.EpisodeID `json:"episode_id"`
 }
 
-func (s *Server) closeResources(ctx context.Context, ep *episode, h Handles) error {
-	_, err := s.call(ctx, "resources", ep.resourcesURL, ep.id, "/close_session", resourcesHeader(h),
-		closeResourcesSession{ResourcesSessionID: h.ResourcesSessionID, EpisodeID: ep.id})
-	var up *upstreamError
-	if errors.As(err, &up) && up.status == http.StatusNotFound {
-		// A NeMo Gym resources server before 0.7.0 has no /close_session
-		// (its sessions are never closed): nothing is left to close.
-		return nil
-	}
-	return err
+func (s *Server) closeResources(ctx context.Context, ep *episode, h Handles, done func(error)) {
+	s.call(ctx, "resources", ep.resourcesURL, ep.id, "/close_session", resourcesHeader(h),
+		closeResourcesSession{ResourcesSessionID: h.ResourcesSessionID, EpisodeID: ep.id}, func(_ *httpclient.Reply, err error) {
+			var up *upstreamError
+			if errors.As(err, &up) && up.status == http.StatusNotFound {
+				// A NeMo Gym resources server before 0.7.0 has no
+				// /close_session (its sessions are never closed): nothing is
+				// left to close.
+				err = nil
+			}
+			done(err)
+		})
 }
 
 // resourcesHeader names the resources session of h on a call: our header,
@@ -338,16 +393,25 @@ type agentSessionRef struct {
 	SessionID string `json:"session_id"`
 }
 
-// call POSTs body to base + /ng-rollout/<capture_key> + path and returns the
-// 2xx reply; any other outcome is an upstream error naming the server.
-func (s *Server) call(ctx context.Context, kind, base string, id rollout.EpisodeID, path string, header http.Header, body any) (*httpclient.Reply, error) {
-	return s.post(ctx, kind, base, rollout.Path(id, path), header, body)
+// call POSTs body to base + /ng-rollout/<capture_key> + path and calls done
+// with the 2xx reply; any other outcome is an upstream error naming the
+// server. No goroutine waits for the reply (httpclient.Start): done may
+// run on another goroutine, or before call returns.
+func (s *Server) call(ctx context.Context, kind, base string, id rollout.EpisodeID, path string, header http.Header, body any, done func(*httpclient.Reply, error)) {
+	s.start(ctx, kind, base, rollout.Path(id, path), header, body, done)
 }
 
-// post POSTs body to base + path and returns the 2xx reply as call does.
-func (s *Server) post(ctx context.Context, kind, base, path string, header http.Header, body any) (*httpclient.Reply, error) {
+// start POSTs body to base + path and calls done as call does.
+func (s *Server) start(ctx context.Context, kind, base, path string, header http.Header, body any, done func(*httpclient.Reply, error)) {
 	url := base + path
-	rep, err := httpclient.Do(ctx, s.client, http.MethodPost, url, header, body)
+	httpclient.Start(ctx, s.client, http.MethodPost, url, header, body, func(rep *httpclient.Reply, err error) {
+		done(checkReply(kind, url, rep, err))
+	})
+}
+
+// checkReply is the 2xx reply of a POST to url, or its failure naming the
+// server.
+func checkReply(kind, url string, rep *httpclient.Reply, err error) (*httpclient.Reply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s POST %s: %w", kind, url, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
@@ -35,8 +36,8 @@ const (
 )
 
 // ticket is one admitted model call. It stays small: the server is meant to
-// carry 100,000 of them at once, each on its handler goroutine alone (no
-// per-call goroutine or timer).
+// carry 100,000 of them at once, each parked (pkg/infra/park) while it
+// waits: no goroutine or timer of its own.
 type ticket struct {
 	// captureKey is the attempt the call belongs to; "" for a call outside
 	// /ng-rollout/<capture_key>/, which is never captured.
@@ -55,8 +56,13 @@ type ticket struct {
 	// left out and the restored agent re-issues them) and waits only for
 	// started ones.
 	started atomic.Bool
+	// running: the upstream call is in flight. Not under the participant's
+	// mutex: every call sets it twice, and a prepare's cut round only
+	// reads it once per call, as it would have read it under the lock
+	// either before or after the call set it.
+	running atomic.Bool
 	// continueKey is the staging key of a cut prefix the next upstream call
-	// continues (X-Ng-Continue-Cut). Only the handler goroutine uses it.
+	// continues (X-Ng-Continue-Cut). Only the call's steps use it.
 	continueKey string
 
 	// Checkpoint bookkeeping, guarded by the participant's mutex and unused
@@ -67,8 +73,6 @@ type ticket struct {
 	digest      string
 	stream      bool
 	constrained bool
-	// running: the upstream call is in flight.
-	running bool
 	// held: waiting for admission to reopen (at delivery, or after a cut).
 	held bool
 	// unsettled: started, and its ledger row not staged yet.
@@ -111,14 +115,24 @@ func (s *Server) done(t *ticket, outcome string) {
 // deliver is the single point every response passes right before its first
 // byte is written: JSON replies, error replies and the first event of a
 // stream. The hooks may hold a response that has not started here (while a
-// checkpoint holds admission closed); nothing past this point may be
-// undone. It fails only when the call is cancelled (client gone, retire,
-// shutdown).
-func (s *Server) deliver(ctx context.Context, t *ticket) error {
+// checkpoint holds admission closed), parked in task; done is then called.
+// Nothing past this point may be undone. It fails only when the call is
+// cancelled (client gone, retire, shutdown).
+func (s *Server) deliver(task *park.Task, ctx context.Context, t *ticket, done func(error)) {
 	if err := ctx.Err(); err != nil {
-		return err
+		done(err)
+		return
 	}
-	return s.hooks.deliver(ctx, t)
+	s.hooks.deliver(task, ctx, t, done)
+}
+
+// deliverNow is deliver on the calling goroutine, which waits while the
+// response is held: for a stream, whose handler's goroutine writes it.
+func (s *Server) deliverNow(ctx context.Context, t *ticket) (err error) {
+	park.Run(func(task *park.Task) {
+		s.deliver(task, ctx, t, func(e error) { err = e })
+	})
+	return err
 }
 
 // captured is what a call stages in the ledger once its reply is complete.
@@ -182,19 +196,21 @@ type reply struct {
 }
 
 // finish delivers a complete reply: gate, ledger row, then the bytes.
-func (s *Server) finish(w http.ResponseWriter, r *http.Request, t *ticket, rep reply) {
+func (s *Server) finish(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket, rep reply) {
 	ctx := r.Context()
-	if err := s.deliver(ctx, t); err != nil {
-		s.done(t, outcomeCanceled)
-		return
-	}
-	s.stage(ctx, t, rep.capture)
-	if rep.err != nil {
-		apierror.WriteOpenAI(w, r, s.log, rep.err)
-	} else {
-		httpserver.WriteRawJSON(w, http.StatusOK, rep.body)
-	}
-	s.done(t, rep.outcome)
+	s.deliver(task, ctx, t, func(err error) {
+		if err != nil {
+			s.done(t, outcomeCanceled)
+			return
+		}
+		s.stage(ctx, t, rep.capture)
+		if rep.err != nil {
+			apierror.WriteOpenAI(w, r, s.log, rep.err)
+		} else {
+			httpserver.WriteRawJSON(w, http.StatusOK, rep.body)
+		}
+		s.done(t, rep.outcome)
+	})
 }
 
 // countTokens adds a reply's tokens to the metrics, from usage when the

@@ -12,7 +12,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/transport/sse"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
@@ -325,11 +325,9 @@ func encodeObject(f map[string]codec.RawMessage) ([]byte, error) {
 // requestDigest is sha256 over the canonical JSON (encoding/json, sorted
 // keys, numbers as written) of the upstream request's messages and tools.
 // The same conversation sent again, through either API, after a restore
-// digests the same. It runs on a goroutine of its own: encoding/json
-// recurses a frame per level, and the caller then waits in the upstream
-// call (freshstack).
+// digests the same.
 func requestDigest(messages, tools []byte) (string, error) {
-	return freshstack.Call(func() (string, error) { return digestRequest(messages, tools) })
+	return digestRequest(messages, tools)
 }
 
 func digestRequest(messages, tools []byte) (string, error) {
@@ -368,14 +366,23 @@ func canonical(raw []byte) (any, error) {
 	return v, nil
 }
 
-// handleChat serves POST /v1/chat/completions as a pass-through.
+// handleChat serves POST /v1/chat/completions as a pass-through. A
+// non-streaming call waits parked (pkg/infra/park) for its upstream: a
+// call in flight holds no goroutine.
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	t, r, ok := s.admit(w, r, routeChat)
 	if !ok {
 		return
 	}
-	defer s.hooks.release(w, r, t)
-	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
+	httpserver.Park(w, r, func(task *park.Task) {
+		task.Defer(func() { s.hooks.release(w, r, t) })
+		s.serveChat(task, w, r, t)
+	})
+}
+
+// serveChat is handleChat's call once admitted.
+func (s *Server) serveChat(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket) {
+	fail := func(err error) { s.finish(task, w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
 		fail(err)
@@ -407,15 +414,17 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if stream {
-		s.streamChat(w, r, t, up, digest, clientLogprobs)
+		s.streamChat(task, w, r, t, up, digest, clientLogprobs)
 		return
 	}
-	s.finish(w, r, t, s.chatOnce(r.Context(), t, up, digest, clientLogprobs))
+	s.completeUpstream(task, r.Context(), t, up, func(b []byte, err error) {
+		s.finish(task, w, r, t, s.chatReply(r.Context(), up, b, err, digest, clientLogprobs))
+	})
 }
 
-// chatOnce makes a non-streaming call and builds its reply.
-func (s *Server) chatOnce(ctx context.Context, t *ticket, up []byte, digest string, clientLogprobs bool) reply {
-	b, err := s.completeUpstream(ctx, t, up)
+// chatReply builds a non-streaming call's reply from the upstream's reply
+// (or error).
+func (s *Server) chatReply(ctx context.Context, up, b []byte, err error, digest string, clientLogprobs bool) reply {
 	if err != nil {
 		if contextOverflow(err) {
 			body, merr := codec.Marshal(syntheticOverflow(s.cfg.Upstream.Model))
@@ -602,7 +611,7 @@ func (e *eventSink) open() error {
 	if e.delivered {
 		return nil
 	}
-	if err := e.s.deliver(e.ctx, e.t); err != nil {
+	if err := e.s.deliverNow(e.ctx, e.t); err != nil {
 		return err
 	}
 	e.delivered = true
@@ -674,7 +683,7 @@ func unfinished(sawDone bool) error {
 // client's logprobs) are taken out of each chunk, as rewriteChatReply
 // takes them out of a complete reply: a client that did not ask for them
 // reads logprobs: null, as OpenAI answers.
-func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string, clientLogprobs bool) {
+func (s *Server) streamChat(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket, up []byte, digest string, clientLogprobs bool) {
 	ownLogprobs := s.cfg.ReturnTokenIDs && !clientLogprobs
 	ctx, span := s.inferenceSpan(r.Context(), t, true)
 	defer span.End()
@@ -683,11 +692,11 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 	resp, err := s.callUpstream(ctx, t, up, true)
 	if err != nil {
 		if contextOverflow(err) {
-			s.overflowChatStream(w, r, t, digest)
+			s.overflowChatStream(task, w, r, t, digest)
 			return
 		}
 		err = asAPIError(err)
-		s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
+		s.finish(task, w, r, t, reply{err: err, outcome: outcomeOf(err)})
 		return
 	}
 	defer resp.Body.Close()
@@ -744,7 +753,7 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, t *ticket, u
 				// The generation ran: its failed capture is recorded.
 				capt = &captured{err: terr}
 			}
-			s.finish(w, r, t, reply{err: err, capture: capt, outcome: outcomeOf(err)})
+			s.finish(task, w, r, t, reply{err: err, capture: capt, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {
@@ -816,14 +825,14 @@ func withoutLogprobs(data []byte) []byte {
 
 // overflowChatStream answers a streaming call the upstream refused for its
 // length with the synthetic empty completion as one chunk.
-func (s *Server) overflowChatStream(w http.ResponseWriter, r *http.Request, t *ticket, digest string) {
+func (s *Server) overflowChatStream(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket, digest string) {
 	c := syntheticOverflow(s.cfg.Upstream.Model)
 	role, finish := "assistant", openai.FinishLength
 	chunk := openai.ChatChunk{ID: c.ID, Object: "chat.completion.chunk", Created: c.Created, Model: c.Model,
 		Choices: []openai.ChunkChoice{{Index: 0, Delta: openai.ChunkDelta{Role: role}, FinishReason: &finish}}}
 	b, err := codec.Marshal(chunk)
 	if err != nil {
-		s.finish(w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
+		s.finish(task, w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
 		return
 	}
 	out := newEventSink(s, t, r, w)

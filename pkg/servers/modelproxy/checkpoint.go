@@ -18,6 +18,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/infra/faultpoint"
 	"github.com/gymfleet/gymfleet/pkg/infra/parallel"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/tokencapture"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -50,11 +51,10 @@ type participant struct {
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
 
-	mu       sync.Mutex
-	closed   bool
-	reopened chan struct{}
-	changed  chan struct{}
-	calls    map[string]*ticket
+	mu      sync.Mutex
+	closed  bool
+	changed chan struct{}
+	calls   map[string]*ticket
 	// byRollout indexes captured tickets by rollout id (retire and export
 	// visit one rollout's calls, never every call).
 	byRollout map[string][]*ticket
@@ -72,6 +72,8 @@ type participant struct {
 	restoredOnce bool
 	// incomplete holds rollouts whose last retire did not finish.
 	incomplete map[string]struct{}
+	// openWaits are the calls waiting, parked, for admission to reopen.
+	openWaits map[*openWait]struct{}
 }
 
 // roundCounts are the cut outcomes of the latest checkpoint.
@@ -118,6 +120,7 @@ func newParticipant(s *Server, reg prometheus.Registerer) *participant {
 		ctx: ctx, cancel: cancel, shutdown: make(chan struct{}),
 		changed: make(chan struct{}), calls: map[string]*ticket{}, byRollout: map[string][]*ticket{},
 		unsettled: map[*ticket]struct{}{}, restored: map[string]*restoredEpisode{}, incomplete: map[string]struct{}{},
+		openWaits: map[*openWait]struct{}{},
 	}
 	if s.cfg.cutsOn() {
 		for _, w := range s.workers {
@@ -130,7 +133,10 @@ func newParticipant(s *Server, reg prometheus.Registerer) *participant {
 // beginShutdown wakes held calls: nothing held is delivered once the
 // server is closing.
 func (p *participant) beginShutdown() {
-	p.shutdownOnce.Do(func() { close(p.shutdown) })
+	p.shutdownOnce.Do(func() {
+		close(p.shutdown)
+		p.wakeAll(errShuttingDown)
+	})
 }
 
 // close closes the control plane, then stops a cut round and waits for it.
@@ -153,23 +159,27 @@ func (p *participant) notifyLocked() {
 // call is either listed and stopped or refused), and its work derives from
 // the returned request's context, which a retire cancels.
 func (p *participant) admit(r *http.Request, t *ticket) (*http.Request, error) {
+	// Allocated before the lock, which every call takes several times.
 	ctx, cancel := context.WithCancelCause(r.Context())
+	done := make(chan struct{})
+	r = r.WithContext(ctx)
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if t.captureKey != "" && p.ctl.Fence().Refuses(t.episode) {
+		p.mu.Unlock()
 		cancel(nil)
 		return nil, apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired", t.episode.Attempt, t.episode.RolloutID)
 	}
-	t.cancel, t.done = cancel, make(chan struct{})
+	t.cancel, t.done = cancel, done
 	p.calls[t.callID] = t
 	p.admitted++
 	if t.captureKey != "" {
 		p.byRollout[t.episode.RolloutID] = append(p.byRollout[t.episode.RolloutID], t)
-		if r := p.restoredOf(t.episode); r != nil {
-			r.used = true
+		if rs := p.restoredOf(t.episode); rs != nil {
+			rs.used = true
 		}
 	}
-	return r.WithContext(ctx), nil
+	p.mu.Unlock()
+	return r, nil
 }
 
 // shuttingDown reports whether the server has started closing.
@@ -246,56 +256,94 @@ func (p *participant) describe(t *ticket, digest string, stream, constrained boo
 	}
 }
 
-func (p *participant) upstreamRunning(t *ticket, running bool) {
-	p.mu.Lock()
-	t.running = running
-	p.mu.Unlock()
-}
+func (p *participant) upstreamRunning(t *ticket, running bool) { t.running.Store(running) }
 
-// deliver lets a response start, holding it while admission is closed.
-func (p *participant) deliver(ctx context.Context, t *ticket) error {
-	return p.waitOpen(ctx, t, func() {
+// deliver lets a response start, holding it (parked) while admission is
+// closed.
+func (p *participant) deliver(task *park.Task, ctx context.Context, t *ticket, done func(error)) {
+	p.waitOpen(task, ctx, t, func() {
 		t.started.Store(true)
 		p.delivered++
 		if t.captureKey != "" {
 			t.unsettled = true
 			p.unsettled[t] = struct{}{}
 		}
-	})
+	}, done)
 }
 
-// awaitResume waits, holding a cut call, until admission is open.
-func (p *participant) awaitResume(ctx context.Context, t *ticket) error {
-	return p.waitOpen(ctx, t, func() {})
+// awaitResume waits, holding a cut call (parked), until admission is open.
+func (p *participant) awaitResume(task *park.Task, ctx context.Context, t *ticket, done func(error)) {
+	p.waitOpen(task, ctx, t, func() {}, done)
 }
 
 // waitOpen runs onOpen under the lock once admission is open, counting the
-// call as held while it waits.
-func (p *participant) waitOpen(ctx context.Context, t *ticket, onOpen func()) error {
-	for {
-		p.mu.Lock()
-		if !p.closed {
-			p.unholdLocked(t)
-			onOpen()
-			p.mu.Unlock()
-			return nil
-		}
-		if !t.held {
-			t.held = true
-			p.held++
-			p.metrics.held.Inc()
-		}
-		reopened := p.reopened
+// call as held while it waits, then calls done. It waits parked in task:
+// a call held through a checkpoint holds no goroutine, and the resume, a
+// shutdown or the call's context ending resumes it.
+func (p *participant) waitOpen(task *park.Task, ctx context.Context, t *ticket, onOpen func(), done func(error)) {
+	p.mu.Lock()
+	if !p.closed {
+		p.unholdLocked(t)
+		onOpen()
 		p.mu.Unlock()
-		select {
-		case <-reopened:
-		case <-ctx.Done():
+		done(nil)
+		return
+	}
+	if !t.held {
+		t.held = true
+		p.held++
+		p.metrics.held.Inc()
+	}
+	if p.shuttingDown() {
+		p.unholdLocked(t)
+		p.mu.Unlock()
+		done(errShuttingDown)
+		return
+	}
+	ow := &openWait{w: task.Hold()}
+	p.openWaits[ow] = struct{}{}
+	p.mu.Unlock()
+	// Registered after the wait is filed: a context already ended wakes it
+	// at once.
+	stop := context.AfterFunc(ctx, func() { p.wake(ow, ctx.Err()) })
+	ow.resume = func(err error) {
+		stop()
+		if err != nil {
 			p.unhold(t)
-			return ctx.Err()
-		case <-p.shutdown:
-			p.unhold(t)
-			return errShuttingDown
+			done(err)
+			return
 		}
+		p.waitOpen(task, ctx, t, onOpen, done)
+	}
+}
+
+// openWait is a call waiting, parked, for admission to reopen.
+type openWait struct {
+	w *park.Wait
+	// resume is the call's next step, told why it woke (nil: admission
+	// may be open again).
+	resume func(error)
+}
+
+// wake resumes a waiting call once, if it is still filed.
+func (p *participant) wake(ow *openWait, err error) {
+	p.mu.Lock()
+	_, filed := p.openWaits[ow]
+	delete(p.openWaits, ow)
+	p.mu.Unlock()
+	if filed {
+		ow.w.Resume(func() { ow.resume(err) })
+	}
+}
+
+// wakeAll resumes every waiting call with err.
+func (p *participant) wakeAll(err error) {
+	p.mu.Lock()
+	waits := p.openWaits
+	p.openWaits = map[*openWait]struct{}{}
+	p.mu.Unlock()
+	for ow := range waits {
+		ow.w.Resume(func() { ow.resume(err) })
 	}
 }
 
@@ -355,14 +403,13 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	p.reopened = make(chan struct{})
 	p.round = roundCounts{}
 	if len(p.cutURLs) == 0 || p.cutRunning {
 		return nil
 	}
 	var listed []*ticket
 	for _, t := range p.calls {
-		if t.captureKey == "" || !t.running || t.started.Load() {
+		if t.captureKey == "" || !t.running.Load() || t.started.Load() {
 			continue
 		}
 		if t.stream || t.constrained {
@@ -397,11 +444,11 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 // OpenAdmission releases held responses and cut calls.
 func (p *participant) OpenAdmission() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		p.closed = false
-		close(p.reopened)
-	}
+	p.closed = false
+	p.mu.Unlock()
+	// Each looks again: one filed for a checkpoint that closed since waits
+	// on.
+	p.wakeAll(nil)
 }
 
 // Ready: no started response is still streaming, and the cut round (if

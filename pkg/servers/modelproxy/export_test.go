@@ -1,6 +1,8 @@
 package modelproxy
 
 import (
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
+
 	"context"
 	"fmt"
 	"net/http"
@@ -92,10 +94,12 @@ func RunCompletedCall(ctx context.Context, s *Server, id rollout.EpisodeID, c Co
 	}
 	defer s.hooks.release(w, r, t)
 	s.hooks.describeChat(t, c.RequestDigest, nil)
-	s.finish(w, r, t, reply{
-		body:    []byte(`{}`),
-		capture: &captured{model: c.Model, requestDigest: c.RequestDigest, tokens: c.Tokens, finishReason: c.FinishReason},
-		outcome: outcomeOK,
+	park.Run(func(task *park.Task) {
+		s.finish(task, w, r, t, reply{
+			body:    []byte(`{}`),
+			capture: &captured{model: c.Model, requestDigest: c.RequestDigest, tokens: c.Tokens, finishReason: c.FinishReason},
+			outcome: outcomeOK,
+		})
 	})
 	return context.Cause(r.Context())
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
 
@@ -25,12 +26,13 @@ type callHooks interface {
 	// upstreamRunning notes whether the call's upstream request is in
 	// flight.
 	upstreamRunning(t *ticket, running bool)
-	// deliver lets the response start; it may hold it first and fails only
-	// when ctx ends or the server is closing. Nothing past it is undone.
-	deliver(ctx context.Context, t *ticket) error
-	// awaitResume waits, after a generation cut stopped the call, until it
-	// may be re-issued.
-	awaitResume(ctx context.Context, t *ticket) error
+	// deliver lets the response start and calls done; it may hold it
+	// first, parked in task, and fails only when ctx ends or the server is
+	// closing. Nothing past it is undone.
+	deliver(task *park.Task, ctx context.Context, t *ticket, done func(error))
+	// awaitResume waits, parked in task, after a generation cut stopped the
+	// call, until it may be re-issued, and calls done.
+	awaitResume(task *park.Task, ctx context.Context, t *ticket, done func(error))
 	// settle notes that a started response staged its ledger row (or has
 	// none); completion is whether the call had a reply to capture.
 	settle(t *ticket, completion bool)
@@ -57,12 +59,15 @@ func (noHooks) describeResponses(*ticket, string, *openai.ResponsesRequest, *ope
 }
 func (noHooks) upstreamRunning(*ticket, bool) {}
 
-func (noHooks) deliver(_ context.Context, t *ticket) error {
+func (noHooks) deliver(_ *park.Task, _ context.Context, t *ticket, done func(error)) {
 	t.started.Store(true)
-	return nil
+	done(nil)
 }
 
-func (noHooks) awaitResume(ctx context.Context, _ *ticket) error    { return ctx.Err() }
+func (noHooks) awaitResume(_ *park.Task, ctx context.Context, _ *ticket, done func(error)) {
+	done(ctx.Err())
+}
+
 func (noHooks) settle(*ticket, bool)                                {}
 func (noHooks) release(http.ResponseWriter, *http.Request, *ticket) {}
 func (noHooks) refuseRemoval() error                                { return nil }

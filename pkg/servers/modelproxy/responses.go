@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/transport/sse"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
@@ -126,14 +126,22 @@ func unsupported(req *openai.ResponsesRequest) error {
 }
 
 // handleResponses serves POST /v1/responses: convert, call Chat Completions
-// upstream, convert back.
+// upstream, convert back. A non-streaming call waits parked
+// (pkg/infra/park) for its upstream: a call in flight holds no goroutine.
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	t, r, ok := s.admit(w, r, routeResponses)
 	if !ok {
 		return
 	}
-	defer s.hooks.release(w, r, t)
-	fail := func(err error) { s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
+	httpserver.Park(w, r, func(task *park.Task) {
+		task.Defer(func() { s.hooks.release(w, r, t) })
+		s.serveResponses(task, w, r, t)
+	})
+}
+
+// serveResponses is handleResponses's call once admitted.
+func (s *Server) serveResponses(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket) {
+	fail := func(err error) { s.finish(task, w, r, t, reply{err: err, outcome: outcomeOf(err)}) }
 	body, err := httpserver.ReadBody(r)
 	if err != nil {
 		fail(err)
@@ -156,22 +164,29 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	s.setTokenParams(chat, wantsLogprobs(req))
 	var digest string
 	if t.captureKey != "" {
-		if digest, err = chatDigest(chat); err != nil {
+		if digest, err = digestChat(chat); err != nil {
 			fail(apierror.Wrap(apierror.Internal, err))
 			return
 		}
 	}
 	s.hooks.describeResponses(t, digest, req, chat)
 	if req.Streaming() {
-		s.streamResponses(w, r, t, req, chat, digest)
+		s.streamResponses(task, w, r, t, req, chat, digest)
 		return
 	}
 	// The input is in chat now, which is encoded for the upstream before the
 	// call; the reply echoes only the request's parameters. Dropped, the
-	// input's items and token ids are not kept while the call is held
-	// (2-3 KB per rollout parked at a model call).
+	// input's items and token ids are not kept while the call is held.
 	req.Input = openai.Input{}
-	s.finish(w, r, t, s.responsesOnce(r.Context(), t, req, chat, digest))
+	chat.Stream = false
+	up, err := marshalUpstream(chat)
+	if err != nil {
+		s.finish(task, w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
+		return
+	}
+	s.completeUpstream(task, r.Context(), t, up, func(b []byte, err error) {
+		s.finish(task, w, r, t, s.responsesReply(r.Context(), req, up, b, err, digest))
+	})
 }
 
 // wantsLogprobs reports whether a Responses request asks for the output
@@ -225,12 +240,6 @@ func (s *Server) applyExtras(req *openai.ResponsesRequest, chat *openai.ChatRequ
 	return nil
 }
 
-// chatDigest is requestDigest of a converted request, taken on a goroutine
-// of its own: the caller then waits in the upstream call (freshstack).
-func chatDigest(c *openai.ChatRequest) (string, error) {
-	return freshstack.Call(func() (string, error) { return digestChat(c) })
-}
-
 func digestChat(c *openai.ChatRequest) (string, error) {
 	m, err := codec.Marshal(c.Messages)
 	if err != nil {
@@ -263,11 +272,9 @@ func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, er
 	}
 }
 
-// marshalUpstream encodes the request the upstream is sent, on a goroutine
-// of its own: goccy's encoder would double the stack of the handler, which
-// then waits in the upstream call (freshstack).
+// marshalUpstream encodes the request the upstream is sent.
 func marshalUpstream(chat *openai.ChatRequest) ([]byte, error) {
-	b, err := freshstack.Call(func() ([]byte, error) { return codec.Marshal(chat) })
+	b, err := codec.Marshal(chat)
 	if err != nil || len(chat.ExtraBody) == 0 {
 		return b, err
 	}
@@ -279,20 +286,8 @@ func marshalUpstream(chat *openai.ChatRequest) ([]byte, error) {
 	return encodeObject(f)
 }
 
-// responsesOnce makes a non-streaming call and builds the Response.
-func (s *Server) responsesOnce(ctx context.Context, t *ticket, req *openai.ResponsesRequest, chat *openai.ChatRequest, digest string) reply {
-	chat.Stream = false
-	up, err := marshalUpstream(chat)
-	if err != nil {
-		return reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError}
-	}
-	b, err := s.completeUpstream(ctx, t, up)
-	return s.responsesReply(ctx, req, up, b, err, digest)
-}
-
 // responsesReply turns the upstream's reply (or error) into the Responses
-// reply. Apart from responsesOnce, whose frame stays on the stack while
-// the call is held upstream.
+// reply.
 func (s *Server) responsesReply(ctx context.Context, req *openai.ResponsesRequest, up, b []byte, err error, digest string) reply {
 	outcome := outcomeOK
 	var c *openai.ChatCompletion
@@ -332,13 +327,13 @@ func (s *Server) responsesReply(ctx context.Context, req *openai.ResponsesReques
 // streamResponses streams a Responses call: upstream chunks become
 // Responses events as they arrive; the ledger row is staged before the
 // closing events and response.completed.
-func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *ticket, req *openai.ResponsesRequest, chat *openai.ChatRequest, digest string) {
+func (s *Server) streamResponses(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket, req *openai.ResponsesRequest, chat *openai.ChatRequest, digest string) {
 	ctx := r.Context()
 	chat.Stream = true
 	chat.StreamOptions = &openai.StreamOptions{IncludeUsage: true}
 	up, err := marshalUpstream(chat)
 	if err != nil {
-		s.finish(w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
+		s.finish(task, w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
 		return
 	}
 	rs := newResponseStream(s, t, r, w, req)
@@ -350,7 +345,7 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 	if err != nil {
 		if !contextOverflow(err) {
 			err = asAPIError(err)
-			s.finish(w, r, t, reply{err: err, outcome: outcomeOf(err)})
+			s.finish(task, w, r, t, reply{err: err, outcome: outcomeOf(err)})
 			return
 		}
 		c := syntheticOverflow(s.cfg.Upstream.Model)
@@ -408,7 +403,7 @@ func (s *Server) streamResponses(w http.ResponseWriter, r *http.Request, t *tick
 				// The generation ran: its failed capture is recorded.
 				capt = &captured{err: terr}
 			}
-			s.finish(w, r, t, reply{err: err, capture: capt, outcome: outcomeOf(err)})
+			s.finish(task, w, r, t, reply{err: err, capture: capt, outcome: outcomeOf(err)})
 			return
 		}
 		if t.captureKey != "" {

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/gencut"
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
@@ -84,35 +85,103 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 			return resp, nil
 		}
 		s.releaseWorker(i)
-		var us *upstreamStatus
-		isStatus := errors.As(err, &us)
-		if !isStatus {
-			unsent := httpclient.NeverProcessed(err)
-			err = transportError(ctx, s.upstream.callError(ctx, err))
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			s.workerFailed(i)
-			if unsent {
-				err = unsentError(err)
-			}
-			if tried == nil || !unsent {
-				return nil, err
-			}
-		} else {
-			if us.status >= 500 {
-				s.workerFailed(i)
-			}
-			refused := t.continueKey != "" && us.status >= 400 && us.status < 500 && !contextOverflow(err)
-			if tried == nil || !refused {
-				return nil, err
-			}
+		if err = s.workerDidNotTake(ctx, t, i, err, tried); tried == nil || !tried[i] {
+			return nil, err
 		}
-		tried[i] = true
 		lastErr = err
-		s.workers[i].failovers.Inc()
-		s.log.WarnContext(ctx, "an inference worker did not take the call; trying another", "model_call_id", t.callID, "worker", s.workers[i].chatURL, "err", err)
 	}
+}
+
+// workerDidNotTake judges a call's failure on worker i: it returns the
+// call's error, and marks the worker tried when the call is to go on to
+// another one (tried is nil with a single worker): it provably never
+// processed it, or refused a continuation. A worker that failed otherwise
+// is passed over for a while, but the call is not sent again: it may have
+// been generated.
+func (s *Server) workerDidNotTake(ctx context.Context, t *ticket, i int, err error, tried []bool) error {
+	var us *upstreamStatus
+	if !errors.As(err, &us) {
+		unsent := httpclient.NeverProcessed(err)
+		err = transportError(ctx, s.upstream.callError(ctx, err))
+		if ctx.Err() != nil {
+			return err
+		}
+		s.workerFailed(i)
+		if unsent {
+			err = unsentError(err)
+		}
+		if tried == nil || !unsent {
+			return err
+		}
+	} else {
+		if us.status >= 500 {
+			s.workerFailed(i)
+		}
+		refused := t.continueKey != "" && us.status >= 400 && us.status < 500 && !contextOverflow(err)
+		if tried == nil || !refused {
+			return err
+		}
+	}
+	tried[i] = true
+	s.workers[i].failovers.Inc()
+	s.log.WarnContext(ctx, "an inference worker did not take the call; trying another", "model_call_id", t.callID, "worker", s.workers[i].chatURL, "err", err)
+	return err
+}
+
+// callUpstreamWhole is callUpstream for a non-streaming call, parked in
+// task until the reply has arrived whole: done gets its status and
+// headers and its body read (the worker released).
+func (s *Server) callUpstreamWhole(task *park.Task, ctx context.Context, t *ticket, body []byte, done func(*http.Response, []byte, error)) {
+	client, err := s.upstream.client(ctx)
+	if err != nil {
+		done(nil, nil, unsentError(transportError(ctx, err)))
+		return
+	}
+	var tried []bool
+	if len(s.workers) > 1 {
+		tried = make([]bool, len(s.workers))
+	}
+	s.tryWorker(task, ctx, client, t, body, tried, nil, done)
+}
+
+// tryWorker sends a call to the next worker callUpstreamWhole may try.
+func (s *Server) tryWorker(task *park.Task, ctx context.Context, client *http.Client, t *ticket, body []byte, tried []bool, lastErr error, done func(*http.Response, []byte, error)) {
+	i, ok := s.acquire(t.captureKey, tried)
+	if !ok {
+		done(nil, nil, lastErr)
+		return
+	}
+	t.worker.Store(int32(i))
+	req, err := s.chatRequest(ctx, i, t, body, false)
+	if err != nil {
+		s.releaseWorker(i)
+		done(nil, nil, s.workerDidNotTake(ctx, t, i, err, nil))
+		return
+	}
+	s.hooks.upstreamRunning(t, true)
+	w := task.Hold()
+	httpclient.StartSend(client, req, httpclient.MaxReplyBytes, func(resp *http.Response, err error) {
+		var b []byte
+		if err == nil {
+			b, err = httpclient.ReadReply(resp)
+			resp.Body.Close()
+		}
+		w.ResumeHere(func() {
+			s.releaseWorker(i)
+			if err == nil && (resp.StatusCode < 200 || resp.StatusCode > 299) {
+				err = &upstreamStatus{status: resp.StatusCode, body: b[:min(len(b), 1<<20)]}
+			}
+			if err == nil {
+				done(resp, b, nil)
+				return
+			}
+			if err = s.workerDidNotTake(ctx, t, i, err, tried); tried == nil || !tried[i] {
+				done(nil, nil, err)
+				return
+			}
+			s.tryWorker(task, ctx, client, t, body, tried, err, done)
+		})
+	})
 }
 
 // chatRequest is sendChat's request to worker i. Apart from sendChat,
@@ -167,50 +236,53 @@ func (s *Server) sendChat(ctx context.Context, client *http.Client, i int, t *ti
 	return resp, nil
 }
 
-// postChat makes a non-streaming upstream call and returns its body and,
-// when a generation cut stopped it, the staging key of its prefix.
-func (s *Server) postChat(ctx context.Context, t *ticket, body []byte) ([]byte, string, error) {
+// postChat makes a non-streaming upstream call, parked in task until its
+// reply; done gets its body and, when a generation cut stopped it, the
+// staging key of its prefix.
+func (s *Server) postChat(task *park.Task, ctx context.Context, t *ticket, body []byte, done func(b []byte, cutKey string, err error)) {
 	ctx, span := s.inferenceSpan(ctx, t, false)
-	defer span.End()
 	start := time.Now()
-	defer s.hooks.upstreamRunning(t, false)
-	resp, err := s.callUpstream(ctx, t, body, false)
-	if err != nil {
-		return nil, "", err
-	}
-	defer resp.Body.Close()
-	b, err := httpclient.ReadReply(resp)
-	if err != nil {
-		return nil, "", transportError(ctx, err)
-	}
-	s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
-	return b, resp.Header.Get(HeaderGenerationCut), nil
+	s.callUpstreamWhole(task, ctx, t, body, func(resp *http.Response, b []byte, err error) {
+		s.hooks.upstreamRunning(t, false)
+		span.End()
+		if err != nil {
+			done(nil, "", err)
+			return
+		}
+		s.metrics.upstreamSeconds.Observe(time.Since(start).Seconds())
+		done(b, resp.Header.Get(HeaderGenerationCut), nil)
+	})
 }
 
 // completeUpstream makes a non-streaming call until it has a complete
-// reply. A reply a generation cut stopped (finish_reason abort, with
-// X-Ng-Generation-Cut) is not an answer: the call waits until admission
-// reopens and is re-issued continuing the staged prefix, so the client gets
-// the whole generation (prefix + rest) as one reply. A continuation the
-// worker refuses (its prefix is gone) is retried once as a fresh call: a lost
-// prefix only costs regeneration.
-func (s *Server) completeUpstream(ctx context.Context, t *ticket, body []byte) ([]byte, error) {
-	for {
-		b, cutKey, err := s.postChat(ctx, t, body)
+// reply, which done gets. A reply a generation cut stopped (finish_reason
+// abort, with X-Ng-Generation-Cut) is not an answer: the call waits, parked,
+// until admission reopens and is re-issued continuing the staged prefix, so
+// the client gets the whole generation (prefix + rest) as one reply. A
+// continuation the worker refuses (its prefix is gone) is retried once as a
+// fresh call: a lost prefix only costs regeneration.
+func (s *Server) completeUpstream(task *park.Task, ctx context.Context, t *ticket, body []byte, done func([]byte, error)) {
+	s.postChat(task, ctx, t, body, func(b []byte, cutKey string, err error) {
 		var us *upstreamStatus
 		if err != nil && t.continueKey != "" && errors.As(err, &us) && us.status >= 400 && us.status < 500 && !contextOverflow(err) {
 			s.log.WarnContext(ctx, "the worker refused to continue a generation cut; regenerating", "model_call_id", t.callID, "staging_key", t.continueKey, "err", err)
 			t.continueKey = ""
-			continue
+			s.completeUpstream(task, ctx, t, body, done)
+			return
 		}
 		if err != nil || cutKey == "" {
-			return b, err
+			done(b, err)
+			return
 		}
 		t.continueKey = cutKey
-		if err := s.hooks.awaitResume(ctx, t); err != nil {
-			return nil, transportError(ctx, err)
-		}
-	}
+		s.hooks.awaitResume(task, ctx, t, func(err error) {
+			if err != nil {
+				done(nil, transportError(ctx, err))
+				return
+			}
+			s.completeUpstream(task, ctx, t, body, done)
+		})
+	})
 }
 
 // upstreamStatus is a non-2xx upstream reply, or an error event in the

@@ -228,11 +228,15 @@ func (c *Conn) Reserve() error {
 		return err
 	}
 	if c.slotsLocked() >= c.peer.MaxStreams {
-		return errors.New("h2client: no stream free")
+		return errNoStreamFree
 	}
 	c.reserved++
 	return nil
 }
+
+// errNoStreamFree is Reserve's refusal: a pool tries its connections one
+// after another, and a busy one must cost no allocation.
+var errNoStreamFree = errors.New("h2client: no stream free")
 
 // Release gives back a reservation RoundTrip will not use.
 func (c *Conn) Release() {
@@ -295,7 +299,7 @@ func (c *Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	// for long, and a grown stack stays grown while it waits (freshstack).
 	var st *stream
 	var err error
-	freshstack.Run(func() { st, err = c.send(req, hasBody) })
+	freshstack.Run(func() { st, err = c.send(req, hasBody, nil) })
 	if err != nil {
 		return nil, err
 	}
@@ -312,11 +316,35 @@ func (c *Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	return st.resp, nil
 }
 
+// Start sends req on a new stream and returns once it is written. done is
+// then called, once, on a goroutine of its own: with the reply once it has
+// arrived whole (its body buffered, at most maxBody bytes, to be read
+// without waiting), or with the error that ended the exchange. The
+// request's context bounds the whole exchange. Nothing waits for the
+// reply meanwhile: a caller that parks (pkg/infra/park) holds no goroutine.
+func (c *Conn) Start(req *http.Request, maxBody int64, done func(*http.Response, error)) {
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	whole := &wholeReply{done: done, maxBody: maxBody}
+	if _, err := c.send(req, hasBody, whole); err != nil {
+		// A stream that failed while being sent has told done already.
+		c.mu.Lock()
+		if !whole.fired {
+			whole.fired = true
+			if whole.stopWatch != nil {
+				whole.stopWatch()
+			}
+			go done(nil, err)
+		}
+		c.mu.Unlock()
+	}
+}
+
 // send opens req's stream and writes its headers and body. It closes the
-// request body and tells a client trace the request was written.
-func (c *Conn) send(req *http.Request, hasBody bool) (*stream, error) {
+// request body and tells a client trace the request was written. whole is
+// where a Start caller's reply goes (nil for RoundTrip).
+func (c *Conn) send(req *http.Request, hasBody bool, whole *wholeReply) (*stream, error) {
 	trace := httptrace.ContextClientTrace(req.Context())
-	st, err := c.openStream(req, hasBody)
+	st, err := c.openStream(req, hasBody, whole)
 	if err != nil {
 		closeRequestBody(req)
 		wroteRequest(trace, err)
@@ -352,8 +380,11 @@ func closeRequestBody(req *http.Request) {
 
 // openStream waits for a stream slot (using a reservation if there is one),
 // then writes the request's headers.
-func (c *Conn) openStream(req *http.Request, hasBody bool) (*stream, error) {
-	st := &stream{c: c, headers: make(chan struct{}), ctx: req.Context()}
+func (c *Conn) openStream(req *http.Request, hasBody bool, whole *wholeReply) (*stream, error) {
+	st := &stream{c: c, ctx: req.Context(), whole: whole}
+	if whole == nil {
+		st.headers = make(chan struct{})
+	}
 	st.body.cond.L = &st.body.mu
 
 	c.mu.Lock()
@@ -404,6 +435,10 @@ func (c *Conn) openStream(req *http.Request, hasBody bool) (*stream, error) {
 		return nil, fmt.Errorf("%w: %w", ErrNotProcessed, c.err)
 	}
 	c.streams[st.id] = st
+	if whole != nil {
+		ctx := req.Context()
+		whole.stopWatch = context.AfterFunc(ctx, func() { st.cancel(context.Cause(ctx)) })
+	}
 	c.mu.Unlock()
 	if err := c.endWriteLocked(c.writeHeadersLocked(st.id, req, !hasBody)); err != nil {
 		c.mu.Lock()

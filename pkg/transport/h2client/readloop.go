@@ -174,6 +174,11 @@ func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) {
 		ContentLength: contentLength(header),
 		Body:          replyBody{st},
 	}
+	if w := st.whole; w != nil && resp.ContentLength > 0 && resp.ContentLength <= w.maxBody {
+		// Read whole: one buffer of its size, but a length declared is
+		// not bytes sent, so a peer gets no more than presizeMax for it.
+		st.body.presize(int(min(resp.ContentLength, presizeMax)))
+	}
 	c.mu.Lock()
 	if st.headersIn { // failed meanwhile
 		c.mu.Unlock()
@@ -181,7 +186,9 @@ func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) {
 	}
 	st.headersIn = true
 	st.resp = resp
-	close(st.headers)
+	if st.headers != nil {
+		close(st.headers)
+	}
 	c.mu.Unlock()
 	if f.StreamEnded() {
 		if resp.ContentLength < 0 {
@@ -196,6 +203,7 @@ func (c *Conn) endReply(st *stream) {
 	st.body.fail(io.EOF)
 	c.mu.Lock()
 	st.gotEnd = true
+	st.fireLocked(st.resp, nil)
 	if st.doneLocked() {
 		c.removeLocked(st)
 	}
@@ -227,12 +235,31 @@ func (c *Conn) onData(f *http2.DataFrame) error {
 		return nil
 	}
 	data := f.Data()
-	if st.body.buffered()+len(data) > 2*streamWindow {
-		c.resetStream(f.StreamID, http2.ErrCodeFlowControl, errors.New("h2client: the server sent past the stream's window"))
-		return nil
-	}
-	if !st.body.write(data, n-len(data)) {
-		return nil // the reader failed or closed it; the reset follows
+	if w := st.whole; w != nil {
+		// Nobody reads a whole reply until it has arrived: its window is
+		// given back as it comes, up to its bound.
+		w.received += int64(len(data))
+		if w.received > w.maxBody {
+			c.resetStream(f.StreamID, http2.ErrCodeCancel, fmt.Errorf("h2client: the reply is longer than %d bytes", w.maxBody))
+			return nil
+		}
+		if !st.body.write(data, 0) {
+			return nil
+		}
+		if refund := st.body.taken(n); refund > 0 {
+			id := f.StreamID
+			if err := c.writeFrames(func() error { return c.fr.WriteWindowUpdate(id, uint32(refund)) }); err != nil {
+				return err
+			}
+		}
+	} else {
+		if st.body.buffered()+len(data) > 2*streamWindow {
+			c.resetStream(f.StreamID, http2.ErrCodeFlowControl, errors.New("h2client: the server sent past the stream's window"))
+			return nil
+		}
+		if !st.body.write(data, n-len(data)) {
+			return nil // the reader failed or closed it; the reset follows
+		}
 	}
 	if f.StreamEnded() {
 		c.endReply(st)

@@ -27,13 +27,43 @@ type stream struct {
 	sentEnd, gotEnd, reset bool
 
 	// headers is closed when the reply's headers arrived (resp set) or the
-	// stream failed before they did (err set); both are read after it.
+	// stream failed before they did (err set); both are read after it. It
+	// is nil for a request sent by Start, whose reply goes to whole.
 	headers   chan struct{}
 	headersIn bool
 	resp      *http.Response
 	err       error
 
 	body pipe
+	// whole takes the reply of a request sent by Start once it has
+	// arrived whole, in place of a goroutine waiting for it.
+	whole *wholeReply
+}
+
+// wholeReply is where the reply of a request sent by Start goes.
+type wholeReply struct {
+	done    func(*http.Response, error)
+	maxBody int64
+	// received counts the body's bytes; the read loop's alone.
+	received int64
+	// stopWatch unregisters the watch on the request's context. It and
+	// fired are under c.mu.
+	stopWatch func() bool
+	fired     bool
+}
+
+// fireLocked hands the reply (or err) to a Start caller's done, once, on a
+// goroutine of its own.
+func (st *stream) fireLocked(resp *http.Response, err error) {
+	w := st.whole
+	if w == nil || w.fired {
+		return
+	}
+	w.fired = true
+	if w.stopWatch != nil {
+		w.stopWatch()
+	}
+	go w.done(resp, err)
 }
 
 // doneLocked reports whether the stream has ended both ways.
@@ -47,9 +77,12 @@ func (st *stream) endLocked(err error) {
 	if !st.headersIn {
 		st.headersIn = true
 		st.err = err
-		close(st.headers)
+		if st.headers != nil {
+			close(st.headers)
+		}
 	}
 	st.body.fail(err)
+	st.fireLocked(nil, err)
 }
 
 // failLocked ends the stream with err and frees its slot.
@@ -201,6 +234,31 @@ func (p *pipe) fail(err error) {
 	}
 	p.cond.Broadcast()
 	p.mu.Unlock()
+}
+
+// presizeMax is the most of a reply's declared length allocated before
+// its bytes arrive.
+const presizeMax = 1 << 20
+
+// presize makes room for n bytes of body before any arrives.
+func (p *pipe) presize(n int) {
+	p.mu.Lock()
+	p.buf.Grow(n)
+	p.mu.Unlock()
+}
+
+// taken counts n received bytes of a whole reply as read, and returns the
+// window to give back for them now (0 until a batch is due).
+func (p *pipe) taken(n int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.unrefunded += n
+	if p.unrefunded < streamWindow/4 {
+		return 0
+	}
+	refund := p.unrefunded
+	p.unrefunded = 0
+	return refund
 }
 
 // buffered is the number of bytes waiting for the reader.

@@ -150,9 +150,9 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		// As net/http answers it: a client's check that the server is up.
 		return c.writeStatusOnly(id, http.StatusOK)
 	}
-	st := c.newStream(id, req, f.StreamEnded(), cost)
+	st, req := c.newStream(id, req, f.StreamEnded(), cost)
 	c.handlers.Add(1)
-	go c.runHandler(st)
+	go c.runHandler(st, req)
 	return nil
 }
 

@@ -30,6 +30,9 @@ type responseWriter struct {
 	buf        []byte
 	// reserved is what buf counts against MaxConnBufferedReply.
 	reserved int64
+	// detached is set by Detach: the handler's return does not end the
+	// stream.
+	detached bool
 }
 
 func (w *responseWriter) Header() http.Header {

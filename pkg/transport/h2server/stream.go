@@ -11,14 +11,14 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// stream is one request and its reply. Its fields but id, ctx, cancel,
-// req and body are under c.mu.
+// stream is one request and its reply. Its fields but id, ctx, cancel and
+// body are under c.mu. The request itself is its handler's: a stream held
+// open for a parked request keeps none of it.
 type stream struct {
 	c      *conn
 	id     uint32
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	req    *http.Request
 
 	// recvWindow is what the client may still send on the stream; unacked
 	// what the handler read and the client has not been given back.
@@ -42,8 +42,9 @@ type stream struct {
 	body pipe
 }
 
-// newStream registers a stream for req and counts it open.
-func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost uint32) *stream {
+// newStream registers a stream for req and counts it open; it returns the
+// request its handler gets, in the stream's context.
+func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost uint32) (*stream, *http.Request) {
 	ctx, cancel := context.WithCancelCause(c.ctx)
 	st := &stream{
 		c:          c,
@@ -63,7 +64,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost ui
 	} else {
 		req.Body = requestBody{st}
 	}
-	st.req = req.WithContext(ctx)
+	req = req.WithContext(ctx)
 	c.mu.Lock()
 	st.sendWindow = c.peer.StreamWindow
 	c.streams[id] = st
@@ -74,7 +75,7 @@ func (c *conn) newStream(id uint32, req *http.Request, ended bool, headerCost ui
 		c.watchLocked()
 	}
 	c.mu.Unlock()
-	return st
+	return st, req
 }
 
 // closedByPeer reports whether the client has no reason to send more
@@ -106,23 +107,51 @@ func (st *stream) resetLocked(err error) {
 var errHandlerPanicked = errors.New("h2server: handler panicked")
 
 // runHandler serves the stream's request on the goroutine it is started
-// on, then sends what is left of the reply and forgets the stream.
-func (c *conn) runHandler(st *stream) {
-	defer c.handlers.Done()
-	w := &responseWriter{st: st, head: st.req.Method == http.MethodHead}
+// on, then sends what is left of the reply and forgets the stream, unless
+// the handler detached the stream (Detach): its end then does.
+func (c *conn) runHandler(st *stream, req *http.Request) {
+	w := &responseWriter{st: st, head: req.Method == http.MethodHead}
 	defer func() {
 		if p := recover(); p != nil {
+			// A panic ends the stream here, detached or not: a detached
+			// stream's end is called only by a handler that returned.
 			if p != http.ErrAbortHandler {
-				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", st.req.Method, "path", st.req.URL.Path, "panic", p, "stack", string(debug.Stack()))
+				c.s.cfg.Logger.Error("http2 handler panicked", "remote", c.remoteAddr, "method", req.Method, "path", req.URL.Path, "panic", p, "stack", string(debug.Stack()))
 			}
-			w.releaseBuffer()
-			c.resetStream(st.id, http2.ErrCodeInternal, errHandlerPanicked)
-		} else {
-			w.finish()
+			c.endStream(w, true)
+			return
 		}
-		c.handlerDone(st)
+		if !w.detached {
+			c.endStream(w, false)
+		}
 	}()
-	c.s.cfg.Handler.ServeHTTP(w, st.req)
+	c.s.cfg.Handler.ServeHTTP(w, req)
+}
+
+// endStream sends what is left of the reply (or, abort, resets the
+// stream) and forgets the stream.
+func (c *conn) endStream(w *responseWriter, abort bool) {
+	defer c.handlers.Done()
+	if abort {
+		w.releaseBuffer()
+		c.resetStream(w.st.id, http2.ErrCodeInternal, errHandlerPanicked)
+	} else {
+		w.finish()
+	}
+	c.handlerDone(w.st)
+}
+
+// Detach keeps the stream open after the handler returns, for a handler
+// that waits without its goroutine (pkg/infra/park): the request's context
+// and body and the writer stay valid, used by one goroutine at a time,
+// until end is called, once, from any goroutine; end sends what is left
+// of the reply (abort: resets the stream instead) as the handler's return
+// would have. The handler's goroutine must return normally after Detach;
+// if it panics instead, the stream ends with it and end must not be
+// called.
+func (w *responseWriter) Detach() (end func(abort bool)) {
+	w.detached = true
+	return func(abort bool) { w.st.c.endStream(w, abort) }
 }
 
 // errHandlerDone cancels a request's context once its handler returned.

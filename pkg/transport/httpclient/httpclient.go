@@ -333,9 +333,15 @@ func Send(c *http.Client, req *http.Request) (*http.Response, error) {
 	}
 	resp, err := c.Transport.RoundTrip(req)
 	if err != nil {
-		return nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.String(), Err: err}
+		return nil, sendError(req, err)
 	}
 	return resp, nil
+}
+
+// sendError is the error http.Client gives a request that failed: a
+// *url.Error naming it.
+func sendError(req *http.Request, err error) error {
+	return &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.String(), Err: err}
 }
 
 // urlErrorOp is the Op http.Client gives a *url.Error: "Post", "Get".
@@ -352,13 +358,7 @@ func PostJSON(ctx context.Context, c *http.Client, url string, header http.Heade
 	if err != nil {
 		return nil, err
 	}
-	if err := rep.Err(url); err != nil {
-		return rep, err
-	}
-	if err := decodeReply(rep.Body, out); err != nil {
-		return rep, &apierror.Error{Code: apierror.UpstreamError, Detail: fmt.Sprintf("decoding reply of %s: %v", url, err)}
-	}
-	return rep, nil
+	return rep, checkJSONReply(url, rep, out, decodeReply)
 }
 
 // decodeReply decodes a reply's body into out (unless out is nil), on a

@@ -1,6 +1,7 @@
 package httpserver
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
@@ -24,7 +26,12 @@ import (
 // span named by the route (after the prefix is stripped, so the span names
 // its capture key). One frame, not five: a request held for a rollout
 // parks with every frame beneath its handler on its goroutine's stack,
-// and that stack is most of what a held rollout costs a server.
+// unless its handler parks without its goroutine (Park).
+//
+// It runs in front of the router, and gives each request a routing
+// context of its own: chi's router otherwise takes one from a pool and
+// puts it back when its handler returns, which for a parked request is
+// long before the request ends.
 type edge struct {
 	next    http.Handler
 	metrics *httpMetrics
@@ -38,36 +45,42 @@ type edge struct {
 	tracer tracing.Tracer
 }
 
-func newEdge(m *httpMetrics, writeError func(http.ResponseWriter, *http.Request, error), log *slog.Logger, maxBody int64, tp trace.TracerProvider) func(http.Handler) http.Handler {
-	var tracer tracing.Tracer
-	if tracing.Enabled(tp) {
-		tracer = tracing.NewTracer(tp)
-	}
-	return func(next http.Handler) http.Handler {
-		return &edge{next: next, metrics: m, log: log, writeError: writeError, maxBody: maxBody, tracer: tracer}
-	}
-}
-
 func (e *edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rec := &statusRecorder{ResponseWriter: w}
+	ex, _ := w.(*exchange)
+	if ex == nil { // a router called directly, not through a Server
+		ex = &exchange{ResponseWriter: w}
+	}
 	start := time.Now()
 	e.metrics.inflight.Inc()
 	var span trace.Span
-	defer e.finish(rec, r, start, &span)
+	returned := false
+	defer func() {
+		if !returned {
+			e.finish(ex, r, start, span, recover(), true)
+		}
+	}()
 	if r.Body != nil {
-		r.Body = http.MaxBytesReader(rec, r.Body, e.maxBody)
+		r.Body = http.MaxBytesReader(ex, r.Body, e.maxBody)
 	}
-	inner, err := rollout.Unprefix(r)
+	inner, err := rollout.UnprefixIn(context.WithValue(r.Context(), chi.RouteCtxKey, chi.NewRouteContext()), r)
 	if err != nil {
-		e.writeError(rec, r, apierror.Wrap(apierror.InvalidRequest, err))
+		e.writeError(ex, r, apierror.Wrap(apierror.InvalidRequest, err))
+		returned = true
+		e.finish(ex, r, start, span, nil, false)
 		return
 	}
+	r = inner
 	if e.tracer.On() {
-		inner, span = e.startSpan(inner)
-	} else if len(inner.Header["Traceparent"]) > 0 {
-		inner = inner.WithContext(tracing.Extract(inner.Context(), inner.Header))
+		r, span = e.startSpan(r)
+	} else if len(r.Header["Traceparent"]) > 0 {
+		r = r.WithContext(tracing.Extract(r.Context(), r.Header))
 	}
-	e.next.ServeHTTP(rec, inner)
+	e.next.ServeHTTP(ex, r)
+	returned = true
+	if ex.afterHandler(func(panicked any) { e.finish(ex, r, start, span, panicked, false) }) {
+		return
+	}
+	e.finish(ex, r, start, span, nil, false)
 }
 
 // startSpan starts the request's server span, child of the caller's
@@ -82,35 +95,41 @@ func (e *edge) startSpan(r *http.Request) (*http.Request, trace.Span) {
 	return r.WithContext(ctx), span
 }
 
-// finish is deferred by ServeHTTP: it recovers a handler's panic (answered
-// 500 and logged; http.ErrAbortHandler passes on once counted), ends the
-// span and counts the request.
-func (e *edge) finish(rec *statusRecorder, r *http.Request, start time.Time, span *trace.Span) {
-	v := recover()
-	if v != nil && v != http.ErrAbortHandler {
-		e.log.ErrorContext(r.Context(), "handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-		e.writeError(rec, r, apierror.New(apierror.Internal, "internal error"))
+// finish answers a handler's panic (500, logged; http.ErrAbortHandler
+// passes on once counted, when onHandler: on the handler's own goroutine),
+// ends the span and counts the request. panicked is what the handler, or
+// a step of its parked task (a *park.Panic), panicked with.
+func (e *edge) finish(ex *exchange, r *http.Request, start time.Time, span trace.Span, panicked any, onHandler bool) {
+	value, stack := panicked, []byte(nil)
+	if p, ok := panicked.(*park.Panic); ok {
+		value, stack = p.Value, p.Stack
+	} else if panicked != nil {
+		stack = debug.Stack()
+	}
+	if value != nil && value != http.ErrAbortHandler {
+		e.log.ErrorContext(r.Context(), "handler panicked", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(value), "stack", string(stack))
+		e.writeError(ex, r, apierror.New(apierror.Internal, "internal error"))
 	}
 	route := "unmatched"
 	if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
 		route = rc.RoutePattern()
 	}
-	status := rec.status
+	status := ex.status
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if s := *span; s != nil {
-		s.SetName(r.Method + " " + route)
-		s.SetAttributes(tracing.AttrRoute.String(route), tracing.AttrStatus.Int(status))
+	if span != nil {
+		span.SetName(r.Method + " " + route)
+		span.SetAttributes(tracing.AttrRoute.String(route), tracing.AttrStatus.Int(status))
 		if status >= 500 {
-			s.SetStatus(codes.Error, http.StatusText(status))
+			span.SetStatus(codes.Error, http.StatusText(status))
 		}
-		s.End()
+		span.End()
 	}
 	e.metrics.inflight.Dec()
 	e.metrics.requests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
 	e.metrics.duration.WithLabelValues(route, r.Method).Observe(time.Since(start).Seconds())
-	if v == http.ErrAbortHandler {
-		panic(v)
+	if onHandler && value == http.ErrAbortHandler {
+		panic(value)
 	}
 }

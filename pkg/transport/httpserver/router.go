@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpbody"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -73,7 +74,6 @@ func NewRouter(opts RouterOptions) chi.Router {
 	}
 
 	r := chi.NewRouter()
-	r.Use(newEdge(m, writeError, log, opts.MaxBodyBytes, opts.Tracer))
 	for _, mw := range opts.Middleware {
 		r.Use(mw)
 	}
@@ -101,8 +101,20 @@ func NewRouter(opts RouterOptions) chi.Router {
 	if opts.Pprof {
 		mountPprof(r)
 	}
-	return r
+	var tracer tracing.Tracer
+	if tracing.Enabled(opts.Tracer) {
+		tracer = tracing.NewTracer(opts.Tracer)
+	}
+	return &router{Mux: r, edge: &edge{next: r, metrics: m, log: log, writeError: writeError, maxBody: opts.MaxBodyBytes, tracer: tracer}}
 }
+
+// router is a chi router behind the fleet's edge.
+type router struct {
+	*chi.Mux
+	edge *edge
+}
+
+func (r *router) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.edge.ServeHTTP(w, req) }
 
 // mountPprof registers the profiling handlers. pprof.Index serves the
 // named profiles (heap, goroutine, allocs, block, mutex, threadcreate) from
@@ -143,35 +155,6 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	reg.MustRegister(m.requests, m.duration, m.inflight)
 	return m
 }
-
-// statusRecorder remembers the status code and keeps Flush working for SSE.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusRecorder) Flush() {
-	if f, ok := s.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // ReadBody reads a request body, mapping an oversized body to body_too_large.
 func ReadBody(r *http.Request) ([]byte, error) {
@@ -263,29 +246,35 @@ func Handle(log *slog.Logger, h HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		v, err := h(r)
 		drainBody(r)
-		if err != nil {
-			apierror.Write(w, r, log, err)
+		writeResult(w, r, log, v, err)
+	}
+}
+
+// writeResult writes a handler's reply value, or its error through
+// apierror.
+func writeResult(w http.ResponseWriter, r *http.Request, log *slog.Logger, v any, err error) {
+	if err != nil {
+		apierror.Write(w, r, log, err)
+		return
+	}
+	switch rep := v.(type) {
+	case Reply:
+		for k, vs := range rep.Header {
+			w.Header()[k] = vs
+		}
+		status := rep.Status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		if raw, ok := rep.Body.(codec.RawMessage); ok {
+			WriteRawJSON(w, status, raw)
 			return
 		}
-		switch rep := v.(type) {
-		case Reply:
-			for k, vs := range rep.Header {
-				w.Header()[k] = vs
-			}
-			status := rep.Status
-			if status == 0 {
-				status = http.StatusOK
-			}
-			if raw, ok := rep.Body.(codec.RawMessage); ok {
-				WriteRawJSON(w, status, raw)
-				return
-			}
-			WriteJSON(w, status, rep.Body)
-		case codec.RawMessage:
-			WriteRawJSON(w, http.StatusOK, rep)
-		default:
-			WriteJSON(w, http.StatusOK, v)
-		}
+		WriteJSON(w, status, rep.Body)
+	case codec.RawMessage:
+		WriteRawJSON(w, http.StatusOK, rep)
+	default:
+		WriteJSON(w, http.StatusOK, v)
 	}
 }
 

@@ -387,20 +387,36 @@ func (s *Server) idleOrDone() <-chan struct{} {
 	return ch
 }
 
-// track counts requests in flight, for Close.
+// track counts requests in flight, for Close, and gives each its
+// exchange: a parked request (Park) counts until it has ended.
 func (s *Server) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.active.Add(1)
+		ex := &exchange{ResponseWriter: w}
+		returned := false
 		defer func() {
-			if s.active.Add(-1) == 0 && s.closing.Load() {
-				select {
-				case s.idle <- struct{}{}:
-				default:
-				}
+			if !returned { // a panic: the stack ends the request
+				s.requestDone()
 			}
 		}()
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(ex, r)
+		returned = true
+		if ex.afterHandler(func(any) { s.requestDone() }) {
+			ex.returned()
+			return
+		}
+		s.requestDone()
 	})
+}
+
+// requestDone counts a request's end.
+func (s *Server) requestDone() {
+	if s.active.Add(-1) == 0 && s.closing.Load() {
+		select {
+		case s.idle <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // CloseNow cancels every request and closes every connection at once.

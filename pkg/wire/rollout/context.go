@@ -82,11 +82,26 @@ func StripPrefix(onInvalid func(http.ResponseWriter, *http.Request, error)) func
 // unprefixed with the episode in its context; an error (ErrInvalidID) for
 // a prefix whose key does not parse.
 func Unprefix(r *http.Request) (*http.Request, error) {
+	return unprefix(r, nil)
+}
+
+// UnprefixIn is Unprefix with ctx as the context of the request it
+// returns, always a shallow copy of r: one copy where Unprefix and
+// WithContext would make two.
+func UnprefixIn(ctx context.Context, r *http.Request) (*http.Request, error) {
+	return unprefix(r, ctx)
+}
+
+// unprefix is Unprefix, in ctx when it is not nil.
+func unprefix(r *http.Request, ctx context.Context) (*http.Request, error) {
 	// Split the escaped path: in the decoded one an escaped "/" inside the
 	// key (a%2Fb) would end the key early and send the rest of it to
 	// another route.
 	rawKey, rawRest, ok := SplitPath(r.URL.EscapedPath())
 	if !ok {
+		if ctx != nil {
+			return r.WithContext(ctx), nil
+		}
 		return r, nil
 	}
 	key, err := url.PathUnescape(rawKey)
@@ -101,9 +116,12 @@ func Unprefix(r *http.Request) (*http.Request, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: path %q is not validly escaped", ErrInvalidID, rawRest)
 	}
+	if ctx == nil {
+		ctx = r.Context()
+	}
 	// A shallow copy: only the URL changes, and the handler never sees
 	// the prefixed path.
-	r2 := r.WithContext(WithEpisode(r.Context(), id))
+	r2 := r.WithContext(WithEpisode(ctx, id))
 	u := *r.URL
 	u.Path, u.RawPath = rest, ""
 	// chi routes on RawPath when it is set (an escaped "/" in a segment),
