@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -282,6 +283,12 @@ func (c *conn) writeFrames(fn func() error) error {
 	}
 	c.wmu.Unlock()
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The client read nothing for the write timeout: every stream
+			// of the connection is lost with it, so say so.
+			c.s.cfg.Logger.Warn("http2 connection closed: the client read nothing for the write timeout",
+				"remote", c.remoteAddr, "write_timeout", c.s.cfg.WriteTimeout)
+		}
 		c.abort(fmt.Errorf("h2server: writing: %w", err))
 	}
 	return err

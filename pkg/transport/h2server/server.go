@@ -77,7 +77,8 @@ type Config struct {
 	// BaseContext is the parent of every request's context; nil means
 	// context.Background().
 	BaseContext context.Context
-	// Logger receives handler panics and connections ended by a protocol
+	// Logger receives handler panics, connections ended by a write that
+	// stalled for the write timeout, and connections ended by a protocol
 	// error.
 	Logger *slog.Logger
 	// MaxConcurrentStreams is the streams one connection may have open
