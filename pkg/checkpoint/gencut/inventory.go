@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,6 +53,24 @@ type Inventory struct {
 	ServerName      string         `json:"server_name"`
 	ActivePrefixes  []ActivePrefix `json:"active_prefixes"`
 	InventoryDigest string         `json:"inventory_digest"`
+
+	// canonical is the JSON BuildInventory hashed, kept to send: the
+	// same fields, so Body need not encode them a second time.
+	canonical []byte
+}
+
+// Body is the inventory's request body: BuildInventory's canonical JSON
+// with the digest added, or, for an inventory made otherwise, its
+// encoding.
+func (inv Inventory) Body() ([]byte, error) {
+	if inv.canonical == nil {
+		return codec.Marshal(inv)
+	}
+	b := make([]byte, 0, len(inv.canonical)+len(inv.InventoryDigest)+24)
+	b = append(b, inv.canonical[:len(inv.canonical)-1]...)
+	b = append(b, `,"inventory_digest":`...)
+	b = appendPyString(b, inv.InventoryDigest)
+	return append(b, '}'), nil
 }
 
 // PrefixAck is GenerationCutPrefixAck: a worker's durable outcome for one
@@ -85,7 +102,19 @@ type Receipt struct {
 	Prefixes          []PrefixAck `json:"prefixes"`
 }
 
-var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
+// isHexDigest reports whether s is 64 lowercase hex digits (a SHA-256),
+// as Gym's pattern ^[0-9a-f]{64}$ asks; it runs once per listed call.
+func isHexDigest(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // BuildInventory is GenerationCutInventory.build: the prefixes sorted by
 // ticket id, and the SHA-256 of the checkpoint id, server name and
@@ -121,7 +150,7 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 	b = appendPyString(b, serverName)
 	b = append(b, '}')
 	sum := sha256.Sum256(b)
-	return Inventory{CheckpointID: checkpointID, ServerName: serverName, ActivePrefixes: sorted, InventoryDigest: hex.EncodeToString(sum[:])}
+	return Inventory{CheckpointID: checkpointID, ServerName: serverName, ActivePrefixes: sorted, InventoryDigest: hex.EncodeToString(sum[:]), canonical: b}
 }
 
 // appendPyString appends s as Python's json.dumps writes it
@@ -240,7 +269,7 @@ func ParseInventory(body []byte) (Inventory, error) {
 	if inv.CheckpointID == "" || inv.ServerName == "" {
 		return inv, invalid("checkpoint_id and server_name must not be empty")
 	}
-	if !hexDigest.MatchString(inv.InventoryDigest) {
+	if !isHexDigest(inv.InventoryDigest) {
 		return inv, invalid("inventory_digest must be 64 lowercase hex digits")
 	}
 	if len(inv.ActivePrefixes) > MaxActive {
@@ -317,7 +346,7 @@ func DecodeReceiptFor(body []byte, inv Inventory) (*Receipt, error) {
 	if err := codec.UnmarshalStrictFast(body, &rc); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidReceipt, codec.DescribeError(err))
 	}
-	if rc.CheckpointID == "" || rc.CutID == "" || rc.BackendSnapshotID == "" || !hexDigest.MatchString(rc.InventoryDigest) {
+	if rc.CheckpointID == "" || rc.CutID == "" || rc.BackendSnapshotID == "" || !isHexDigest(rc.InventoryDigest) {
 		return nil, fmt.Errorf("%w: checkpoint_id, cut_id and backend_snapshot_id must be set and inventory_digest be 64 hex digits", ErrInvalidReceipt)
 	}
 	for i := range rc.Prefixes {
@@ -328,22 +357,27 @@ func DecodeReceiptFor(body []byte, inv Inventory) (*Receipt, error) {
 	if !sameInventory(rc.Inventory, inv) || rc.InventoryDigest != inv.InventoryDigest {
 		return nil, fmt.Errorf("%w: it answers a different inventory", ErrInvalidReceipt)
 	}
-	admitted := make(map[string]ActivePrefix, len(inv.ActivePrefixes))
-	for _, p := range inv.ActivePrefixes {
-		admitted[p.TicketID] = p
+	// Each ack finds its prefix by search: BuildInventory sorts the
+	// prefixes by ticket id; an inventory made otherwise is sorted here.
+	listed := inv.ActivePrefixes
+	byTicket := func(a, b ActivePrefix) int { return strings.Compare(a.TicketID, b.TicketID) }
+	if !slices.IsSortedFunc(listed, byTicket) {
+		listed = slices.Clone(listed)
+		slices.SortFunc(listed, byTicket)
 	}
-	acked := make(map[string]bool, len(rc.Prefixes))
-	for _, a := range rc.Prefixes {
-		p, ok := admitted[a.TicketID]
-		if !ok || acked[a.TicketID] {
+	acked := make([]bool, len(listed))
+	for i := range rc.Prefixes {
+		a := &rc.Prefixes[i]
+		j, ok := slices.BinarySearchFunc(listed, a.TicketID, func(p ActivePrefix, id string) int { return strings.Compare(p.TicketID, id) })
+		if !ok || acked[j] {
 			return nil, fmt.Errorf("%w: it must cover every call in the inventory exactly once", ErrInvalidReceipt)
 		}
-		acked[a.TicketID] = true
-		if a.ActivePrefix != p {
+		acked[j] = true
+		if a.ActivePrefix != listed[j] {
 			return nil, fmt.Errorf("%w: identity differs for ticket %q", ErrInvalidReceipt, a.TicketID)
 		}
 	}
-	if len(acked) != len(admitted) {
+	if len(rc.Prefixes) != len(listed) {
 		return nil, fmt.Errorf("%w: it must cover every call in the inventory exactly once", ErrInvalidReceipt)
 	}
 	return &rc, nil
@@ -385,7 +419,7 @@ func validAck(a *PrefixAck) error {
 	if a.PrefixTokenCount != nil && *a.PrefixTokenCount < 0 {
 		return errors.New("prefix_token_count must be >= 0")
 	}
-	if a.PrefixDigest != nil && !hexDigest.MatchString(*a.PrefixDigest) {
+	if a.PrefixDigest != nil && !isHexDigest(*a.PrefixDigest) {
 		return errors.New("prefix_digest must be 64 lowercase hex digits")
 	}
 	if a.EffectiveOutputLimit != nil && *a.EffectiveOutputLimit < 1 {
@@ -403,12 +437,14 @@ func validAck(a *PrefixAck) error {
 			return errors.New("terminal_stop_reason must be a string or an integer")
 		}
 	}
-	seen := make(map[string]bool, len(a.StagingKeys))
-	for _, k := range a.StagingKeys {
-		if seen[k] {
-			return errors.New("generation-cut staging_keys must be unique")
+	if len(a.StagingKeys) > 1 {
+		seen := make(map[string]bool, len(a.StagingKeys))
+		for _, k := range a.StagingKeys {
+			if seen[k] {
+				return errors.New("generation-cut staging_keys must be unique")
+			}
+			seen[k] = true
 		}
-		seen[k] = true
 	}
 	return nil
 }

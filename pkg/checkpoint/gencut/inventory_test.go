@@ -2,6 +2,7 @@ package gencut_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -123,5 +124,35 @@ func TestParseInventory(t *testing.T) {
 		if _, err := gencut.ParseInventory([]byte(bad)); !apierror.HasCode(err, apierror.InvalidRequest) {
 			t.Errorf("ParseInventory(%s) = %v, want invalid_request", bad, err)
 		}
+	}
+}
+
+// The body BuildInventory's inventory sends is what its encoding would
+// be: it parses back to the same inventory, digest included.
+func TestInventoryBody(t *testing.T) {
+	inv := gencut.BuildInventory("ckpt-é", "policy_model", []gencut.ActivePrefix{
+		{TicketID: "c2", RolloutID: "r2", Attempt: 3, ModelCallID: "c2", AdmittedAt: 1765000000.5},
+		{TicketID: "c1", RolloutID: "r1", Attempt: 1, ModelCallID: "c1", AdmittedAt: 0.1},
+	})
+	body, err := inv.Body()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := gencut.ParseInventory(body)
+	if err != nil {
+		t.Fatalf("ParseInventory(%s): %v", body, err)
+	}
+	if got.CheckpointID != inv.CheckpointID || got.ServerName != inv.ServerName || got.InventoryDigest != inv.InventoryDigest ||
+		!slices.Equal(got.ActivePrefixes, inv.ActivePrefixes) {
+		t.Fatalf("body %s parses to %+v, want %+v", body, got, inv)
+	}
+	// An inventory not built here is encoded.
+	got.ActivePrefixes = got.ActivePrefixes[:1]
+	body, err = got.Body()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := gencut.ParseInventory(body); err != nil || len(again.ActivePrefixes) != 1 {
+		t.Fatalf("ParseInventory(%s) = %+v, %v", body, again, err)
 	}
 }

@@ -132,12 +132,19 @@ func (s *Server) handleGenerationCut(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var keys map[string]codec.RawMessage
-	if r.URL.Path == gencut.LegacyPath || codec.Unmarshal(body, &keys) == nil && keys["active"] != nil {
+	if r.URL.Path == gencut.LegacyPath {
 		return s.legacyCut(r, body)
 	}
 	inv, err := gencut.ParseInventory(body)
 	if err != nil {
+		// Our former shape at Gym's route, told apart only when it is not
+		// an inventory: parsing every inventory twice costs a prepare.
+		var legacy struct {
+			Active codec.RawMessage `json:"active"`
+		}
+		if codec.Unmarshal(body, &legacy) == nil && legacy.Active != nil {
+			return s.legacyCut(r, body)
+		}
 		return nil, err
 	}
 	rc := gencut.Receipt{

@@ -142,7 +142,7 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 // postCut posts one inventory to a worker's cut route on the control
 // client and checks the receipt against it.
 func (p *participant) postCut(ctx context.Context, cutURL string, inv gencut.Inventory) (*gencut.Receipt, error) {
-	body, err := codec.Marshal(inv)
+	body, err := inv.Body()
 	if err != nil {
 		return nil, err
 	}
