@@ -3,10 +3,9 @@
 //
 // A request of ours that waits for minutes (an episode waiting for its
 // agent, an activation for its model call, a model call for its
-// generation) held a goroutine the whole time: a stack of 8 KiB at best,
-// and the collector's heap goal grows with every stack it scans. At
-// 100,000 rollouts in flight that was 2.4 GiB of stacks in three servers,
-// and as much again of heap. Here a task that begins a wait (Hold)
+// generation) held a goroutine the whole time: a stack per held rollout
+// in each of three servers, which the collector scans and counts in its
+// heap goal. Here a task that begins a wait (Hold)
 // returns from its step instead of blocking; whatever ends the wait
 // (a reply arriving, admission reopening) resumes the task with its next
 // step. Between the two the task is a few objects on the heap.
