@@ -673,11 +673,11 @@ const recordSizeHint = 4 << 10
 // newExportSlots returns n slots whose buffers are empty, with
 // recordSizeHint bytes of room each, cut from one allocation. Each buffer
 // is capped at its own room, so a record that outgrows it moves to a new
-// array, on the heap, rather than into its neighbour's. The allocation is whole huge pages mapped outside the Go heap
-// (hugepage.Map), which fault once per 2 MiB and, unlike the heap's, count
-// toward no collection: in a process holding every rollout's state a
-// commit's allocations could start one that marks all of it. Nothing may
-// use the slots once unmap is called.
+// array, on the heap, rather than into its neighbour's. The allocation is
+// whole huge pages mapped outside the Go heap (hugepage.Map), which fault
+// once per huge page and count toward no collection: in a process holding
+// every rollout's state a commit's allocations could start one that marks
+// all of it. Nothing may use the slots once unmap is called.
 func newExportSlots(n int) (slots []exportSlot, unmap func()) {
 	arena, unmap := hugepage.Map(n * recordSizeHint)
 	slots = make([]exportSlot, n)

@@ -535,7 +535,8 @@ func getJSON(ctx context.Context, url string, out any) (int, error) {
 
 var errTimeout = errors.New("timed out")
 
-// waitFor polls cond every 20 ms until it holds or timeout passes.
+// waitFor polls cond until it holds or timeout passes, failing the test
+// then; the poll interval is short beside anything a scenario waits for.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
