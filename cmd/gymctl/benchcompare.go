@@ -137,7 +137,6 @@ type compareSide struct {
 }
 
 type runRecord struct {
-	order          int
 	pair           int
 	start, end     string
 	wall           time.Duration

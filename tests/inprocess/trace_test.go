@@ -74,7 +74,7 @@ func newSpanTree(spans tracetest.SpanStubs) *spanTree {
 func attr(s tracetest.SpanStub, k attribute.Key) string {
 	for _, a := range s.Attributes {
 		if a.Key == k {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""

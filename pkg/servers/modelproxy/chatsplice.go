@@ -53,9 +53,7 @@ func spliceObject(out, b []byte, member func(out, key, value []byte) (o []byte, 
 	rest = codec.SkipSpace(rest[1:])
 	out = append(out, '{')
 	first := true
-	if len(rest) > 0 && rest[0] == '}' {
-		rest = rest[1:]
-	} else {
+	if len(rest) == 0 || rest[0] != '}' {
 		for {
 			key, r, ok := codec.CutString(rest)
 			if !ok {
@@ -90,7 +88,6 @@ func spliceObject(out, b []byte, member func(out, key, value []byte) (o []byte, 
 				return nil, false
 			}
 			if r[0] == '}' {
-				rest = r[1:]
 				break
 			}
 			if r[0] != ',' {

@@ -27,8 +27,6 @@ type listedCall struct {
 type cutResult struct {
 	staged *staged
 	reason string
-	// limit is the call's output limit, for upstream's receipt.
-	limit int
 }
 
 func (s *Server) authorized(r *http.Request) error {

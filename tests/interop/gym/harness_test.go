@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -354,15 +353,6 @@ func deepCopy(m map[string]any) map[string]any {
 	var out map[string]any
 	_ = json.Unmarshal(b, &out)
 	return out
-}
-
-func freeListen(t *testing.T, port int) {
-	t.Helper()
-	ln, err := net.Listen("tcp", addr(port))
-	if err != nil {
-		t.Fatalf("port %d is taken: %v", port, err)
-	}
-	ln.Close()
 }
 
 // noCleanupFailures fails the test if our environment or agents logged a
