@@ -228,15 +228,16 @@ func (c *Conn) Reserve() error {
 		return err
 	}
 	if c.slotsLocked() >= c.peer.MaxStreams {
-		return errNoStreamFree
+		return ErrNoStreamFree
 	}
 	c.reserved++
 	return nil
 }
 
-// errNoStreamFree is Reserve's refusal: a pool tries its connections one
-// after another, and a busy one must cost no allocation.
-var errNoStreamFree = errors.New("h2client: no stream free")
+// ErrNoStreamFree is Reserve's refusal of a connection that is usable but
+// has every stream slot taken: a pool tries its connections one after
+// another, and a busy one must cost no allocation.
+var ErrNoStreamFree = errors.New("h2client: no stream free")
 
 // Release gives back a reservation RoundTrip will not use.
 func (c *Conn) Release() {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,6 +66,9 @@ type h2cPool struct {
 // hostConns is the pool's state for one host.
 type hostConns struct {
 	conns []*h2client.Conn
+	// next is where pick starts looking: the connection that last had a
+	// stream free.
+	next int
 	// opening is closed when the connection being opened is ready or has
 	// failed; nil when none is being opened. One at a time per host: a burst
 	// waits for it rather than dialing a connection per request.
@@ -125,6 +129,12 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 // channel of a connection being opened to wait for, or http1 when the host
 // speaks only HTTP/1.1, or none of these when the caller is to open a
 // connection itself (p.open).
+//
+// It looks first at the connection that last had a stream free: held
+// requests fill connections one after another, and every call of a burst
+// trying each full one in turn, under the pool's lock, is what that lock
+// would convoy on. A connection that cannot take requests any more is
+// dropped when a pass meets it.
 func (p *h2cPool) pick(key string) (*h2client.Conn, chan struct{}, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -136,18 +146,26 @@ func (p *h2cPool) pick(key string) (*h2client.Conn, chan struct{}, bool) {
 	if h.http1 {
 		return nil, nil, true
 	}
-	live := h.conns[:0]
-	for _, cc := range h.conns {
-		if cc.Err() == nil {
-			live = append(live, cc)
+	var chosen *h2client.Conn
+	var dead []*h2client.Conn // rare: a connection closed since the last pick
+	for k := range len(h.conns) {
+		i := (h.next + k) % len(h.conns)
+		cc := h.conns[i]
+		err := cc.Reserve()
+		if err == nil {
+			chosen, h.next = cc, i
+			break
+		}
+		if !errors.Is(err, h2client.ErrNoStreamFree) {
+			dead = append(dead, cc)
 		}
 	}
-	clear(h.conns[len(live):])
-	h.conns = live
-	for _, cc := range h.conns {
-		if cc.Reserve() == nil {
-			return cc, nil, false
-		}
+	if len(dead) > 0 {
+		h.conns = slices.DeleteFunc(h.conns, func(cc *h2client.Conn) bool { return slices.Contains(dead, cc) })
+		h.next = max(slices.Index(h.conns, chosen), 0)
+	}
+	if chosen != nil {
+		return chosen, nil, false
 	}
 	if h.opening != nil {
 		return nil, h.opening, false

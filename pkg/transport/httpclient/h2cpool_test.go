@@ -250,3 +250,78 @@ func TestH2CPool_HandshakeIsNotTheRequests(t *testing.T) {
 		t.Errorf("the request's trace saw %d requests written on a new connection, want 1 (its own)", got)
 	}
 }
+
+// A stream freed on a connection before the one the pool last used is
+// found: the pool's search starts at its last connection and wraps.
+func TestH2CPool_FindsAFreeStreamBeforeItsLastConnection(t *testing.T) {
+	var mu sync.Mutex
+	byConn := map[string][]chan struct{}{}
+	var order []string
+	var arrived atomic.Int64
+	url, conns := h2cServer(t, nil, 2, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		release := make(chan struct{})
+		mu.Lock()
+		if _, seen := byConn[r.RemoteAddr]; !seen {
+			order = append(order, r.RemoteAddr)
+		}
+		byConn[r.RemoteAddr] = append(byConn[r.RemoteAddr], release)
+		mu.Unlock()
+		arrived.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	pool := newH2C(Options{H2C: true, MaxConnsPerHost: 2}, nil)
+	c := &http.Client{Transport: pool}
+	t.Cleanup(pool.CloseIdleConnections)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	send := func() {
+		wg.Go(func() { _, _ = Do(ctx, c, http.MethodGet, url+"/x", nil, nil) })
+	}
+	for range 4 {
+		send()
+	}
+	waitFor(t, func() bool { return arrived.Load() == 4 }, "both connections full")
+	mu.Lock()
+	if len(order) != 2 {
+		mu.Unlock()
+		t.Fatalf("requests came on %d connections, want 2", len(order))
+	}
+	for _, release := range byConn[order[0]] {
+		close(release)
+	}
+	byConn[order[0]] = nil
+	mu.Unlock()
+	waitFor(t, func() bool {
+		pool.mu.Lock()
+		defer pool.mu.Unlock()
+		for _, h := range pool.hosts {
+			for _, conn := range h.conns {
+				if conn.InFlight() == 0 {
+					return true
+				}
+			}
+		}
+		return false
+	}, "the first connection's streams freed")
+	send()
+	send()
+	waitFor(t, func() bool { return arrived.Load() == 6 }, "two more requests on the first connection")
+	mu.Lock()
+	defer mu.Unlock()
+	if n := len(byConn[order[0]]); n != 2 {
+		t.Errorf("%d requests reached the first connection, want 2", n)
+	}
+	if got := conns.Load(); got != 2 {
+		t.Errorf("the server accepted %d connections, want 2", got)
+	}
+	for _, rs := range byConn {
+		for _, release := range rs {
+			close(release)
+		}
+	}
+}
