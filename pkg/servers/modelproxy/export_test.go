@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -113,3 +114,26 @@ func SpliceChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprob
 func RewriteChatReplyMaps(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
 	return rewriteChatReplyMaps(body, tf, withTokens, keepLogprobs)
 }
+
+// ConvertResponses is the chat request a Responses body becomes before its
+// digest: decoded, converted, with the extras and token parameters.
+func ConvertResponses(tb testing.TB, s *Server, body []byte) *openai.ChatRequest {
+	tb.Helper()
+	req, err := decodeResponsesRequest(body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	chat, err := openai.ResponsesToChat(req, s.cfg.Upstream.Model)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.applyExtras(req, chat); err != nil {
+		tb.Fatal(err)
+	}
+	s.setTokenParams(chat, wantsLogprobs(req))
+	return chat
+}
+
+func DigestChat(c *openai.ChatRequest) (string, error) { return digestChat(c) }
+
+func DigestRequest(messages, tools []byte) (string, error) { return digestRequest(messages, tools) }
