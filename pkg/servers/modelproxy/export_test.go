@@ -134,6 +134,19 @@ func ConvertResponses(tb testing.TB, s *Server, body []byte) *openai.ChatRequest
 	return chat
 }
 
-func DigestChat(c *openai.ChatRequest) (string, error) { return digestChat(c) }
+// EncodeAndDigest is what a server does with a converted request before
+// it calls the upstream: encode it, and take the request digest.
+func EncodeAndDigest(s *Server, c *openai.ChatRequest) ([]byte, string, error) {
+	digest, err := s.digests.chat(c)
+	if err != nil {
+		return nil, "", err
+	}
+	up, err := marshalUpstream(c)
+	return up, digest, err
+}
 
-func DigestRequest(messages, tools []byte) (string, error) { return digestRequest(messages, tools) }
+// DigestRequest is a server's request digest of a request's messages and
+// tools.
+func DigestRequest(s *Server, messages, tools []byte) (string, error) {
+	return s.digests.request(messages, tools)
+}

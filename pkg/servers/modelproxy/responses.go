@@ -164,7 +164,7 @@ func (s *Server) serveResponses(task *park.Task, w http.ResponseWriter, r *http.
 	s.setTokenParams(chat, wantsLogprobs(req))
 	var digest string
 	if t.captureKey != "" {
-		if digest, err = digestChat(chat); err != nil {
+		if digest, err = s.digests.chat(chat); err != nil {
 			fail(apierror.Wrap(apierror.Internal, err))
 			return
 		}
@@ -238,20 +238,6 @@ func (s *Server) applyExtras(req *openai.ResponsesRequest, chat *openai.ChatRequ
 	}
 	chat.ExtraBody = extra
 	return nil
-}
-
-func digestChat(c *openai.ChatRequest) (string, error) {
-	m, err := codec.Marshal(c.Messages)
-	if err != nil {
-		return "", err
-	}
-	var tools []byte
-	if len(c.Tools) > 0 {
-		if tools, err = codec.Marshal(c.Tools); err != nil {
-			return "", err
-		}
-	}
-	return digestRequest(m, tools)
 }
 
 // applyTokens puts usable token fields on choices[0].message (where

@@ -88,10 +88,15 @@ func postResponses(tb testing.TB, h http.Handler, key string, body []byte) []byt
 // weatherSecondCall is the second Responses call of a bench-scale weather
 // rollout, as the agent sends it: the row's input and tools, the first
 // call's output (a function call with its token ids and log-probs) and the
-// tool's output. It makes the first call through srv.
-func weatherSecondCall(tb testing.TB, srv *modelproxy.Server) []byte {
+// tool's output, and the row's metadata if not nil. It makes the first
+// call through srv.
+func weatherSecondCall(tb testing.TB, srv *modelproxy.Server, metadata map[string]string) []byte {
 	tb.Helper()
-	first, err := codec.Marshal(map[string]any{"input": scaleWeatherInput("City4242"), "tools": []any{scaleWeatherTool}})
+	params := map[string]any{"input": scaleWeatherInput("City4242"), "tools": []any{scaleWeatherTool}}
+	if metadata != nil {
+		params["metadata"] = metadata
+	}
+	first, err := codec.Marshal(params)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -120,7 +125,8 @@ func weatherSecondCall(tb testing.TB, srv *modelproxy.Server) []byte {
 		tb.Fatalf("the first call made no function call: %s", resp.Output)
 	}
 	input = append(input, map[string]any{"type": "function_call_output", "call_id": callID, "output": `{"city": "City4242", "temperature_c": 21, "conditions": "sunny"}`})
-	second, err := codec.Marshal(map[string]any{"input": input, "tools": []any{scaleWeatherTool}})
+	params["input"] = input
+	second, err := codec.Marshal(params)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -154,10 +160,20 @@ func newCannedModelServer(tb testing.TB) (*modelproxy.Server, *cannedWorker) {
 // bench-scale weather rollout (decode, conversion, request digest,
 // upstream encode, reply conversion, ledger row), each under a new
 // capture key; the upstream answers at once with a recorded reply. It
-// reports the process's CPU time per call beside the time per call.
+// reports the process's CPU time per call beside the time per call. The
+// rollout's row carries no metadata, or an extra_body for the upstream
+// (as NeMo RL's rows carry a seed), which the server merges into the
+// upstream request.
 func BenchmarkResponsesCall(b *testing.B) {
+	b.Run("plain", func(b *testing.B) { benchResponsesCall(b, nil) })
+	b.Run("extra_body", func(b *testing.B) {
+		benchResponsesCall(b, map[string]string{"extra_body": `{"seed": 42, "top_k": 20}`})
+	})
+}
+
+func benchResponsesCall(b *testing.B, metadata map[string]string) {
 	srv, canned := newCannedModelServer(b)
-	body := weatherSecondCall(b, srv)
+	body := weatherSecondCall(b, srv, metadata)
 	h := srv.Handler()
 	postResponses(b, h, "warm", body)
 	misses := canned.misses
@@ -177,13 +193,13 @@ func BenchmarkResponsesCall(b *testing.B) {
 	}
 }
 
-// BenchmarkDigest measures the request digest of that second call alone:
-// digestChat over the converted request (Responses), and digestRequest
-// over the chat request's messages and tools as a client sends them (Chat
-// Completions).
+// BenchmarkDigest measures the request digest of that second call: with
+// the encoding of the converted request for the upstream (responses), and
+// alone over the messages and tools as encoded (request, what a Chat
+// Completions call takes).
 func BenchmarkDigest(b *testing.B) {
 	srv, _ := newCannedModelServer(b)
-	body := weatherSecondCall(b, srv)
+	body := weatherSecondCall(b, srv, nil)
 	chat := modelproxy.ConvertResponses(b, srv, body)
 	messages, err := codec.Marshal(chat.Messages)
 	if err != nil {
@@ -196,11 +212,10 @@ func BenchmarkDigest(b *testing.B) {
 	if !strings.Contains(string(messages), "generation_log_probs") {
 		b.Fatalf("the converted history carries no token fields: %s", messages)
 	}
-	b.Run("chat", func(b *testing.B) {
+	b.Run("responses", func(b *testing.B) {
 		b.ReportAllocs()
-		b.SetBytes(int64(len(messages) + len(tools)))
 		for b.Loop() {
-			if _, err := modelproxy.DigestChat(chat); err != nil {
+			if _, _, err := modelproxy.EncodeAndDigest(srv, chat); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -209,7 +224,7 @@ func BenchmarkDigest(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(messages) + len(tools)))
 		for b.Loop() {
-			if _, err := modelproxy.DigestRequest(messages, tools); err != nil {
+			if _, err := modelproxy.DigestRequest(srv, messages, tools); err != nil {
 				b.Fatal(err)
 			}
 		}
