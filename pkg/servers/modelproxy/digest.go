@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
-	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
 
 // The request digest is sha256 over the canonical JSON of the upstream
@@ -70,21 +69,6 @@ func (d *requestDigests) request(messages, tools []byte) (string, error) {
 		return digest, nil
 	}
 	return digestDecoded(messages, tools)
-}
-
-// chat digests a converted request's messages and tools, encoded.
-func (d *requestDigests) chat(c *openai.ChatRequest) (string, error) {
-	m, err := codec.Marshal(c.Messages)
-	if err != nil {
-		return "", err
-	}
-	var tools []byte
-	if len(c.Tools) > 0 {
-		if tools, err = codec.Marshal(c.Tools); err != nil {
-			return "", err
-		}
-	}
-	return d.request(m, tools)
 }
 
 // digest is the request digest written by the canonicalizer; ok is false

@@ -137,11 +137,11 @@ func ConvertResponses(tb testing.TB, s *Server, body []byte) *openai.ChatRequest
 // EncodeAndDigest is what a server does with a converted request before
 // it calls the upstream: encode it, and take the request digest.
 func EncodeAndDigest(s *Server, c *openai.ChatRequest) ([]byte, string, error) {
-	digest, err := s.digests.chat(c)
+	up, messages, tools, err := encodeUpstream(c)
 	if err != nil {
 		return nil, "", err
 	}
-	up, err := marshalUpstream(c)
+	digest, err := s.digests.request(messages, tools)
 	return up, digest, err
 }
 
