@@ -41,9 +41,50 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 	if !codec.Valid(body) {
 		return nil, apierror.New(apierror.InvalidRequest, "request body is not valid JSON")
 	}
+	if err := checkResponsesFields(body); err != nil {
+		return nil, err
+	}
+	var req openai.ResponsesRequest
+	if err := codec.Unmarshal(body, &req); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
+	}
+	if err := unsupported(&req); err != nil {
+		return nil, err
+	}
+	return &req, nil
+}
+
+// checkResponsesFields refuses a valid JSON body that is not an object, has
+// a field knownResponsesField does not know, or no input (absent or null).
+// The fields are read where they are (objectMembers), not decoded into a
+// map for their names alone; a body whose names objectMembers cannot read
+// as they decode, or that it would refuse, goes to
+// checkResponsesFieldsDecoded, and is refused as it always was.
+// FuzzCheckResponsesFields checks the two against each other.
+func checkResponsesFields(body []byte) error {
+	var found [24]objectMember
+	if members, ok := objectMembers(body, found[:0]); ok {
+		known := true
+		var input []byte // the last, as a map keeps it
+		for _, m := range members {
+			known = known && knownResponsesField(string(m.name))
+			if string(m.name) == "input" {
+				input = m.value
+			}
+		}
+		if known && input != nil && string(input) != "null" {
+			return nil
+		}
+	}
+	return checkResponsesFieldsDecoded(body)
+}
+
+// checkResponsesFieldsDecoded is checkResponsesFields with the body
+// decoded into a map.
+func checkResponsesFieldsDecoded(body []byte) error {
 	var top map[string]codec.RawMessage
 	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
-		return nil, apierror.New(apierror.InvalidRequest, "request body must be a JSON object")
+		return apierror.New(apierror.InvalidRequest, "request body must be a JSON object")
 	}
 	var unknown []string
 	for k := range top {
@@ -57,19 +98,12 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 		// as it does for every other refused parameter.
 		e := apierror.New(apierror.InvalidRequest, "unknown request fields: %s", strings.Join(unknown, ", ")).WithStatus(http.StatusUnprocessableEntity)
 		e.Param = unknown[0]
-		return nil, e
+		return e
 	}
 	if in, ok := top["input"]; !ok || string(bytes.TrimSpace(in)) == "null" {
-		return nil, apierror.New(apierror.InvalidRequest, "input is required").WithStatus(http.StatusUnprocessableEntity)
+		return apierror.New(apierror.InvalidRequest, "input is required").WithStatus(http.StatusUnprocessableEntity)
 	}
-	var req openai.ResponsesRequest
-	if err := codec.Unmarshal(body, &req); err != nil {
-		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
-	}
-	if err := unsupported(&req); err != nil {
-		return nil, err
-	}
-	return &req, nil
+	return nil
 }
 
 // IncludeLogprobs is the one include entry the server implements: the

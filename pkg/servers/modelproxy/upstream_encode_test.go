@@ -2,9 +2,11 @@ package modelproxy
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"testing"
 
+	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 )
@@ -125,6 +127,34 @@ func TestObjectMembers(t *testing.T) {
 			t.Errorf("%q: %q, want %q", tc.obj, got, tc.want)
 		}
 	}
+}
+
+// FuzzCheckResponsesFields: for any valid JSON body, checkResponsesFields
+// refuses what checkResponsesFieldsDecoded refuses, with the same error.
+func FuzzCheckResponsesFields(f *testing.F) {
+	for _, s := range []string{
+		secondWeatherCall, `{"input":"hi"}`, ` { "input" : [ ] , "model" : "m" } `, `{"input":null}`, `{"input":"x","input":null}`,
+		`{"input":null,"input":"x"}`, `{"model":"m"}`, `{"input":"x","bogus":1,"other":2}`, `{"\u0069nput":"x"}`, `{"INPUT":"x"}`,
+		`[]`, `null`, `"x"`, `{}`, `{"input":"x","metadata":{"bogus":1}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !codec.Valid(body) {
+			return
+		}
+		got, want := checkResponsesFields(body), checkResponsesFieldsDecoded(body)
+		if (got == nil) != (want == nil) {
+			t.Fatalf("%q: %v, decoded %v", body, got, want)
+		}
+		if got == nil {
+			return
+		}
+		var g, w *apierror.Error
+		if !errors.As(got, &g) || !errors.As(want, &w) || *g != *w {
+			t.Fatalf("%q: %#v, decoded %#v", body, got, want)
+		}
+	})
 }
 
 // FuzzEncodeUpstream: for any Responses request the conversion accepts
