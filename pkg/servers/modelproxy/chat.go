@@ -3,9 +3,6 @@ package modelproxy
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -322,50 +319,6 @@ func encodeObject(f map[string]codec.RawMessage) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// requestDigest is sha256 over the canonical JSON (encoding/json, sorted
-// keys, numbers as written) of the upstream request's messages and tools.
-// The same conversation sent again, through either API, after a restore
-// digests the same.
-func requestDigest(messages, tools []byte) (string, error) {
-	return digestRequest(messages, tools)
-}
-
-func digestRequest(messages, tools []byte) (string, error) {
-	m, err := canonical(messages)
-	if err != nil {
-		return "", err
-	}
-	t, err := canonical(tools)
-	if err != nil {
-		return "", err
-	}
-	if arr, ok := t.([]any); ok && len(arr) == 0 {
-		t = nil // no tools, however spelled
-	}
-	b, err := codec.MarshalStable(struct {
-		Messages any `json:"messages"`
-		Tools    any `json:"tools"`
-	}{m, t})
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:]), nil
-}
-
-func canonical(raw []byte) (any, error) {
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return nil, nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	return v, nil
-}
-
 // handleChat serves POST /v1/chat/completions as a pass-through. A
 // non-streaming call waits parked (pkg/infra/park) for its upstream: a
 // call in flight holds no goroutine.
@@ -399,7 +352,7 @@ func (s *Server) serveChat(task *park.Task, w http.ResponseWriter, r *http.Reque
 	}
 	var digest string
 	if t.captureKey != "" {
-		if digest, err = requestDigest(f["messages"], f["tools"]); err != nil {
+		if digest, err = s.digests.request(f["messages"], f["tools"]); err != nil {
 			fail(apierror.New(apierror.InvalidRequest, "messages: %v", err))
 			return
 		}

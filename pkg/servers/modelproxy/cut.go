@@ -236,7 +236,7 @@ func constrainedFormat(raw []byte) bool {
 	return !slices.Equal(keys, []string{"type"}) || strings.TrimSpace(string(f["type"])) != `"text"`
 }
 
-// validRequestDigest: a sha256 in hex, as requestDigest makes.
+// validRequestDigest: a sha256 in hex, as a request digest (digest.go) is.
 func validRequestDigest(d string) bool {
 	if len(d) != 64 {
 		return false

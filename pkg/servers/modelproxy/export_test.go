@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -112,4 +113,40 @@ func SpliceChatReply(body []byte, tf openai.TokenFields, withTokens, keepLogprob
 
 func RewriteChatReplyMaps(body []byte, tf openai.TokenFields, withTokens, keepLogprobs bool) ([]byte, error) {
 	return rewriteChatReplyMaps(body, tf, withTokens, keepLogprobs)
+}
+
+// ConvertResponses is the chat request a Responses body becomes before its
+// digest: decoded, converted, with the extras and token parameters.
+func ConvertResponses(tb testing.TB, s *Server, body []byte) *openai.ChatRequest {
+	tb.Helper()
+	req, err := decodeResponsesRequest(body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	chat, err := openai.ResponsesToChat(req, s.cfg.Upstream.Model)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.applyExtras(req, chat); err != nil {
+		tb.Fatal(err)
+	}
+	s.setTokenParams(chat, wantsLogprobs(req))
+	return chat
+}
+
+// EncodeAndDigest is what a server does with a converted request before
+// it calls the upstream: encode it, and take the request digest.
+func EncodeAndDigest(s *Server, c *openai.ChatRequest) ([]byte, string, error) {
+	up, messages, tools, err := encodeUpstream(c)
+	if err != nil {
+		return nil, "", err
+	}
+	digest, err := s.digests.request(messages, tools)
+	return up, digest, err
+}
+
+// DigestRequest is a server's request digest of a request's messages and
+// tools.
+func DigestRequest(s *Server, messages, tools []byte) (string, error) {
+	return s.digests.request(messages, tools)
 }

@@ -41,9 +41,50 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 	if !codec.Valid(body) {
 		return nil, apierror.New(apierror.InvalidRequest, "request body is not valid JSON")
 	}
+	if err := checkResponsesFields(body); err != nil {
+		return nil, err
+	}
+	var req openai.ResponsesRequest
+	if err := codec.Unmarshal(body, &req); err != nil {
+		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
+	}
+	if err := unsupported(&req); err != nil {
+		return nil, err
+	}
+	return &req, nil
+}
+
+// checkResponsesFields refuses a valid JSON body that is not an object, has
+// a field knownResponsesField does not know, or no input (absent or null).
+// The fields are read where they are (objectMembers), not decoded into a
+// map for their names alone; a body whose names objectMembers cannot read
+// as they decode, or that it would refuse, goes to
+// checkResponsesFieldsDecoded, and is refused as it always was.
+// FuzzCheckResponsesFields checks the two against each other.
+func checkResponsesFields(body []byte) error {
+	var found [24]objectMember
+	if members, ok := objectMembers(body, found[:0]); ok {
+		known := true
+		var input []byte // the last, as a map keeps it
+		for _, m := range members {
+			known = known && knownResponsesField(string(m.name))
+			if string(m.name) == "input" {
+				input = m.value
+			}
+		}
+		if known && input != nil && string(input) != "null" {
+			return nil
+		}
+	}
+	return checkResponsesFieldsDecoded(body)
+}
+
+// checkResponsesFieldsDecoded is checkResponsesFields with the body
+// decoded into a map.
+func checkResponsesFieldsDecoded(body []byte) error {
 	var top map[string]codec.RawMessage
 	if err := codec.Unmarshal(body, &top); err != nil || top == nil {
-		return nil, apierror.New(apierror.InvalidRequest, "request body must be a JSON object")
+		return apierror.New(apierror.InvalidRequest, "request body must be a JSON object")
 	}
 	var unknown []string
 	for k := range top {
@@ -57,19 +98,12 @@ func decodeResponsesRequest(body []byte) (*openai.ResponsesRequest, error) {
 		// as it does for every other refused parameter.
 		e := apierror.New(apierror.InvalidRequest, "unknown request fields: %s", strings.Join(unknown, ", ")).WithStatus(http.StatusUnprocessableEntity)
 		e.Param = unknown[0]
-		return nil, e
+		return e
 	}
 	if in, ok := top["input"]; !ok || string(bytes.TrimSpace(in)) == "null" {
-		return nil, apierror.New(apierror.InvalidRequest, "input is required").WithStatus(http.StatusUnprocessableEntity)
+		return apierror.New(apierror.InvalidRequest, "input is required").WithStatus(http.StatusUnprocessableEntity)
 	}
-	var req openai.ResponsesRequest
-	if err := codec.Unmarshal(body, &req); err != nil {
-		return nil, apierror.New(apierror.InvalidRequest, "%s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
-	}
-	if err := unsupported(&req); err != nil {
-		return nil, err
-	}
-	return &req, nil
+	return nil
 }
 
 // IncludeLogprobs is the one include entry the server implements: the
@@ -162,28 +196,30 @@ func (s *Server) serveResponses(task *park.Task, w http.ResponseWriter, r *http.
 		return
 	}
 	s.setTokenParams(chat, wantsLogprobs(req))
+	if req.Streaming() {
+		chat.Stream, chat.StreamOptions = true, &openai.StreamOptions{IncludeUsage: true}
+	}
+	up, messages, tools, err := encodeUpstream(chat)
+	if err != nil {
+		s.finish(task, w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
+		return
+	}
 	var digest string
 	if t.captureKey != "" {
-		if digest, err = digestChat(chat); err != nil {
+		if digest, err = s.digests.request(messages, tools); err != nil {
 			fail(apierror.Wrap(apierror.Internal, err))
 			return
 		}
 	}
 	s.hooks.describeResponses(t, digest, req, chat)
 	if req.Streaming() {
-		s.streamResponses(task, w, r, t, req, chat, digest)
+		s.streamResponses(task, w, r, t, req, up, digest)
 		return
 	}
-	// The input is in chat now, which is encoded for the upstream before the
-	// call; the reply echoes only the request's parameters. Dropped, the
-	// input's items and token ids are not kept while the call is held.
+	// The input is in up now; the reply echoes only the request's
+	// parameters. Dropped, the input's items and token ids are not kept
+	// while the call is held.
 	req.Input = openai.Input{}
-	chat.Stream = false
-	up, err := marshalUpstream(chat)
-	if err != nil {
-		s.finish(task, w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
-		return
-	}
 	s.completeUpstream(task, r.Context(), t, up, func(b []byte, err error) {
 		s.finish(task, w, r, t, s.responsesReply(r.Context(), req, up, b, err, digest))
 	})
@@ -240,20 +276,6 @@ func (s *Server) applyExtras(req *openai.ResponsesRequest, chat *openai.ChatRequ
 	return nil
 }
 
-func digestChat(c *openai.ChatRequest) (string, error) {
-	m, err := codec.Marshal(c.Messages)
-	if err != nil {
-		return "", err
-	}
-	var tools []byte
-	if len(c.Tools) > 0 {
-		if tools, err = codec.Marshal(c.Tools); err != nil {
-			return "", err
-		}
-	}
-	return digestRequest(m, tools)
-}
-
 // applyTokens puts usable token fields on choices[0].message (where
 // ChatToResponse takes them from) and clears anything partial there. The
 // routing a vLLM returns on the choice (routed_experts) joins them, so it
@@ -272,18 +294,147 @@ func (s *Server) applyTokens(c *openai.ChatCompletion, tf openai.TokenFields, er
 	}
 }
 
-// marshalUpstream encodes the request the upstream is sent.
-func marshalUpstream(chat *openai.ChatRequest) ([]byte, error) {
+// encodeUpstream encodes the request the upstream is sent, and returns,
+// in it, the messages and tools the request digest is taken over (tools
+// nil when there are none). The extra body's fields the request does not
+// have join it, all the fields then sorted by name.
+//
+// The request is encoded once: its members are found in the encoding
+// (objectMembers), rather than decoded again to merge the extra
+// body, and the digest is taken over them rather than over the messages
+// and tools encoded once more. encodeUpstreamDecoded does it the long way
+// if the encoding is not in that form, and TestEncodeUpstream and
+// FuzzEncodeUpstream check that the two agree.
+func encodeUpstream(chat *openai.ChatRequest) (up, messages, tools []byte, err error) {
 	b, err := codec.Marshal(chat)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var found [32]objectMember
+	members, ok := objectMembers(b, found[:0])
+	if !ok {
+		return encodeUpstreamDecoded(chat)
+	}
+	for _, m := range members {
+		switch string(m.name) {
+		case "messages":
+			messages = m.value
+		case "tools":
+			tools = m.value
+		}
+	}
+	if len(chat.ExtraBody) == 0 {
+		return b, messages, tools, nil
+	}
+	if up, ok = withExtraBody(members, chat.ExtraBody); !ok {
+		return encodeUpstreamDecoded(chat)
+	}
+	return up, messages, tools, nil
+}
+
+// encodeUpstreamDecoded is encodeUpstream the long way: the request
+// decoded again to merge the extra body, the messages and tools encoded
+// again for the digest.
+func encodeUpstreamDecoded(chat *openai.ChatRequest) (up, messages, tools []byte, err error) {
+	if messages, err = codec.Marshal(chat.Messages); err != nil {
+		return nil, nil, nil, err
+	}
+	if len(chat.Tools) > 0 {
+		if tools, err = codec.Marshal(chat.Tools); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	up, err = codec.Marshal(chat)
 	if err != nil || len(chat.ExtraBody) == 0 {
-		return b, err
+		return up, messages, tools, err
 	}
 	var f map[string]codec.RawMessage
-	if err := codec.Unmarshal(b, &f); err != nil {
-		return nil, err
+	if err := codec.Unmarshal(up, &f); err != nil {
+		return nil, nil, nil, err
 	}
 	underBody(f, chat.ExtraBody)
-	return encodeObject(f)
+	if up, err = encodeObject(f); err != nil {
+		return nil, nil, nil, err
+	}
+	return up, messages, tools, nil
+}
+
+// objectMember is a member of an object, in the object's bytes.
+type objectMember struct {
+	name, value []byte
+}
+
+// objectMembers appends the members of obj, one valid JSON value, to
+// members, if it is an object whose names have no escapes and are valid
+// UTF-8: each name is then its bytes between the quotes, and each value as
+// codec.CutValue reads it. ok is false if obj is not such an object.
+func objectMembers(obj []byte, members []objectMember) (_ []objectMember, ok bool) {
+	rest := codec.SkipSpace(obj)
+	if len(rest) == 0 || rest[0] != '{' {
+		return nil, false
+	}
+	if rest = codec.SkipSpace(rest[1:]); len(rest) > 0 && rest[0] == '}' {
+		return members, len(codec.SkipSpace(rest[1:])) == 0
+	}
+	for {
+		var m objectMember
+		if m.name, rest, ok = codec.CutString(rest); !ok {
+			return nil, false
+		}
+		if rest = codec.SkipSpace(rest); len(rest) == 0 || rest[0] != ':' {
+			return nil, false
+		}
+		if m.value, rest, ok = codec.CutValue(rest[1:]); !ok {
+			return nil, false
+		}
+		members = append(members, m)
+		if rest = codec.SkipSpace(rest); len(rest) == 0 {
+			return nil, false
+		}
+		switch rest[0] {
+		case '}':
+			return members, len(codec.SkipSpace(rest[1:])) == 0
+		case ',':
+			rest = codec.SkipSpace(rest[1:])
+		default:
+			return nil, false
+		}
+	}
+}
+
+// withExtraBody writes members and the fields of extra they do not have as
+// one object, the fields sorted by name: what encodeObject writes for
+// them. ok is false if two members have the same name.
+func withExtraBody(members []objectMember, extra map[string]codec.RawMessage) (_ []byte, ok bool) {
+	fields := members
+	size := 2
+	for _, m := range members {
+		size += len(m.name) + len(m.value) + 4
+	}
+	for k, v := range extra {
+		if !slices.ContainsFunc(members, func(m objectMember) bool { return string(m.name) == k }) {
+			fields = append(fields, objectMember{name: []byte(k), value: v})
+			size += 2*len(k) + len(v) + 8
+		}
+	}
+	slices.SortFunc(fields, func(a, b objectMember) int { return bytes.Compare(a.name, b.name) })
+	out := make([]byte, 0, size)
+	out = append(out, '{')
+	for i, f := range fields {
+		if i > 0 {
+			if bytes.Equal(f.name, fields[i-1].name) {
+				return nil, false
+			}
+			out = append(out, ',')
+		}
+		out = append(codec.AppendString(out, string(f.name)), ':')
+		if len(f.value) == 0 {
+			out = append(out, "null"...)
+		} else {
+			out = append(out, f.value...)
+		}
+	}
+	return append(out, '}'), true
 }
 
 // responsesReply turns the upstream's reply (or error) into the Responses
@@ -327,15 +478,8 @@ func (s *Server) responsesReply(ctx context.Context, req *openai.ResponsesReques
 // streamResponses streams a Responses call: upstream chunks become
 // Responses events as they arrive; the ledger row is staged before the
 // closing events and response.completed.
-func (s *Server) streamResponses(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket, req *openai.ResponsesRequest, chat *openai.ChatRequest, digest string) {
+func (s *Server) streamResponses(task *park.Task, w http.ResponseWriter, r *http.Request, t *ticket, req *openai.ResponsesRequest, up []byte, digest string) {
 	ctx := r.Context()
-	chat.Stream = true
-	chat.StreamOptions = &openai.StreamOptions{IncludeUsage: true}
-	up, err := marshalUpstream(chat)
-	if err != nil {
-		s.finish(task, w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
-		return
-	}
 	rs := newResponseStream(s, t, r, w, req)
 	ctx, span := s.inferenceSpan(ctx, t, true)
 	defer span.End()

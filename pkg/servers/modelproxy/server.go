@@ -93,6 +93,9 @@ type Server struct {
 	// droppedKwargs logs once that chat requests' own
 	// chat_template_kwargs are dropped.
 	droppedKwargs sync.Once
+
+	// digests computes the request digest of captured calls (digest.go).
+	digests requestDigests
 }
 
 // New opens the capture ledger and builds the server; call Listen and Serve.

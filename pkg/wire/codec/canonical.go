@@ -29,9 +29,18 @@ const maxNesting = 10000
 // and names; the second writes the nodes with each object's members in
 // sorted order. Both passes are linear, however deeply objects nest.
 //
+// UseNumber and RefuseReplacement make it write instead what a
+// json.Decoder with UseNumber decodes and MarshalStable writes, for the
+// strings it writes exactly.
+//
 // The zero value is ready to use. A Canonicalizer keeps its buffers from
 // one Append to the next; it is not safe for concurrent use.
 type Canonicalizer struct {
+	// numbersAsWritten: UseNumber.
+	numbersAsWritten bool
+	// refuseReplacement: RefuseReplacement.
+	refuseReplacement bool
+
 	in    []byte
 	pos   int
 	nodes []canonicalNode
@@ -74,6 +83,23 @@ type canonicalNode struct {
 // to allocate the nodes at once: a weather row's responses_create_params
 // has a node every 12.6 bytes.
 const bytesPerNode = 12
+
+// UseNumber makes c write each number as the input writes it, as
+// MarshalStable writes the Number a json.Decoder with UseNumber decodes it
+// to: the number's syntax is checked, its value is not, so a number beyond
+// a float64's range is written too.
+func (c *Canonicalizer) UseNumber() { c.numbersAsWritten = true }
+
+// ErrReplacement is how Append refuses, after RefuseReplacement, a string
+// that decoding would change to U+FFFD.
+var ErrReplacement = errors.New("json: string with invalid UTF-8 or a lone surrogate escape")
+
+// RefuseReplacement makes Append refuse with ErrReplacement a value with
+// a string (or a member name) that decoding changes to U+FFFD in places:
+// invalid UTF-8, or a surrogate escape that is not half of a pair. A caller
+// that must write what another decoder writes need not then rely on the
+// two replacing alike.
+func (c *Canonicalizer) RefuseReplacement() { c.refuseReplacement = true }
 
 // Append appends the canonical form of the JSON value raw to dst. On an
 // error, dst is returned as it was.
@@ -262,9 +288,9 @@ func (c *Canonicalizer) parseNumber() error {
 	default:
 		return c.syntaxError("in numeric literal")
 	}
-	integer := c.pos-digits <= maxExactDigits
+	integer := c.numbersAsWritten || c.pos-digits <= maxExactDigits
 	if c.pos < len(c.in) && c.in[c.pos] == '.' {
-		integer = false
+		integer = c.numbersAsWritten
 		c.pos++
 		if c.pos == len(c.in) || !isDecimalDigit(c.in[c.pos]) {
 			return c.syntaxError("after decimal point in numeric literal")
@@ -272,7 +298,7 @@ func (c *Canonicalizer) parseNumber() error {
 		c.skipDigits()
 	}
 	if c.pos < len(c.in) && (c.in[c.pos] == 'e' || c.in[c.pos] == 'E') {
-		integer = false
+		integer = c.numbersAsWritten
 		c.pos++
 		if c.pos < len(c.in) && (c.in[c.pos] == '+' || c.in[c.pos] == '-') {
 			c.pos++
@@ -282,6 +308,8 @@ func (c *Canonicalizer) parseNumber() error {
 		}
 		c.skipDigits()
 	}
+	// integer: written as it is read, a float64 exactly or, with
+	// UseNumber, any number.
 	if integer {
 		c.nodes = append(c.nodes, canonicalNode{kind: leafNode, inInput: true, from: start, to: c.pos})
 		return nil
@@ -361,7 +389,12 @@ func (c *Canonicalizer) parseString(kind canonicalKind) (canonicalNode, error) {
 	// most often as long.
 	c.text = slices.Grow(c.text, 2*len(raw)+len(`""`))
 	decoded := len(c.text)
-	c.text = appendUnquoted(c.text, raw)
+	var replaced bool
+	c.text, replaced = appendUnquoted(c.text, raw)
+	if replaced && c.refuseReplacement {
+		c.pos = start - 1
+		return canonicalNode{}, ErrReplacement
+	}
 	from := len(c.text)
 	c.text = AppendString(c.text, string(c.text[decoded:from]))
 	return canonicalNode{kind: kind, from: from, to: len(c.text), end: decoded}, nil
@@ -415,8 +448,9 @@ func writtenAsIs(s []byte) bool {
 
 // appendUnquoted appends the decoded bytes of s, the valid contents of a
 // JSON string, as Unmarshal decodes them: a surrogate escape that is not
-// half of a pair, and every byte of invalid UTF-8, is U+FFFD.
-func appendUnquoted(dst, s []byte) []byte {
+// half of a pair, and every byte of invalid UTF-8, is U+FFFD. replaced
+// reports that one was.
+func appendUnquoted(dst, s []byte) (_ []byte, replaced bool) {
 	for i := 0; i < len(s); {
 		b := s[i]
 		switch {
@@ -431,6 +465,7 @@ func appendUnquoted(dst, s []byte) []byte {
 					}
 				}
 				// A lone surrogate is written as utf8.RuneError.
+				replaced = replaced || utf16.IsSurrogate(r)
 				dst = utf8.AppendRune(dst, r)
 				continue
 			}
@@ -441,11 +476,12 @@ func appendUnquoted(dst, s []byte) []byte {
 			i++
 		default:
 			r, size := utf8.DecodeRune(s[i:])
+			replaced = replaced || r == utf8.RuneError && size == 1
 			dst = utf8.AppendRune(dst, r)
 			i += size
 		}
 	}
-	return dst
+	return dst, replaced
 }
 
 // unescaped returns the byte the escape \b stands for (not \u).

@@ -2,8 +2,12 @@ package codec_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -91,4 +95,64 @@ func TestCanonicalizer_Nesting(t *testing.T) {
 			t.Fatalf("%s nested %d deep: written otherwise than MarshalStable writes it", tc.open, tc.depth)
 		}
 	}
+}
+
+// numberCanonical is what a Canonicalizer with UseNumber must write for
+// raw: the one value a json.Decoder with UseNumber decodes from it (and
+// nothing after it but white space), encoded by MarshalStable.
+func numberCanonical(raw []byte) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, codec.ErrTrailingData
+	}
+	return codec.MarshalStable(v)
+}
+
+// FuzzCanonicalizerUseNumber: with UseNumber and RefuseReplacement, a
+// Canonicalizer writes what a json.Decoder with UseNumber decodes and
+// MarshalStable writes, refuses what they refuse, and refuses with
+// ErrReplacement only a value with invalid UTF-8 or a surrogate escape.
+func FuzzCanonicalizerUseNumber(f *testing.F) {
+	for _, seed := range []string{
+		`{"b":{"d":1,"c":[{"z":1,"y":2}]},"a":0,"a":{"x":[]}}`,
+		`{"a":1,"\u0061":2,"é":3,"\u00e9":4,"<":5,";":6}`,
+		"{\"\xff\":1,\"\xfe\":2}",
+		`"\ud83d\ude00 \ud800 \udc00 \ud800\u0041 \u0000 \/ \" \b\f\n\r\t <&> \u2028"`,
+		"\"\xff \xed\xa0\x80 \xe2\x80\xa8 é\"",
+		`[0,-0,1.0,1e21,1E+05,1e-7,123456789012345678,0.1,-1e-400,5e-324,1e400,-0.0]`,
+		`1e400`, `[1,]`, `{"a" 1}`, `01`, `"\u12"`, "\"\x01\"", `tru`, ``, " \t\n{ } ",
+		`true`, `false`, `null`, `[]`, `{}`, `[] []`, `1x`,
+	} {
+		f.Add([]byte(seed))
+	}
+	var c codec.Canonicalizer
+	c.UseNumber()
+	c.RefuseReplacement()
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		want, werr := numberCanonical(raw)
+		got, gerr := c.Append([]byte("prefix:"), raw)
+		if errors.Is(gerr, codec.ErrReplacement) {
+			if utf8.Valid(raw) && !bytes.Contains(bytes.ToLower(raw), []byte(`\ud`)) {
+				t.Fatalf("%q: refused with %v, yet it has neither invalid UTF-8 nor a surrogate escape", raw, gerr)
+			}
+			return
+		}
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("%q: Canonicalizer error %v, Decoder/MarshalStable error %v", raw, gerr, werr)
+		}
+		if gerr != nil {
+			if string(got) != "prefix:" {
+				t.Fatalf("%q: refused, yet dst became %q", raw, got)
+			}
+			return
+		}
+		if !bytes.Equal(got, append([]byte("prefix:"), want...)) {
+			t.Fatalf("%q:\nCanonicalizer %s\nMarshalStable %s", raw, got[len("prefix:"):], want)
+		}
+	})
 }
