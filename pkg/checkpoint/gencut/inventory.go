@@ -312,26 +312,6 @@ func DurablePrefix(p ActivePrefix, key string, tokens int, digest string, output
 	}
 }
 
-// EncodeReceipt is a worker's receipt, as model_dump(mode="json") writes
-// it: every field, null where unset.
-func EncodeReceipt(rc Receipt) ([]byte, error) {
-	if rc.Inventory.ActivePrefixes == nil {
-		rc.Inventory.ActivePrefixes = []ActivePrefix{}
-	}
-	if rc.Prefixes == nil {
-		rc.Prefixes = []PrefixAck{}
-	}
-	for i := range rc.Prefixes {
-		if rc.Prefixes[i].StagingKeys == nil {
-			rc.Prefixes[i].StagingKeys = []string{}
-		}
-		if len(rc.Prefixes[i].TerminalStopReason) == 0 {
-			rc.Prefixes[i].TerminalStopReason = codec.RawMessage("null")
-		}
-	}
-	return codec.Marshal(rc)
-}
-
 // ErrInvalidReceipt reports a receipt that is not an exact, complete
 // answer to its inventory.
 var ErrInvalidReceipt = errors.New("invalid generation-cut receipt")
