@@ -154,8 +154,8 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 }
 
 // appendPyString appends s as Python's json.dumps writes it
-// (ensure_ascii): non-ASCII as \uXXXX escapes, surrogate pairs past the
-// basic plane.
+// (ensure_ascii): what is not printable ASCII (DEL included) as \uXXXX
+// escapes, surrogate pairs past the basic plane.
 func appendPyString(b []byte, s string) []byte {
 	const hexDigits = "0123456789abcdef"
 	u := func(b []byte, r rune) []byte {
@@ -177,10 +177,6 @@ func appendPyString(b []byte, s string) []byte {
 		case r == '\f':
 			b = append(b, `\f`...)
 		case r < 0x20 || (r > 0x7e && r <= 0xffff):
-			if r == 0x7f {
-				b = append(b, byte(r))
-				continue
-			}
 			b = u(b, r)
 		case r > 0xffff:
 			r -= 0x10000

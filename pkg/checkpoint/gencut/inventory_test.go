@@ -32,6 +32,11 @@ func TestBuildInventory(t *testing.T) {
 			{TicketID: "d", RolloutID: "s", Attempt: 3, ModelCallID: "p", AdmittedAt: 123456789012345.67},
 		}, "0c6894ed202fcd4416bc11260f725ed224dacac038ea8fc72ca8c241e3b1d95a"},
 		{"ck-3", "s", nil, "2bee97597dc033237eb1da9fa19b4de27e5a3867e32c2969deb17b899e3c7978"},
+		// Python escapes DEL and control bytes (json.dumps as build calls
+		// it, run on this payload).
+		{"ck-4", "pol\x7fmodel\x00\x1f", []gencut.ActivePrefix{
+			{TicketID: "t\x7f", RolloutID: "r", Attempt: 0, ModelCallID: "a\"b\\c\td\u2028<&>", AdmittedAt: 1796605409.5},
+		}, "b1a380be500ae2c7c76ec413770333768acb1020cb100dd261fc1d1d51994fb3"},
 	} {
 		inv := gencut.BuildInventory(c.id, c.server, c.prefixes)
 		if inv.InventoryDigest != c.digest {
