@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -155,14 +156,28 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 
 // appendPyString appends s as Python's json.dumps writes it
 // (ensure_ascii): what is not printable ASCII (DEL included) as \uXXXX
-// escapes, surrogate pairs past the basic plane.
+// escapes, surrogate pairs past the basic plane. Runs of printable ASCII,
+// all of nearly every id, are copied whole without decoding a rune.
 func appendPyString(b []byte, s string) []byte {
 	const hexDigits = "0123456789abcdef"
 	u := func(b []byte, r rune) []byte {
 		return append(b, '\\', 'u', hexDigits[r>>12&0xf], hexDigits[r>>8&0xf], hexDigits[r>>4&0xf], hexDigits[r&0xf])
 	}
 	b = append(b, '"')
-	for _, r := range s {
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c >= 0x20 && c <= 0x7e && c != '"' && c != '\\' {
+			i++
+			continue
+		}
+		b = append(b, s[start:i]...)
+		r, size := rune(s[i]), 1
+		if r >= utf8.RuneSelf {
+			// Each byte of invalid UTF-8 is written as \ufffd.
+			r, size = utf8.DecodeRuneInString(s[i:])
+		}
+		i += size
+		start = i
 		switch {
 		case r == '"' || r == '\\':
 			b = append(b, '\\', byte(r))
@@ -176,15 +191,14 @@ func appendPyString(b []byte, s string) []byte {
 			b = append(b, `\b`...)
 		case r == '\f':
 			b = append(b, `\f`...)
-		case r < 0x20 || (r > 0x7e && r <= 0xffff):
+		case r <= 0xffff:
 			b = u(b, r)
-		case r > 0xffff:
+		default:
 			r -= 0x10000
 			b = u(u(b, 0xd800+(r>>10)), 0xdc00+(r&0x3ff))
-		default:
-			b = append(b, byte(r))
 		}
 	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }
 
