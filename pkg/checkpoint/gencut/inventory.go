@@ -1,6 +1,7 @@
 package gencut
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -127,7 +128,15 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 		sorted = []ActivePrefix{}
 	}
 	slices.SortFunc(sorted, func(a, b ActivePrefix) int { return strings.Compare(a.TicketID, b.TicketID) })
-	b := make([]byte, 0, 64+len(sorted)*160)
+	// Sized for the JSON when no string needs an escape: a buffer grown
+	// while it is written would be copied over and over.
+	size := 64 + len(checkpointID) + len(serverName)
+	for i := range sorted {
+		p := &sorted[i]
+		size += len(`{"admitted_at":,"attempt":,"model_call_id":"","rollout_id":"","ticket_id":""},`) + maxFloatBytes + maxIntBytes +
+			len(p.ModelCallID) + len(p.RolloutID) + len(p.TicketID)
+	}
+	b := make([]byte, 0, size)
 	b = append(b, `{"active_prefixes":[`...)
 	for i, p := range sorted {
 		if i > 0 {
@@ -205,7 +214,7 @@ func appendPyString(b []byte, s string) []byte {
 // appendPyFloat appends f as Python's float repr writes it: the shortest
 // digits that read back as f, fixed notation from 1e-4 up to 1e16 (".0"
 // on a whole number), exponent notation with at least two exponent digits
-// outside it.
+// outside it. It allocates nothing: an inventory has one per call.
 func appendPyFloat(b []byte, f float64) []byte {
 	switch {
 	case math.IsNaN(f):
@@ -220,13 +229,24 @@ func appendPyFloat(b []byte, f float64) []byte {
 		}
 		return append(b, "0.0"...)
 	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // [-]d[.ddd]e±XX
-	mant, exps, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(exps)
-	neg := strings.HasPrefix(mant, "-")
-	digits := strings.Replace(strings.TrimPrefix(mant, "-"), ".", "", 1)
-	if neg {
-		b = append(b, '-')
+	if f < 0 {
+		b, f = append(b, '-'), -f
+	}
+	// The shortest digits, d[.ddd]e±XX, split into the digits and the
+	// exponent.
+	var buf [32]byte
+	e := strconv.AppendFloat(buf[:0], f, 'e', -1, 64)
+	at := bytes.IndexByte(e, 'e')
+	exp := 0
+	for _, c := range e[at+2:] {
+		exp = exp*10 + int(c-'0')
+	}
+	if e[at+1] == '-' {
+		exp = -exp
+	}
+	digits := e[:at]
+	if len(digits) > 1 {
+		digits = append(digits[:1], digits[2:]...) // drop the point
 	}
 	if exp < -4 || exp >= 16 {
 		b = append(b, digits[0])
@@ -247,17 +267,24 @@ func appendPyFloat(b []byte, f float64) []byte {
 	}
 	if exp < 0 {
 		b = append(b, "0."...)
-		b = append(b, strings.Repeat("0", -exp-1)...)
+		b = appendZeros(b, -exp-1)
 		return append(b, digits...)
 	}
 	if len(digits) <= exp+1 {
 		b = append(b, digits...)
-		b = append(b, strings.Repeat("0", exp+1-len(digits))...)
+		b = appendZeros(b, exp+1-len(digits))
 		return append(b, ".0"...)
 	}
 	b = append(b, digits[:exp+1]...)
 	b = append(b, '.')
 	return append(b, digits[exp+1:]...)
+}
+
+func appendZeros(b []byte, n int) []byte {
+	for range n {
+		b = append(b, '0')
+	}
+	return b
 }
 
 // ParseInventory decodes and validates an inventory (the worker's side),
