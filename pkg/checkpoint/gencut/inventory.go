@@ -359,7 +359,11 @@ var ErrInvalidReceipt = errors.New("invalid generation-cut receipt")
 // (the inventory echoed exactly, its digest, every ticket answered once
 // with the identity it was listed with).
 func DecodeReceiptFor(body []byte, inv Inventory) (*Receipt, error) {
-	rc := Receipt{Prefixes: make([]PrefixAck, 0, min(len(inv.ActivePrefixes), MaxActive))}
+	// Room for the calls listed, in the acks and in the echoed inventory:
+	// decoded into a slice that grows, 100,000 calls are copied at every
+	// step.
+	n := min(len(inv.ActivePrefixes), MaxActive)
+	rc := Receipt{Inventory: Inventory{ActivePrefixes: make([]ActivePrefix, 0, n)}, Prefixes: make([]PrefixAck, 0, n)}
 	if err := codec.UnmarshalStrictFast(body, &rc); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidReceipt, codec.DescribeError(err))
 	}
