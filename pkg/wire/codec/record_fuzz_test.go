@@ -172,5 +172,16 @@ func FuzzUnmarshalStrictFastInventory(f *testing.F) {
 
 func FuzzUnmarshalStrictFastReceipt(f *testing.F) {
 	addSeeds(f, append(gymCutSeeds, append(strictSeeds, edgeSeeds...)...), "")
+	// Values that are not JSON, or barely, where a raw value, a string
+	// and an integer are read.
+	for _, v := range []string{
+		`01`, `1.`, `-`, `.5`, `1e`, `+1`, `"\x"`, `"\u12"`, "\"\t\"", "\"\x7f\"", `[1,]`, `{"a":1,}`, `{"a"}`, `{1:2}`, `tru`,
+		`truex`, "\"\xff\"", `"\ud800"`, `1 2`, `[1 2]`, `{"a":1 "b":2}`, `-01`, `0x10`, `NaN`, `[[]`, `]`, `"a\u0000"`, "1\x00",
+		strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+	} {
+		for _, field := range []string{"terminal_stop_reason", "ticket_id", "attempt"} {
+			f.Add([]byte(`{"prefixes":[{"` + field + `":` + v + `}]}`))
+		}
+	}
 	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[gencut.Receipt](t, data) })
 }
