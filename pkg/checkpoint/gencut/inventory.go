@@ -296,7 +296,11 @@ func appendZeros(b []byte, n int) []byte {
 // with 422, as FastAPI answers a body its model refuses. The digest is not
 // recomputed: the worker echoes the inventory, and the model server checks.
 func ParseInventory(body []byte) (Inventory, error) {
-	var inv Inventory
+	// Room for the prefixes the body names: decoded into a slice that
+	// grows, 100,000 of them are copied at every step. Each names its
+	// ticket once, and only a key can be the string "ticket_id" followed
+	// by a quote (a string's quotes are escaped).
+	inv := Inventory{ActivePrefixes: make([]ActivePrefix, 0, min(bytes.Count(body, []byte(`"ticket_id"`)), MaxActive+1))}
 	invalid := func(format string, args ...any) error {
 		return apierror.New(apierror.InvalidRequest, format, args...).WithStatus(http.StatusUnprocessableEntity)
 	}
@@ -315,7 +319,13 @@ func ParseInventory(body []byte) (Inventory, error) {
 	if inv.ActivePrefixes == nil {
 		inv.ActivePrefixes = []ActivePrefix{}
 	}
-	seen := make(map[string]bool, len(inv.ActivePrefixes))
+	// A ticket listed twice: next to itself in prefixes sorted by ticket
+	// id, as GenerationCutInventory.build sorts them, else found in a set.
+	sorted := slices.IsSortedFunc(inv.ActivePrefixes, func(a, b ActivePrefix) int { return strings.Compare(a.TicketID, b.TicketID) })
+	var seen map[string]bool
+	if !sorted {
+		seen = make(map[string]bool, len(inv.ActivePrefixes))
+	}
 	for i, p := range inv.ActivePrefixes {
 		switch {
 		case p.TicketID == "" || p.ModelCallID == "":
@@ -324,12 +334,14 @@ func ParseInventory(body []byte) (Inventory, error) {
 			return inv, invalid("active_prefixes[%d]: model_call_id must be 1 to 256 visible characters", i)
 		case (rollout.EpisodeID{RolloutID: p.RolloutID, Attempt: p.Attempt}).Validate() != nil:
 			return inv, invalid("active_prefixes[%d]: rollout_id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ and attempt be >= 0", i)
-		case seen[p.TicketID]:
+		case sorted && i > 0 && inv.ActivePrefixes[i-1].TicketID == p.TicketID, !sorted && seen[p.TicketID]:
 			return inv, invalid("active_prefixes[%d]: ticket_id %q is listed twice", i, p.TicketID)
 		case math.IsNaN(p.AdmittedAt) || math.IsInf(p.AdmittedAt, 0):
 			return inv, invalid("active_prefixes[%d]: admitted_at must be a finite number", i)
 		}
-		seen[p.TicketID] = true
+		if !sorted {
+			seen[p.TicketID] = true
+		}
 	}
 	return inv, nil
 }

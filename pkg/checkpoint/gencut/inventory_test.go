@@ -119,12 +119,21 @@ func TestParseInventory(t *testing.T) {
 	if err != nil || got.InventoryDigest != inv.InventoryDigest || len(got.ActivePrefixes) != 2 || got.ActivePrefixes[0] != inv.ActivePrefixes[0] {
 		t.Fatalf("ParseInventory(%s) = %+v, %v", body, got, err)
 	}
+	// Unsorted, and with "ticket_id" in a value: taken as they come.
+	unsorted := strings.Replace(body, `"ticket_id":"t1"`, `"ticket_id":"t3"`, 1)
+	unsorted = strings.Replace(unsorted, `"model_call_id":"m1"`, `"model_call_id":"ticket_id"`, 1)
+	if got, err := gencut.ParseInventory([]byte(unsorted)); err != nil || len(got.ActivePrefixes) != 2 || got.ActivePrefixes[0].TicketID != "t3" ||
+		got.ActivePrefixes[0].ModelCallID != "ticket_id" {
+		t.Fatalf("ParseInventory(%s) = %+v, %v", unsorted, got, err)
+	}
 	for _, bad := range []string{
 		``, `{}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[],"inventory_digest":"x"}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[],"inventory_digest":"` + inv.InventoryDigest + `","active":[]}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[{"ticket_id":"t","rollout_id":"r/x","attempt":0,"model_call_id":"m","admitted_at":1}],"inventory_digest":"` + inv.InventoryDigest + `"}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[{"ticket_id":"t","rollout_id":"r","attempt":0,"model_call_id":"m","admitted_at":1},{"ticket_id":"t","rollout_id":"q","attempt":0,"model_call_id":"n","admitted_at":1}],"inventory_digest":"` + inv.InventoryDigest + `"}`,
+		// The same ticket twice, apart in an unsorted list.
+		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[{"ticket_id":"t","rollout_id":"r","attempt":0,"model_call_id":"m","admitted_at":1},{"ticket_id":"a","rollout_id":"r","attempt":0,"model_call_id":"o","admitted_at":1},{"ticket_id":"t","rollout_id":"q","attempt":0,"model_call_id":"n","admitted_at":1}],"inventory_digest":"` + inv.InventoryDigest + `"}`,
 	} {
 		if _, err := gencut.ParseInventory([]byte(bad)); !apierror.HasCode(err, apierror.InvalidRequest) {
 			t.Errorf("ParseInventory(%s) = %v, want invalid_request", bad, err)
