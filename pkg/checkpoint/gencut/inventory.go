@@ -56,23 +56,21 @@ type Inventory struct {
 	ActivePrefixes  []ActivePrefix `json:"active_prefixes"`
 	InventoryDigest string         `json:"inventory_digest"`
 
-	// canonical is the JSON BuildInventory hashed, kept to send: the
-	// same fields, so Body need not encode them a second time.
-	canonical []byte
+	// body is the request body BuildInventory wrote: the JSON it hashed,
+	// with the digest added in place of its closing brace, so that Body
+	// need not encode or copy the same fields a second time. It is never
+	// written again, so copies of the inventory share it.
+	body []byte
 }
 
 // Body is the inventory's request body: BuildInventory's canonical JSON
 // with the digest added, or, for an inventory made otherwise, its
 // encoding.
 func (inv Inventory) Body() ([]byte, error) {
-	if inv.canonical == nil {
+	if inv.body == nil {
 		return codec.Marshal(inv)
 	}
-	b := make([]byte, 0, len(inv.canonical)+len(inv.InventoryDigest)+24)
-	b = append(b, inv.canonical[:len(inv.canonical)-1]...)
-	b = append(b, `,"inventory_digest":`...)
-	b = appendPyString(b, inv.InventoryDigest)
-	return append(b, '}'), nil
+	return inv.body, nil
 }
 
 // PrefixAck is GenerationCutPrefixAck: a worker's durable outcome for one
@@ -130,7 +128,7 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 	slices.SortFunc(sorted, func(a, b ActivePrefix) int { return strings.Compare(a.TicketID, b.TicketID) })
 	// Sized for the JSON when no string needs an escape: a buffer grown
 	// while it is written would be copied over and over.
-	size := 64 + len(checkpointID) + len(serverName)
+	size := 64 + len(checkpointID) + len(serverName) + len(`,"inventory_digest":""`) + hex.EncodedLen(sha256.Size)
 	for i := range sorted {
 		p := &sorted[i]
 		size += len(`{"admitted_at":,"attempt":,"model_call_id":"","rollout_id":"","ticket_id":""},`) + maxFloatBytes + maxIntBytes +
@@ -160,7 +158,11 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 	b = appendPyString(b, serverName)
 	b = append(b, '}')
 	sum := sha256.Sum256(b)
-	return Inventory{CheckpointID: checkpointID, ServerName: serverName, ActivePrefixes: sorted, InventoryDigest: hex.EncodeToString(sum[:]), canonical: b}
+	digest := hex.EncodeToString(sum[:])
+	b = append(b[:len(b)-1], `,"inventory_digest":`...)
+	b = appendPyString(b, digest)
+	b = append(b, '}')
+	return Inventory{CheckpointID: checkpointID, ServerName: serverName, ActivePrefixes: sorted, InventoryDigest: digest, body: b}
 }
 
 // appendPyString appends s as Python's json.dumps writes it

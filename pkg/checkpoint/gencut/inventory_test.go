@@ -1,6 +1,8 @@
 package gencut_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"strings"
@@ -41,6 +43,13 @@ func TestBuildInventory(t *testing.T) {
 		inv := gencut.BuildInventory(c.id, c.server, c.prefixes)
 		if inv.InventoryDigest != c.digest {
 			t.Errorf("%s: digest %s, GenerationCutInventory.build's %s", c.id, inv.InventoryDigest, c.digest)
+		}
+		// The body is the JSON hashed, the digest added before its
+		// closing brace.
+		body, err := inv.Body()
+		hashed, found := strings.CutSuffix(string(body), `,"inventory_digest":"`+c.digest+`"}`)
+		if sum := sha256.Sum256([]byte(hashed + "}")); err != nil || !found || hex.EncodeToString(sum[:]) != c.digest {
+			t.Errorf("%s: body %s, %v", c.id, body, err)
 		}
 		for i := 1; i < len(inv.ActivePrefixes); i++ {
 			if inv.ActivePrefixes[i-1].TicketID > inv.ActivePrefixes[i].TicketID {
