@@ -71,7 +71,16 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 	ctx, span := p.s.tracer.Start(ctx, tracing.SpanGenerationCut)
 	defer span.End()
 	id := p.checkpointID()
+	// Each worker's list sized first: grown by appends, a list of every
+	// call in flight would be copied step by step.
+	perWorker := make([]int, len(p.cutURLs))
+	for _, t := range listed {
+		perWorker[t.worker.Load()]++
+	}
 	prefixes := make([][]gencut.ActivePrefix, len(p.cutURLs))
+	for w, n := range perWorker {
+		prefixes[w] = make([]gencut.ActivePrefix, 0, n)
+	}
 	for _, t := range listed {
 		ep, err := rollout.ParseCaptureKey(t.captureKey)
 		if err != nil {
