@@ -373,13 +373,12 @@ var ErrInvalidReceipt = errors.New("invalid generation-cut receipt")
 // (the inventory echoed exactly, its digest, every ticket answered once
 // with the identity it was listed with).
 func DecodeReceiptFor(body []byte, inv Inventory) (*Receipt, error) {
-	// Room for the calls listed, in the acks and in the echoed inventory:
-	// decoded into a slice that grows, 100,000 calls are copied at every
-	// step.
-	n := min(len(inv.ActivePrefixes), MaxActive)
-	rc := Receipt{Inventory: Inventory{ActivePrefixes: make([]ActivePrefix, 0, n)}, Prefixes: make([]PrefixAck, 0, n)}
-	if err := codec.UnmarshalStrictFast(body, &rc); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalidReceipt, codec.DescribeError(err))
+	rc, scanned := scanReceipt(body, &inv)
+	if !scanned {
+		rc = receiptFor(inv)
+		if err := codec.UnmarshalStrictFast(body, &rc); err != nil {
+			return nil, fmt.Errorf("%w: %s", ErrInvalidReceipt, codec.DescribeError(err))
+		}
 	}
 	if rc.CheckpointID == "" || rc.CutID == "" || rc.BackendSnapshotID == "" || !isHexDigest(rc.InventoryDigest) {
 		return nil, fmt.Errorf("%w: checkpoint_id, cut_id and backend_snapshot_id must be set and inventory_digest be 64 hex digits", ErrInvalidReceipt)
@@ -416,6 +415,14 @@ func DecodeReceiptFor(body []byte, inv Inventory) (*Receipt, error) {
 		return nil, fmt.Errorf("%w: it must cover every call in the inventory exactly once", ErrInvalidReceipt)
 	}
 	return &rc, nil
+}
+
+// receiptFor is the Receipt a receipt answering inv is decoded into: room
+// for the calls listed, in the acks and in the echoed inventory (decoded
+// into a slice that grows, 100,000 calls are copied at every step).
+func receiptFor(inv Inventory) Receipt {
+	n := min(len(inv.ActivePrefixes), MaxActive)
+	return Receipt{Inventory: Inventory{ActivePrefixes: make([]ActivePrefix, 0, n)}, Prefixes: make([]PrefixAck, 0, n)}
 }
 
 func sameInventory(a, b Inventory) bool {
