@@ -1,6 +1,7 @@
 package gencut
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -54,23 +56,21 @@ type Inventory struct {
 	ActivePrefixes  []ActivePrefix `json:"active_prefixes"`
 	InventoryDigest string         `json:"inventory_digest"`
 
-	// canonical is the JSON BuildInventory hashed, kept to send: the
-	// same fields, so Body need not encode them a second time.
-	canonical []byte
+	// body is the request body BuildInventory wrote: the JSON it hashed,
+	// with the digest added in place of its closing brace, so that Body
+	// need not encode or copy the same fields a second time. It is never
+	// written again, so copies of the inventory share it.
+	body []byte
 }
 
 // Body is the inventory's request body: BuildInventory's canonical JSON
 // with the digest added, or, for an inventory made otherwise, its
 // encoding.
 func (inv Inventory) Body() ([]byte, error) {
-	if inv.canonical == nil {
+	if inv.body == nil {
 		return codec.Marshal(inv)
 	}
-	b := make([]byte, 0, len(inv.canonical)+len(inv.InventoryDigest)+24)
-	b = append(b, inv.canonical[:len(inv.canonical)-1]...)
-	b = append(b, `,"inventory_digest":`...)
-	b = appendPyString(b, inv.InventoryDigest)
-	return append(b, '}'), nil
+	return inv.body, nil
 }
 
 // PrefixAck is GenerationCutPrefixAck: a worker's durable outcome for one
@@ -126,7 +126,15 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 		sorted = []ActivePrefix{}
 	}
 	slices.SortFunc(sorted, func(a, b ActivePrefix) int { return strings.Compare(a.TicketID, b.TicketID) })
-	b := make([]byte, 0, 64+len(sorted)*160)
+	// Sized for the JSON when no string needs an escape: a buffer grown
+	// while it is written would be copied over and over.
+	size := 64 + len(checkpointID) + len(serverName) + len(`,"inventory_digest":""`) + hex.EncodedLen(sha256.Size)
+	for i := range sorted {
+		p := &sorted[i]
+		size += len(`{"admitted_at":,"attempt":,"model_call_id":"","rollout_id":"","ticket_id":""},`) + maxFloatBytes + maxIntBytes +
+			len(p.ModelCallID) + len(p.RolloutID) + len(p.TicketID)
+	}
+	b := make([]byte, 0, size)
 	b = append(b, `{"active_prefixes":[`...)
 	for i, p := range sorted {
 		if i > 0 {
@@ -150,19 +158,37 @@ func BuildInventory(checkpointID, serverName string, prefixes []ActivePrefix) In
 	b = appendPyString(b, serverName)
 	b = append(b, '}')
 	sum := sha256.Sum256(b)
-	return Inventory{CheckpointID: checkpointID, ServerName: serverName, ActivePrefixes: sorted, InventoryDigest: hex.EncodeToString(sum[:]), canonical: b}
+	digest := hex.EncodeToString(sum[:])
+	b = append(b[:len(b)-1], `,"inventory_digest":`...)
+	b = appendPyString(b, digest)
+	b = append(b, '}')
+	return Inventory{CheckpointID: checkpointID, ServerName: serverName, ActivePrefixes: sorted, InventoryDigest: digest, body: b}
 }
 
 // appendPyString appends s as Python's json.dumps writes it
-// (ensure_ascii): non-ASCII as \uXXXX escapes, surrogate pairs past the
-// basic plane.
+// (ensure_ascii): what is not printable ASCII (DEL included) as \uXXXX
+// escapes, surrogate pairs past the basic plane. Runs of printable ASCII,
+// all of nearly every id, are copied whole without decoding a rune.
 func appendPyString(b []byte, s string) []byte {
 	const hexDigits = "0123456789abcdef"
 	u := func(b []byte, r rune) []byte {
 		return append(b, '\\', 'u', hexDigits[r>>12&0xf], hexDigits[r>>8&0xf], hexDigits[r>>4&0xf], hexDigits[r&0xf])
 	}
 	b = append(b, '"')
-	for _, r := range s {
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c >= 0x20 && c <= 0x7e && c != '"' && c != '\\' {
+			i++
+			continue
+		}
+		b = append(b, s[start:i]...)
+		r, size := rune(s[i]), 1
+		if r >= utf8.RuneSelf {
+			// Each byte of invalid UTF-8 is written as \ufffd.
+			r, size = utf8.DecodeRuneInString(s[i:])
+		}
+		i += size
+		start = i
 		switch {
 		case r == '"' || r == '\\':
 			b = append(b, '\\', byte(r))
@@ -176,26 +202,21 @@ func appendPyString(b []byte, s string) []byte {
 			b = append(b, `\b`...)
 		case r == '\f':
 			b = append(b, `\f`...)
-		case r < 0x20 || (r > 0x7e && r <= 0xffff):
-			if r == 0x7f {
-				b = append(b, byte(r))
-				continue
-			}
+		case r <= 0xffff:
 			b = u(b, r)
-		case r > 0xffff:
+		default:
 			r -= 0x10000
 			b = u(u(b, 0xd800+(r>>10)), 0xdc00+(r&0x3ff))
-		default:
-			b = append(b, byte(r))
 		}
 	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }
 
 // appendPyFloat appends f as Python's float repr writes it: the shortest
 // digits that read back as f, fixed notation from 1e-4 up to 1e16 (".0"
 // on a whole number), exponent notation with at least two exponent digits
-// outside it.
+// outside it. It allocates nothing: an inventory has one per call.
 func appendPyFloat(b []byte, f float64) []byte {
 	switch {
 	case math.IsNaN(f):
@@ -210,13 +231,24 @@ func appendPyFloat(b []byte, f float64) []byte {
 		}
 		return append(b, "0.0"...)
 	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // [-]d[.ddd]e±XX
-	mant, exps, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(exps)
-	neg := strings.HasPrefix(mant, "-")
-	digits := strings.Replace(strings.TrimPrefix(mant, "-"), ".", "", 1)
-	if neg {
-		b = append(b, '-')
+	if f < 0 {
+		b, f = append(b, '-'), -f
+	}
+	// The shortest digits, d[.ddd]e±XX, split into the digits and the
+	// exponent.
+	var buf [32]byte
+	e := strconv.AppendFloat(buf[:0], f, 'e', -1, 64)
+	at := bytes.IndexByte(e, 'e')
+	exp := 0
+	for _, c := range e[at+2:] {
+		exp = exp*10 + int(c-'0')
+	}
+	if e[at+1] == '-' {
+		exp = -exp
+	}
+	digits := e[:at]
+	if len(digits) > 1 {
+		digits = append(digits[:1], digits[2:]...) // drop the point
 	}
 	if exp < -4 || exp >= 16 {
 		b = append(b, digits[0])
@@ -237,17 +269,24 @@ func appendPyFloat(b []byte, f float64) []byte {
 	}
 	if exp < 0 {
 		b = append(b, "0."...)
-		b = append(b, strings.Repeat("0", -exp-1)...)
+		b = appendZeros(b, -exp-1)
 		return append(b, digits...)
 	}
 	if len(digits) <= exp+1 {
 		b = append(b, digits...)
-		b = append(b, strings.Repeat("0", exp+1-len(digits))...)
+		b = appendZeros(b, exp+1-len(digits))
 		return append(b, ".0"...)
 	}
 	b = append(b, digits[:exp+1]...)
 	b = append(b, '.')
 	return append(b, digits[exp+1:]...)
+}
+
+func appendZeros(b []byte, n int) []byte {
+	for range n {
+		b = append(b, '0')
+	}
+	return b
 }
 
 // ParseInventory decodes and validates an inventory (the worker's side),
@@ -259,7 +298,11 @@ func appendPyFloat(b []byte, f float64) []byte {
 // with 422, as FastAPI answers a body its model refuses. The digest is not
 // recomputed: the worker echoes the inventory, and the model server checks.
 func ParseInventory(body []byte) (Inventory, error) {
-	var inv Inventory
+	// Room for the prefixes the body names: decoded into a slice that
+	// grows, 100,000 of them are copied at every step. Each names its
+	// ticket once, and only a key can be the string "ticket_id" followed
+	// by a quote (a string's quotes are escaped).
+	inv := Inventory{ActivePrefixes: make([]ActivePrefix, 0, min(bytes.Count(body, []byte(`"ticket_id"`)), MaxActive+1))}
 	invalid := func(format string, args ...any) error {
 		return apierror.New(apierror.InvalidRequest, format, args...).WithStatus(http.StatusUnprocessableEntity)
 	}
@@ -278,7 +321,13 @@ func ParseInventory(body []byte) (Inventory, error) {
 	if inv.ActivePrefixes == nil {
 		inv.ActivePrefixes = []ActivePrefix{}
 	}
-	seen := make(map[string]bool, len(inv.ActivePrefixes))
+	// A ticket listed twice: next to itself in prefixes sorted by ticket
+	// id, as GenerationCutInventory.build sorts them, else found in a set.
+	sorted := slices.IsSortedFunc(inv.ActivePrefixes, func(a, b ActivePrefix) int { return strings.Compare(a.TicketID, b.TicketID) })
+	var seen map[string]bool
+	if !sorted {
+		seen = make(map[string]bool, len(inv.ActivePrefixes))
+	}
 	for i, p := range inv.ActivePrefixes {
 		switch {
 		case p.TicketID == "" || p.ModelCallID == "":
@@ -287,12 +336,14 @@ func ParseInventory(body []byte) (Inventory, error) {
 			return inv, invalid("active_prefixes[%d]: model_call_id must be 1 to 256 visible characters", i)
 		case (rollout.EpisodeID{RolloutID: p.RolloutID, Attempt: p.Attempt}).Validate() != nil:
 			return inv, invalid("active_prefixes[%d]: rollout_id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ and attempt be >= 0", i)
-		case seen[p.TicketID]:
+		case sorted && i > 0 && inv.ActivePrefixes[i-1].TicketID == p.TicketID, !sorted && seen[p.TicketID]:
 			return inv, invalid("active_prefixes[%d]: ticket_id %q is listed twice", i, p.TicketID)
 		case math.IsNaN(p.AdmittedAt) || math.IsInf(p.AdmittedAt, 0):
 			return inv, invalid("active_prefixes[%d]: admitted_at must be a finite number", i)
 		}
-		seen[p.TicketID] = true
+		if !sorted {
+			seen[p.TicketID] = true
+		}
 	}
 	return inv, nil
 }
@@ -312,26 +363,6 @@ func DurablePrefix(p ActivePrefix, key string, tokens int, digest string, output
 	}
 }
 
-// EncodeReceipt is a worker's receipt, as model_dump(mode="json") writes
-// it: every field, null where unset.
-func EncodeReceipt(rc Receipt) ([]byte, error) {
-	if rc.Inventory.ActivePrefixes == nil {
-		rc.Inventory.ActivePrefixes = []ActivePrefix{}
-	}
-	if rc.Prefixes == nil {
-		rc.Prefixes = []PrefixAck{}
-	}
-	for i := range rc.Prefixes {
-		if rc.Prefixes[i].StagingKeys == nil {
-			rc.Prefixes[i].StagingKeys = []string{}
-		}
-		if len(rc.Prefixes[i].TerminalStopReason) == 0 {
-			rc.Prefixes[i].TerminalStopReason = codec.RawMessage("null")
-		}
-	}
-	return codec.Marshal(rc)
-}
-
 // ErrInvalidReceipt reports a receipt that is not an exact, complete
 // answer to its inventory.
 var ErrInvalidReceipt = errors.New("invalid generation-cut receipt")
@@ -342,9 +373,12 @@ var ErrInvalidReceipt = errors.New("invalid generation-cut receipt")
 // (the inventory echoed exactly, its digest, every ticket answered once
 // with the identity it was listed with).
 func DecodeReceiptFor(body []byte, inv Inventory) (*Receipt, error) {
-	rc := Receipt{Prefixes: make([]PrefixAck, 0, min(len(inv.ActivePrefixes), MaxActive))}
-	if err := codec.UnmarshalStrictFast(body, &rc); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalidReceipt, codec.DescribeError(err))
+	rc, scanned := scanReceipt(body, &inv)
+	if !scanned {
+		rc = receiptFor(inv)
+		if err := codec.UnmarshalStrictFast(body, &rc); err != nil {
+			return nil, fmt.Errorf("%w: %s", ErrInvalidReceipt, codec.DescribeError(err))
+		}
 	}
 	if rc.CheckpointID == "" || rc.CutID == "" || rc.BackendSnapshotID == "" || !isHexDigest(rc.InventoryDigest) {
 		return nil, fmt.Errorf("%w: checkpoint_id, cut_id and backend_snapshot_id must be set and inventory_digest be 64 hex digits", ErrInvalidReceipt)
@@ -381,6 +415,14 @@ func DecodeReceiptFor(body []byte, inv Inventory) (*Receipt, error) {
 		return nil, fmt.Errorf("%w: it must cover every call in the inventory exactly once", ErrInvalidReceipt)
 	}
 	return &rc, nil
+}
+
+// receiptFor is the Receipt a receipt answering inv is decoded into: room
+// for the calls listed, in the acks and in the echoed inventory (decoded
+// into a slice that grows, 100,000 calls are copied at every step).
+func receiptFor(inv Inventory) Receipt {
+	n := min(len(inv.ActivePrefixes), MaxActive)
+	return Receipt{Inventory: Inventory{ActivePrefixes: make([]ActivePrefix, 0, n)}, Prefixes: make([]PrefixAck, 0, n)}
 }
 
 func sameInventory(a, b Inventory) bool {

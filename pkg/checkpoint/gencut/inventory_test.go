@@ -1,6 +1,8 @@
 package gencut_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"strings"
@@ -32,10 +34,22 @@ func TestBuildInventory(t *testing.T) {
 			{TicketID: "d", RolloutID: "s", Attempt: 3, ModelCallID: "p", AdmittedAt: 123456789012345.67},
 		}, "0c6894ed202fcd4416bc11260f725ed224dacac038ea8fc72ca8c241e3b1d95a"},
 		{"ck-3", "s", nil, "2bee97597dc033237eb1da9fa19b4de27e5a3867e32c2969deb17b899e3c7978"},
+		// Python escapes DEL and control bytes (json.dumps as build calls
+		// it, run on this payload).
+		{"ck-4", "pol\x7fmodel\x00\x1f", []gencut.ActivePrefix{
+			{TicketID: "t\x7f", RolloutID: "r", Attempt: 0, ModelCallID: "a\"b\\c\td\u2028<&>", AdmittedAt: 1796605409.5},
+		}, "b1a380be500ae2c7c76ec413770333768acb1020cb100dd261fc1d1d51994fb3"},
 	} {
 		inv := gencut.BuildInventory(c.id, c.server, c.prefixes)
 		if inv.InventoryDigest != c.digest {
 			t.Errorf("%s: digest %s, GenerationCutInventory.build's %s", c.id, inv.InventoryDigest, c.digest)
+		}
+		// The body is the JSON hashed, the digest added before its
+		// closing brace.
+		body, err := inv.Body()
+		hashed, found := strings.CutSuffix(string(body), `,"inventory_digest":"`+c.digest+`"}`)
+		if sum := sha256.Sum256([]byte(hashed + "}")); err != nil || !found || hex.EncodeToString(sum[:]) != c.digest {
+			t.Errorf("%s: body %s, %v", c.id, body, err)
 		}
 		for i := 1; i < len(inv.ActivePrefixes); i++ {
 			if inv.ActivePrefixes[i-1].TicketID > inv.ActivePrefixes[i].TicketID {
@@ -114,12 +128,21 @@ func TestParseInventory(t *testing.T) {
 	if err != nil || got.InventoryDigest != inv.InventoryDigest || len(got.ActivePrefixes) != 2 || got.ActivePrefixes[0] != inv.ActivePrefixes[0] {
 		t.Fatalf("ParseInventory(%s) = %+v, %v", body, got, err)
 	}
+	// Unsorted, and with "ticket_id" in a value: taken as they come.
+	unsorted := strings.Replace(body, `"ticket_id":"t1"`, `"ticket_id":"t3"`, 1)
+	unsorted = strings.Replace(unsorted, `"model_call_id":"m1"`, `"model_call_id":"ticket_id"`, 1)
+	if got, err := gencut.ParseInventory([]byte(unsorted)); err != nil || len(got.ActivePrefixes) != 2 || got.ActivePrefixes[0].TicketID != "t3" ||
+		got.ActivePrefixes[0].ModelCallID != "ticket_id" {
+		t.Fatalf("ParseInventory(%s) = %+v, %v", unsorted, got, err)
+	}
 	for _, bad := range []string{
 		``, `{}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[],"inventory_digest":"x"}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[],"inventory_digest":"` + inv.InventoryDigest + `","active":[]}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[{"ticket_id":"t","rollout_id":"r/x","attempt":0,"model_call_id":"m","admitted_at":1}],"inventory_digest":"` + inv.InventoryDigest + `"}`,
 		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[{"ticket_id":"t","rollout_id":"r","attempt":0,"model_call_id":"m","admitted_at":1},{"ticket_id":"t","rollout_id":"q","attempt":0,"model_call_id":"n","admitted_at":1}],"inventory_digest":"` + inv.InventoryDigest + `"}`,
+		// The same ticket twice, apart in an unsorted list.
+		`{"checkpoint_id":"c","server_name":"s","active_prefixes":[{"ticket_id":"t","rollout_id":"r","attempt":0,"model_call_id":"m","admitted_at":1},{"ticket_id":"a","rollout_id":"r","attempt":0,"model_call_id":"o","admitted_at":1},{"ticket_id":"t","rollout_id":"q","attempt":0,"model_call_id":"n","admitted_at":1}],"inventory_digest":"` + inv.InventoryDigest + `"}`,
 	} {
 		if _, err := gencut.ParseInventory([]byte(bad)); !apierror.HasCode(err, apierror.InvalidRequest) {
 			t.Errorf("ParseInventory(%s) = %v, want invalid_request", bad, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
+	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
 // The generation-cut contract is pkg/checkpoint/gencut's; these names are the worker's
@@ -151,9 +152,9 @@ func (s *Server) handleGenerationCut(r *http.Request) (any, error) {
 		CheckpointID: inv.CheckpointID, CutID: newCutID(), InventoryDigest: inv.InventoryDigest, Inventory: inv,
 		BackendSnapshotID: "fakeinference-token-store", Prefixes: make([]gencut.PrefixAck, len(inv.ActivePrefixes)),
 	}
-	calls := make([]ActiveCall, len(inv.ActivePrefixes))
+	calls := make([]listedCall, len(inv.ActivePrefixes))
 	for i, p := range inv.ActivePrefixes {
-		calls[i] = ActiveCall{ModelCallID: p.ModelCallID, CaptureKey: p.CaptureKey()}
+		calls[i] = listedCall{modelCallID: p.ModelCallID, episode: rollout.EpisodeID{RolloutID: p.RolloutID, Attempt: p.Attempt}}
 	}
 	for i, o := range s.cutCalls(calls) {
 		if o.Disposition != DispositionDurablePrefix {
@@ -179,7 +180,11 @@ func (s *Server) legacyCut(r *http.Request, body []byte) (any, error) {
 		return nil, err
 	}
 	rep := CutReceipt{CheckpointID: req.CheckpointID, CutID: newCutID(), Prefixes: make([]CutPrefix, 0, len(req.Active))}
-	for _, o := range s.cutCalls(req.Active) {
+	calls := make([]listedCall, len(req.Active))
+	for i, a := range req.Active {
+		calls[i] = listedCall{modelCallID: a.ModelCallID, legacy: true, captureKey: a.CaptureKey}
+	}
+	for _, o := range s.cutCalls(calls) {
 		rep.Prefixes = append(rep.Prefixes, o.LegacyPrefix)
 	}
 	s.log.InfoContext(r.Context(), "generation cut", "checkpoint_id", req.CheckpointID, "server_name", req.ServerName,
@@ -188,22 +193,55 @@ func (s *Server) legacyCut(r *http.Request, body []byte) (any, error) {
 }
 
 // cutOutcome is one listed call's outcome, with the call's planned output
-// length when it was cut.
+// length when it was cut. Its capture key is set for the legacy shape's
+// calls and for the calls cut.
 type cutOutcome struct {
 	gencut.LegacyPrefix
 	outputLimit int
 }
 
+// listedCall is a call a cut round lists, and the attempt it lists it for:
+// by capture key in the legacy shape, by episode in Gym's.
+type listedCall struct {
+	modelCallID string
+	legacy      bool
+	captureKey  string            // legacy
+	episode     rollout.EpisodeID // not legacy
+}
+
+// listedFor reports whether c belongs to the capture key a lists it for.
+// A round lists every call in flight: the call's and the listed episode
+// are compared first, and their capture keys built (two strings) only
+// when they differ, for two episodes one capture key names.
+func (a *listedCall) listedFor(c *call) bool {
+	if !a.legacy && c.episode != nil && *c.episode == a.episode {
+		return true
+	}
+	return c.captureKey() == a.key()
+}
+
+// key is the capture key a lists the call for.
+func (a *listedCall) key() string {
+	if a.legacy {
+		return a.captureKey
+	}
+	return a.episode.CaptureKey()
+}
+
 // cutCalls cuts each listed call it can, staging its prefix, and returns
 // every call's outcome in order.
-func (s *Server) cutCalls(active []ActiveCall) []cutOutcome {
+func (s *Server) cutCalls(active []listedCall) []cutOutcome {
 	out := make([]cutOutcome, 0, len(active))
 	round := []string{}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	for _, a := range active {
-		p := cutOutcome{LegacyPrefix: CutPrefix{ModelCallID: a.ModelCallID, CaptureKey: a.CaptureKey, Disposition: DispositionDurableFailure}}
+	for i := range active {
+		a := &active[i]
+		p := cutOutcome{LegacyPrefix: CutPrefix{ModelCallID: a.modelCallID, Disposition: DispositionDurableFailure}}
+		if a.legacy {
+			p.CaptureKey = a.captureKey
+		}
 		c, reason := s.cuttableLocked(a, now)
 		if c == nil {
 			p.Reason = reason
@@ -211,13 +249,14 @@ func (s *Server) cutCalls(active []ActiveCall) []cutOutcome {
 			continue
 		}
 		k := c.produced(now)
-		key := StagingKey(a.CaptureKey, c.id)
+		captureKey := a.key()
+		key := StagingKey(captureKey, c.id)
 		prefix := append([]genToken(nil), c.tokens[:k]...)
-		s.staged[key] = &stagedPrefix{key: key, sourceCallID: c.id, captureKey: a.CaptureKey, promptDigest: c.promptDigest, tokens: prefix}
+		s.staged[key] = &stagedPrefix{key: key, sourceCallID: c.id, captureKey: captureKey, promptDigest: c.promptDigest, tokens: prefix}
 		c.cut = &cutResult{key: key, tokens: prefix}
 		s.finishLocked(c, StatusCut, "abort", k)
 		close(c.cutCh)
-		p.Disposition, p.StagingKey, p.PrefixTokenCount, p.PrefixDigest = DispositionDurablePrefix, key, k, PrefixDigest(tokenIDs(prefix))
+		p.CaptureKey, p.Disposition, p.StagingKey, p.PrefixTokenCount, p.PrefixDigest = captureKey, DispositionDurablePrefix, key, k, PrefixDigest(tokenIDs(prefix))
 		p.outputLimit = len(c.tokens)
 		out = append(out, p)
 		round = append(round, c.id)
@@ -235,12 +274,12 @@ func newCutID() string {
 }
 
 // cuttableLocked returns the listed call if it can be cut now, or why not.
-func (s *Server) cuttableLocked(a ActiveCall, now time.Time) (*call, string) {
-	c := s.byID[a.ModelCallID]
+func (s *Server) cuttableLocked(a *listedCall, now time.Time) (*call, string) {
+	c := s.byID[a.modelCallID]
 	switch {
 	case c == nil:
 		return nil, ReasonUnknownCall
-	case c.captureKey() != a.CaptureKey:
+	case !a.listedFor(c):
 		return nil, fmt.Sprintf("%s: the call belongs to %q", ReasonCaptureKey, c.captureKey())
 	case c.status == StatusHeld:
 		return nil, ReasonHeld

@@ -296,17 +296,22 @@ func TestContinue_Errors(t *testing.T) {
 func TestGenerationCut_Inventory(t *testing.T) {
 	f := start(t, func(c *fakeinference.Config) { c.TokensPerSecond = 100 })
 	done := f.chatAsync(context.Background(), longRequest(), callHeaders("r1-a2", "m1"))
-	f.waitFor("m1 to produce tokens", func() bool {
-		for _, c := range f.calls() {
-			if c.CallID == "m1" {
-				return c.Status == fakeinference.StatusGenerating && c.CompletionTokens >= 5
+	other := f.chatAsync(context.Background(), longRequest(), callHeaders("r2", "m2"))
+	for _, id := range []string{"m1", "m2"} {
+		f.waitFor(id+" to produce tokens", func() bool {
+			for _, c := range f.calls() {
+				if c.CallID == id {
+					return c.Status == fakeinference.StatusGenerating && c.CompletionTokens >= 5
+				}
 			}
-		}
-		return false
-	})
+			return false
+		})
+	}
 	inv := gencut.BuildInventory("ckpt-1", "policy_model", []gencut.ActivePrefix{
 		{TicketID: "t-m1", RolloutID: "r1", Attempt: 2, ModelCallID: "m1", AdmittedAt: 1796605409.5},
 		{TicketID: "t-nope", RolloutID: "r1", Attempt: 2, ModelCallID: "nope", AdmittedAt: 1796605409.75},
+		// m2 is r2's call, listed for another attempt: not cut.
+		{TicketID: "t-m2", RolloutID: "r2", Attempt: 1, ModelCallID: "m2", AdmittedAt: 1796605409.875},
 	})
 	body, err := f.ctl.CutInventory(context.Background(), testToken, inv)
 	if err != nil {
@@ -328,7 +333,22 @@ func TestGenerationCut_Inventory(t *testing.T) {
 	if unknown.Disposition != fakeinference.DispositionDurableFailure || len(unknown.StagingKeys) != 0 {
 		t.Errorf("the unknown call's ack: %+v", unknown)
 	}
+	if a := acks["t-m2"]; a.Disposition != fakeinference.DispositionDurableFailure || len(a.StagingKeys) != 0 {
+		t.Errorf("the ack of a call listed for another attempt: %+v", a)
+	}
 	recv(t, done) // the cut call's reply, which TestGenerationCut_AndContinue checks
+	// Left generating: listed for its own attempt, it is cut.
+	again := gencut.BuildInventory("ckpt-1", "policy_model", []gencut.ActivePrefix{
+		{TicketID: "t-m2", RolloutID: "r2", Attempt: 0, ModelCallID: "m2", AdmittedAt: 1796605409.875},
+	})
+	body, err = f.ctl.CutInventory(context.Background(), testToken, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := gencut.DecodeReceiptFor(body, again); err != nil || rc.Prefixes[0].Disposition != fakeinference.DispositionDurablePrefix {
+		t.Errorf("m2 listed for its own attempt: %v\n%s", err, body)
+	}
+	recv(t, other)
 	if _, err := f.ctl.CutInventory(context.Background(), "wrong", inv); err == nil {
 		t.Error("a wrong token is taken")
 	}

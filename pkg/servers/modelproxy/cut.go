@@ -37,9 +37,18 @@ const (
 // defaultCutBudget bounds a cut round whose operation has no deadline.
 const defaultCutBudget = 30 * time.Second
 
-// maxReceiptBytes bounds a cut receipt (about 600 bytes per call: it
-// echoes the inventory).
-const maxReceiptBytes = 64 << 20
+// receiptBytesPerCall bounds what a cut receipt may take for each call it
+// answers: the call echoed in the inventory and its ack, with ids of up to
+// 256 bytes and staging keys of up to gencut.MaxStagingKey. A fixed bound
+// for the whole receipt would refuse the receipt of a large round (every
+// call of 100,000 cut, with the fleet's ids, takes more than 64 MiB),
+// which makes every call regenerate.
+const receiptBytesPerCall = 4 << 10
+
+// receiptLimit bounds the receipt answering inv, as a reply may be bounded.
+func receiptLimit(inv gencut.Inventory) int {
+	return min(httpclient.MaxReplyBytes, 64<<10+len(inv.ActivePrefixes)*receiptBytesPerCall)
+}
 
 // cutPrefix is a staged prefix of one call, as a checkpoint records it.
 type cutPrefix struct {
@@ -71,7 +80,16 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 	ctx, span := p.s.tracer.Start(ctx, tracing.SpanGenerationCut)
 	defer span.End()
 	id := p.checkpointID()
+	// Each worker's list sized first: grown by appends, a list of every
+	// call in flight would be copied step by step.
+	perWorker := make([]int, len(p.cutURLs))
+	for _, t := range listed {
+		perWorker[t.worker.Load()]++
+	}
 	prefixes := make([][]gencut.ActivePrefix, len(p.cutURLs))
+	for w, n := range perWorker {
+		prefixes[w] = make([]gencut.ActivePrefix, 0, n)
+	}
 	for _, t := range listed {
 		ep, err := rollout.ParseCaptureKey(t.captureKey)
 		if err != nil {
@@ -158,8 +176,8 @@ func (p *participant) postCut(ctx context.Context, cutURL string, inv gencut.Inv
 	if err := rep.Err("the worker's generation cut"); err != nil {
 		return nil, err
 	}
-	if len(rep.Body) > maxReceiptBytes {
-		return nil, fmt.Errorf("the cut receipt is %d bytes, more than %d", len(rep.Body), maxReceiptBytes)
+	if limit := receiptLimit(inv); len(rep.Body) > limit {
+		return nil, fmt.Errorf("the cut receipt is %d bytes, more than %d", len(rep.Body), limit)
 	}
 	return DecodeCutReceipt(rep.Body, inv)
 }

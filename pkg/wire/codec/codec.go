@@ -56,8 +56,13 @@ func UnmarshalStrict(data []byte, v any) error {
 }
 
 // strictOptions make goccy's v2 decoder decode as encoding/json does, with
-// unknown fields refused: UnmarshalStrict's semantics.
-var strictOptions = gojsonv2.JoinOptions(gojson.DefaultOptionsV1(), gojsonv2.RejectUnknownMembers(true))
+// unknown fields refused: UnmarshalStrict's semantics. Its errors are not
+// reported as encoding/json's (ReportErrorsWithLegacySemantics off): a
+// refused input is decoded again by UnmarshalStrict, whose error is the
+// one returned, while reporting encoding/json's errors makes goccy check
+// the whole input in a pass of its own before decoding it, which reads
+// every byte of a large body once more.
+var strictOptions = gojsonv2.JoinOptions(gojson.DefaultOptionsV1(), gojsonv2.RejectUnknownMembers(true), gojson.ReportErrorsWithLegacySemantics(false))
 
 // UnmarshalStrictFast decodes strictly, as UnmarshalStrict does (unknown
 // fields and trailing data refused), several times faster: a restore decodes

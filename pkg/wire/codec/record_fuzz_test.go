@@ -146,3 +146,42 @@ func FuzzUnmarshalStrictFastCutRequest(f *testing.F) {
 	}, append(strictSeeds, edgeSeeds...)...), "")
 	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[gencut.LegacyRequest](t, data) })
 }
+
+// gymCutSeeds are NeMo Gym's generation-cut bodies as a model server and
+// a worker send them, and as a careless one might.
+var gymCutSeeds = []string{
+	`{"checkpoint_id":"ck-1","server_name":"policy_model","active_prefixes":[{"ticket_id":"t1","rollout_id":"r","attempt":1,"model_call_id":"m1","admitted_at":1796605409.25}],"inventory_digest":"` + strings.Repeat("a", 64) + `"}`,
+	`{"active_prefixes":[{"admitted_at":1796605409.0,"attempt":0,"model_call_id":"m","rollout_id":"r","ticket_id":"t"}],"checkpoint_id":"c","server_name":"s","inventory_digest":"d"}`,
+	`{"checkpoint_id":"ck-1","server_name":"s","active_prefixes":null,"inventory_digest":"d"}`,
+	`{"checkpoint_id":"ck-1","server_name":"s","active_prefixes":[{"ticket_id":"t","attempt":1.0}],"inventory_digest":"d"}`,
+	`{"checkpoint_id":"ck-1","server_name":"s","active_prefixes":[{"Ticket_ID":"t","TICKET_ID":"u"}],"inventory_digest":"d","extra":1}`,
+	`{"checkpoint_id":"ck-1","cut_id":"c","inventory_digest":"d","inventory":{"checkpoint_id":"ck-1","server_name":"s","active_prefixes":[{"ticket_id":"t1","rollout_id":"r","attempt":1,"model_call_id":"m1","admitted_at":1796605409.25}],"inventory_digest":"d"},"backend_snapshot_id":"b","prefixes":[{"ticket_id":"t1","rollout_id":"r","attempt":1,"model_call_id":"m1","admitted_at":1796605409.25,"disposition":"durable_prefix","cut_kind":"active_prefix","frozen_buffer_id":"k","staging_keys":["k"],"prefix_token_count":3,"prefix_digest":"p","effective_output_limit":64,"terminal_finish_reason":"stop","terminal_stop_reason":"</s>"}]}`,
+	`{"checkpoint_id":"ck-1","cut_id":"c","inventory_digest":"d","inventory":{"checkpoint_id":"ck-1","server_name":"s","active_prefixes":[],"inventory_digest":"d"},"backend_snapshot_id":"b","prefixes":[{"ticket_id":"t1","rollout_id":"r","attempt":1,"model_call_id":"m1","admitted_at":1,"disposition":"durable_failure","cut_kind":null,"frozen_buffer_id":null,"staging_keys":[],"prefix_token_count":null,"prefix_digest":null,"effective_output_limit":null,"terminal_finish_reason":null,"terminal_stop_reason":null}]}`,
+	`{"prefixes":[{"terminal_stop_reason":128001,"staging_keys":null,"prefix_token_count":1e2}],"inventory":null}`,
+	`{"prefixes":[{"terminal_stop_reason":{"a":[1, "\u2028"]},"cut_kind":"x"}],"inventory":{"active_prefixes":[{"admitted_at":"1"}]}}`,
+	`{"prefixes":[{"ticket_id":"a","ticket_id":"b","Prefix_Token_Count":2}],"reason":"x"}`,
+}
+
+// A worker decodes an inventory (gencut.ParseInventory) and the model
+// server a receipt (gencut.DecodeReceiptFor) through UnmarshalStrictFast:
+// each lists every call in flight.
+func FuzzUnmarshalStrictFastInventory(f *testing.F) {
+	addSeeds(f, append(gymCutSeeds, append(strictSeeds, edgeSeeds...)...), "")
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[gencut.Inventory](t, data) })
+}
+
+func FuzzUnmarshalStrictFastReceipt(f *testing.F) {
+	addSeeds(f, append(gymCutSeeds, append(strictSeeds, edgeSeeds...)...), "")
+	// Values that are not JSON, or barely, where a raw value, a string
+	// and an integer are read.
+	for _, v := range []string{
+		`01`, `1.`, `-`, `.5`, `1e`, `+1`, `"\x"`, `"\u12"`, "\"\t\"", "\"\x7f\"", `[1,]`, `{"a":1,}`, `{"a"}`, `{1:2}`, `tru`,
+		`truex`, "\"\xff\"", `"\ud800"`, `1 2`, `[1 2]`, `{"a":1 "b":2}`, `-01`, `0x10`, `NaN`, `[[]`, `]`, `"a\u0000"`, "1\x00",
+		strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+	} {
+		for _, field := range []string{"terminal_stop_reason", "ticket_id", "attempt"} {
+			f.Add([]byte(`{"prefixes":[{"` + field + `":` + v + `}]}`))
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { strictDifferential[gencut.Receipt](t, data) })
+}
