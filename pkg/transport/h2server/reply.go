@@ -92,7 +92,7 @@ func (w *responseWriter) FlushError() error {
 // bytes; next is what will follow them (for sniffing a content type).
 func (w *responseWriter) flushBuffered(next []byte) error {
 	if !w.sentHeader {
-		if _, err := w.writeHeaders(-1, false, append(w.buf[:len(w.buf):len(w.buf)], next...), false); err != nil {
+		if _, err := w.writeHeaders(-1, false, sniffable(w.buf, next), false); err != nil {
 			return err
 		}
 	}
@@ -102,6 +102,22 @@ func (w *responseWriter) flushBuffered(next []byte) error {
 	_, err := w.send(w.buf, false)
 	w.releaseBuffer()
 	return err
+}
+
+// sniffLen is how much of a body http.DetectContentType looks at.
+const sniffLen = 512
+
+// sniffable is the start of buffered followed by next, as much of it as
+// naming a content type takes: a large first write is not copied whole
+// (nor at all when buffered already holds that much).
+func sniffable(buffered, next []byte) []byte {
+	switch {
+	case len(buffered) >= sniffLen || len(next) == 0:
+		return buffered
+	case len(buffered) == 0:
+		return next
+	}
+	return append(buffered[:len(buffered):len(buffered)], next[:min(len(next), sniffLen-len(buffered))]...)
 }
 
 // releaseBuffer gives back the buffer of the reply's first bytes, sent or

@@ -176,6 +176,29 @@ func TestRequestsAndReplies(t *testing.T) {
 	}
 }
 
+// longHTML is a page longer than a reply's buffered part.
+var longHTML = "<html><body>" + strings.Repeat("x", DefaultMaxBufferedReply) + "</body></html>"
+
+// A reply's content type is named from its first bytes only: a large write
+// is not copied to name it.
+func TestSniffable(t *testing.T) {
+	long := []byte(longHTML)
+	if got := sniffable(nil, long); &got[0] != &long[0] {
+		t.Error("a first write past the buffered length was copied to sniff its type")
+	}
+	buffered := long[:sniffLen]
+	if got := sniffable(buffered, []byte("more")); len(got) != sniffLen || &got[0] != &buffered[0] {
+		t.Errorf("buffered bytes enough to sniff: got %d bytes, a copy %v", len(got), &got[0] != &buffered[0])
+	}
+	got := sniffable(long[:3], long[3:])
+	if string(got) != longHTML[:sniffLen] {
+		t.Errorf("split write: sniffed %q, want the reply's first %d bytes", got, sniffLen)
+	}
+	if got := sniffable([]byte("ab"), nil); string(got) != "ab" {
+		t.Errorf("nothing next: %q", got)
+	}
+}
+
 // Statuses without a body, HEAD, a handler that writes nothing, a sniffed
 // content type and OPTIONS * are answered as net/http's server does.
 func TestRepliesWithoutBodies(t *testing.T) {
@@ -189,6 +212,13 @@ func TestRepliesWithoutBodies(t *testing.T) {
 		case "/nothing":
 		case "/html":
 			io.WriteString(w, "<html><body>hi</body></html>")
+		case "/html-long":
+			// One write past the buffered length, as a large reply is.
+			io.WriteString(w, longHTML)
+		case "/html-split":
+			// Its type named from the buffered bytes and the next write's.
+			io.WriteString(w, longHTML[:3])
+			io.WriteString(w, longHTML[3:])
 		default:
 			w.WriteHeader(http.StatusTeapot)
 			w.WriteHeader(http.StatusOK) // superfluous: ignored
@@ -207,6 +237,8 @@ func TestRepliesWithoutBodies(t *testing.T) {
 				{http.MethodGet, "/nocontent", 204, "", ""},
 				{http.MethodGet, "/nothing", 200, "", ""},
 				{http.MethodGet, "/html", 200, "<html><body>hi</body></html>", "text/html; charset=utf-8"},
+				{http.MethodGet, "/html-long", 200, longHTML, "text/html; charset=utf-8"},
+				{http.MethodGet, "/html-split", 200, longHTML, "text/html; charset=utf-8"},
 				{http.MethodGet, "/teapot", 418, "short and stout", "text/plain; charset=utf-8"},
 				{http.MethodHead, "/teapot", 418, "", ""},
 			} {
