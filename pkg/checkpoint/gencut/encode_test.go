@@ -124,7 +124,7 @@ func TestEncodeReceipt(t *testing.T) {
 		rc.Prefixes = acks
 		return rc
 	}
-	oddPrefix := gencut.ActivePrefix{TicketID: odd, RolloutID: odd, Attempt: -1, ModelCallID: odd, AdmittedAt: -0.0}
+	oddPrefix := gencut.ActivePrefix{TicketID: odd, RolloutID: odd, Attempt: -1, ModelCallID: odd, AdmittedAt: math.Copysign(0, -1)}
 	for name, rc := range map[string]gencut.Receipt{
 		"empty":                   {},
 		"no acks":                 base,
@@ -192,7 +192,7 @@ func TestEncodeReceipt(t *testing.T) {
 func FuzzEncodeReceipt(f *testing.F) {
 	f.Add("ckpt-1", "0123abcd", "0123456789abcdef0123456789abcdef", "w000001", 1, "durable_prefix", "active_prefix", "__generation_cut__/w000001-a1/k", 10, 100, 1765000000.123456, "stop", []byte(`"</s>"`), uint16(0xffff))
 	f.Add("", "", "", "", 0, "", "", "", 0, 0, 0.0, "", []byte(nil), uint16(0))
-	f.Add("c<1>&", "\u2028", "t\"\\", "r\xff", -3, "x&y", "\x00\x7f", "k\x01é", -1, math.MaxInt, -0.0, "\U0001F600", []byte(" 42 "), uint16(0x5555))
+	f.Add("c<1>&", "\u2028", "t\"\\", "r\xff", -3, "x&y", "\x00\x7f", "k\x01é", -1, math.MaxInt, math.Copysign(0, -1), "\U0001F600", []byte(" 42 "), uint16(0x5555))
 	f.Add("c", "u", "t", "r", 0, "d", "k", "s", 0, 0, 1e21, "l", []byte("{"), uint16(0x0aaa))
 	f.Add("c", "u", "t", "r", 0, "d", "k", "s", 0, 0, 9.5e-7, "l", []byte(`["\u2028<",{"a" : 1}]`), uint16(0x0fff))
 	f.Fuzz(func(t *testing.T, ckpt, cutID, ticket, rolloutID string, attempt int, disposition, kind, key string, count, limit int,

@@ -2,6 +2,7 @@ package gencut
 
 import (
 	"bytes"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -177,7 +178,7 @@ func FuzzScanReceipt(f *testing.F) {
 func FuzzScanEncodedReceipt(f *testing.F) {
 	f.Add("ckpt-1", "0123456789abcdef", "w000001", 1, "durable_prefix", "active_prefix", "k", 10, 100, 1765000000.123456, "stop", []byte(`"</s>"`), uint16(0xffff))
 	f.Add("", "", "", 0, "", "", "", 0, 0, 0.0, "", []byte(nil), uint16(0))
-	f.Add("c\"1", "t\\", "r\xff", -3, "x&y", "\x7f", "k\x01é", -1, 1<<62, -0.0, "length", []byte(" 42 "), uint16(0x5555))
+	f.Add("c\"1", "t\\", "r\xff", -3, "x&y", "\x7f", "k\x01é", -1, 1<<62, math.Copysign(0, -1), "length", []byte(" 42 "), uint16(0x5555))
 	f.Add("c", "t", "r", 0, "durable_failure", "k", "s", 0, 0, 1e21, "l", []byte("128001"), uint16(0x0aaa))
 	f.Fuzz(func(t *testing.T, ckpt, ticket, rolloutID string, attempt int, disposition, kind, key string, count, limit int,
 		admitted float64, reason string, stop []byte, set uint16) {
