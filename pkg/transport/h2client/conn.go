@@ -441,12 +441,23 @@ func (c *Conn) openStream(req *http.Request, hasBody bool, whole *wholeReply) (*
 		whole.stopWatch = context.AfterFunc(ctx, func() { st.cancel(context.Cause(ctx)) })
 	}
 	c.mu.Unlock()
-	if err := c.endWriteLocked(c.writeHeadersLocked(st.id, req, !hasBody)); err != nil {
+	err := c.writeHeadersLocked(st.id, req, !hasBody)
+	if err == nil {
+		err = c.bw.Flush()
+	}
+	if err != nil {
+		// A failed write leaves at least its last byte unsent, and the
+		// header block ends this write: the server never had the whole
+		// block, so it cannot have started the stream. Forgotten before
+		// the connection fails, so that it is failed as never processed,
+		// not with the connection.
 		c.mu.Lock()
 		c.removeLocked(st)
 		c.mu.Unlock()
-		return nil, fmt.Errorf("h2client: writing request headers: %w", err)
+		c.endWriteLocked(err)
+		return nil, fmt.Errorf("%w: writing request headers: %w", ErrNotProcessed, err)
 	}
+	c.wmu.Unlock()
 	return st, nil
 }
 

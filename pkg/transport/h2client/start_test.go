@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 )
 
@@ -124,6 +125,58 @@ func TestStart_ConnectionLostAndRefusedStreams(t *testing.T) {
 	defer rc.Close()
 	if got := <-start(rc, request(t, context.Background(), http.MethodPost, "http://"+addr+"/run", []byte("x")), 1<<20); !errors.Is(got.err, ErrNotProcessed) {
 		t.Fatalf("a refused stream: %v, want ErrNotProcessed", got.err)
+	}
+}
+
+// failingWrites is a connection whose writes fail once fail is set, as a
+// socket's do once the peer reset it.
+type failingWrites struct {
+	net.Conn
+	fail atomic.Bool
+}
+
+func (f *failingWrites) Write(b []byte) (int, error) {
+	if f.fail.Load() {
+		return 0, syscall.EPIPE
+	}
+	return f.Conn.Write(b)
+}
+
+// A request whose headers could not be written, the peer gone before its
+// read loop said so, is never processed: the server cannot have had the
+// whole header block. It fails with ErrNotProcessed, not with the
+// connection's error, for RoundTrip and Start alike.
+func TestHeadersNotWritten_IsNotProcessed(t *testing.T) {
+	var served atomic.Int32
+	srv := h2cServer(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served.Add(1) }))
+	for _, viaStart := range []bool{false, true} {
+		nc, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw := &failingWrites{Conn: nc}
+		c, err := NewConn(fw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := <-start(c, request(t, context.Background(), http.MethodGet, srv.URL, nil), 1<<20); got.err != nil {
+			t.Fatalf("first request: %v", got.err)
+		}
+		before := served.Load()
+		fw.fail.Store(true)
+		req := request(t, context.Background(), http.MethodPost, srv.URL, []byte("x"))
+		if viaStart {
+			err = (<-start(c, req, 1<<20)).err
+		} else {
+			_, err = c.RoundTrip(req)
+		}
+		if !errors.Is(err, ErrNotProcessed) || !errors.Is(err, syscall.EPIPE) {
+			t.Errorf("Start %v: headers not written: %v, want ErrNotProcessed wrapping EPIPE", viaStart, err)
+		}
+		if served.Load() != before {
+			t.Errorf("Start %v: the server served the request whose headers were not written", viaStart)
+		}
+		c.Close()
 	}
 }
 

@@ -105,7 +105,9 @@ func NeverProcessed(err error) bool { return neverProcessed(err) }
 // (RFC 9113 §8.7):
 //   - h2client.ErrNotProcessed: a stream the server refused, one above the
 //     last stream a GOAWAY accepted, a request on a connection that had
-//     failed before the request's stream was written;
+//     failed before the request's stream was written, one whose header
+//     block could not be written whole (the peer reset the connection
+//     before its read loop told);
 //   - a dial error: a connection that could not be opened carried nothing.
 //     (At 50,000 rollouts in flight the model server's dial to the
 //     inference worker on loopback timed out after its 10 s, both processes
