@@ -2,12 +2,18 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"net/url"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/ops/fleet"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpclient"
@@ -100,6 +106,14 @@ func TestTwoWorkers_RolloutsSpreadStayAndFailOver(t *testing.T) {
 	if err := f.L.Kill("fakeinference-1"); err != nil {
 		t.Fatal(err)
 	}
+	dead, _ := f.Cfg.Endpoint("fakeinference-1")
+	// A call written on the model server's connection to the dead worker
+	// before its read loop has seen the connection end may have reached
+	// it, so it fails rather than failing over (SPEC: a call that may
+	// have generated is never re-sent): wait for that connection to end,
+	// so that the calls below test the failover of calls the dead worker
+	// never got.
+	waitNoConnTo(t, dead.URL)
 	ids = runAll("one")
 	// Worker 1 is gone with its call log: every call of these rollouts
 	// must be on worker 0.
@@ -109,7 +123,6 @@ func TestTwoWorkers_RolloutsSpreadStayAndFailOver(t *testing.T) {
 			t.Fatalf("with worker 1 dead, rollout %s's calls went to workers %v, want [0]", id, ws)
 		}
 	}
-	dead, _ := f.Cfg.Endpoint("fakeinference-1")
 	model, _ := f.Cfg.Endpoint("policy_model")
 	rep, err := httpclient.Do(context.Background(), f.ctl, http.MethodGet, model.URL+"/metrics", nil, nil)
 	if err != nil {
@@ -127,4 +140,59 @@ func TestTwoWorkers_RolloutsSpreadStayAndFailOver(t *testing.T) {
 	if failovers < 1 {
 		t.Fatalf("no call failed over from the dead worker (%s 0): the test did not exercise failover", series)
 	}
+}
+
+// waitNoConnTo waits until no socket of this network namespace is
+// connected to rawURL's port: none established, and none the peer closed
+// that its owner has not closed yet (CLOSE_WAIT).
+func waitNoConnTo(t *testing.T, rawURL string) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		t.Fatalf("%s: no port", rawURL)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	stop := time.After(30 * time.Second)
+	for {
+		n, err := connectedTo(port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-stop:
+			t.Fatalf("%d sockets still connected to port %d after 30 s", n, port)
+		}
+	}
+}
+
+// connectedTo counts the sockets of /proc/net/tcp and tcp6 whose remote
+// port is port and whose state is ESTABLISHED (01) or CLOSE_WAIT (08).
+func connectedTo(port int) (int, error) {
+	want := fmt.Sprintf(":%04X", port)
+	n := 0
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no IPv6 here
+		}
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) > 3 && strings.HasSuffix(f[2], want) && (f[3] == "01" || f[3] == "08") {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
