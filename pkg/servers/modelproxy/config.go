@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/gymfleet/gymfleet/pkg/checkpoint/gencut"
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
 	"github.com/gymfleet/gymfleet/pkg/infra/logging"
 	"github.com/gymfleet/gymfleet/pkg/infra/runtimetune"
@@ -64,6 +65,24 @@ type GenerationCutsConfig struct {
 	// ControlAuthToken is the bearer the worker's cut route requires; empty
 	// disables cuts.
 	ControlAuthToken string `mapstructure:"control_auth_token"`
+	// InventoryCalls is the most calls one inventory lists (0:
+	// DefaultInventoryCalls, at most gencut.MaxActive). A worker holding
+	// more is sent several, two at a time, instead of one it would refuse.
+	InventoryCalls int `mapstructure:"inventory_calls"`
+}
+
+// DefaultInventoryCalls is GenerationCutsConfig.InventoryCalls' default,
+// the most our workers take in one request: up to it a worker gets one
+// inventory, as NeMo Gym's model server sends. Smaller parts gave a
+// prepare no shorter (docs/scale-log.md), so they are not the default.
+const DefaultInventoryCalls = gencut.MaxActive
+
+// inventoryCalls is the configured bound, or its default.
+func (g GenerationCutsConfig) inventoryCalls() int {
+	if g.InventoryCalls <= 0 {
+		return DefaultInventoryCalls
+	}
+	return g.InventoryCalls
 }
 
 // UpstreamConfig names the OpenAI-compatible inference endpoint (vLLM or
@@ -266,6 +285,9 @@ func (c Config) Validate() error {
 	}
 	if strings.TrimSpace(c.Capture.Dir) == "" {
 		errs = append(errs, errors.New("capture.dir must not be empty"))
+	}
+	if n := c.GenerationCuts.InventoryCalls; n < 0 || n > gencut.MaxActive {
+		errs = append(errs, fmt.Errorf("generation_cuts.inventory_calls must be 0 (the default) to %d, got %d", gencut.MaxActive, n))
 	}
 	if err := c.Checkpoint.Validate(); err != nil {
 		errs = append(errs, err)

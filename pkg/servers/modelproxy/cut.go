@@ -66,14 +66,21 @@ func DecodeCutReceipt(body []byte, inv gencut.Inventory) (*gencut.Receipt, error
 	return gencut.DecodeReceiptFor(body, inv)
 }
 
+// cutsInFlight is how many of a worker's inventories are out at once:
+// NeMo RL's worker cuts one at a time, so a second keeps it busy while the
+// model server writes the next and reads the last.
+const cutsInFlight = 2
+
 // cutRound asks every worker holding listed calls to cut its calls, all
-// at once, each with the inventory of its calls (NeMo Gym's
+// workers at once, each with inventories of its calls (NeMo Gym's
 // GenerationCutInventory, model.py PolicyGate._cut: one prefix per call,
-// the ticket being the model call id), and records each call's outcome
-// from the receipts. It runs on the participant's goroutine; any failure
-// of a worker's request (transport, refusal, timeout, a receipt that does
-// not validate) marks that worker's calls failed: a cut only saves
+// the ticket being the model call id; more than one when the worker holds
+// more than GenerationCutsConfig.InventoryCalls), and records each call's
+// outcome from the receipts. It runs on the participant's goroutine; any
+// failure of a request (transport, refusal, timeout, a receipt that does
+// not validate) marks the calls it listed failed: a cut only saves
 // regeneration, so it never fails the checkpoint.
+
 func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, listed []*ticket) {
 	defer p.wg.Done()
 	defer cancel()
@@ -101,21 +108,35 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 			AdmittedAt: float64(t.admittedAt.UnixMicro()) / 1e6,
 		})
 	}
-	receipts := make([]*gencut.Receipt, len(prefixes))
+	// A worker's calls go in inventories of at most size calls (one, up
+	// to the bound a worker takes), each with its own digest and receipt,
+	// cutsInFlight of them out at a time. A failed one loses only its own
+	// calls' cuts.
+	size := p.s.cfg.GenerationCuts.inventoryCalls()
+	parts := 0
+	for _, list := range prefixes {
+		parts += (len(list) + size - 1) / size
+	}
+	receipts := make([]*gencut.Receipt, 0, parts)
 	var wg sync.WaitGroup
-	for w := range prefixes {
-		if len(prefixes[w]) == 0 {
-			continue
+	for w, list := range prefixes {
+		out := make(chan struct{}, cutsInFlight)
+		for start := 0; start < len(list); start += size {
+			part := list[start:min(start+size, len(list))]
+			receipts = append(receipts, nil)
+			rc := &receipts[len(receipts)-1]
+			wg.Go(func() {
+				out <- struct{}{}
+				defer func() { <-out }()
+				inv := gencut.BuildInventory(id, p.s.cfg.Name, part)
+				r, err := p.postCut(ctx, p.cutURLs[w], inv)
+				if err != nil {
+					p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", id, "worker", p.cutURLs[w], "calls", len(part), "err", err)
+					return
+				}
+				*rc = r
+			})
 		}
-		inv := gencut.BuildInventory(id, p.s.cfg.Name, prefixes[w])
-		wg.Go(func() {
-			rc, err := p.postCut(ctx, p.cutURLs[w], inv)
-			if err != nil {
-				p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", id, "worker", p.cutURLs[w], "calls", len(inv.ActivePrefixes), "err", err)
-				return
-			}
-			receipts[w] = rc
-		})
 	}
 	wg.Wait()
 	outcome := make(map[string]*gencut.PrefixAck, len(listed))

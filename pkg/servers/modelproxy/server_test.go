@@ -753,6 +753,9 @@ func TestConfigValidate(t *testing.T) {
 		}, "exclusive"},
 		{"bad worker url", func(c *modelproxy.Config) { c.Upstream.BaseURLs = []string{"http://a:1/v1", "b:1"} }, "upstream.base_urls[1]"},
 		{"worker listed twice", func(c *modelproxy.Config) { c.Upstream.BaseURLs = []string{"http://a:1/v1", "http://a:1/v1/"} }, "listed twice"},
+		{"inventories of one call", func(c *modelproxy.Config) { c.GenerationCuts.InventoryCalls = 1 }, ""},
+		{"inventories past a worker's bound", func(c *modelproxy.Config) { c.GenerationCuts.InventoryCalls = 100001 }, "generation_cuts.inventory_calls"},
+		{"negative inventory bound", func(c *modelproxy.Config) { c.GenerationCuts.InventoryCalls = -1 }, "generation_cuts.inventory_calls"},
 		{"too many workers", func(c *modelproxy.Config) {
 			for i := range 65 {
 				c.Upstream.BaseURLs = append(c.Upstream.BaseURLs, fmt.Sprintf("http://w%d:1/v1", i))

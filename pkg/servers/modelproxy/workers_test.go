@@ -129,8 +129,8 @@ func TestWorkers_FailsOverFromADeadWorker(t *testing.T) {
 }
 
 // A checkpoint asks each worker to cut the calls generating on it (one
-// request per worker), and each cut call continues on the worker that
-// staged its prefix.
+// request per worker, holding fewer calls than one inventory lists), and
+// each cut call continues on the worker that staged its prefix.
 func TestWorkers_GenerationCutAsksEveryWorker(t *testing.T) {
 	t.Parallel()
 	w0, w1 := startWorker(t, cutTPS), startWorker(t, cutTPS)
@@ -177,6 +177,73 @@ func TestWorkers_GenerationCutAsksEveryWorker(t *testing.T) {
 		last := calls[len(calls)-1]
 		if len(calls) != 2 || last.ContinuedFrom == nil || *last.ContinuedFrom != want.call {
 			t.Fatalf("worker %d: %d calls, last continued from %v; want the cut %s continued there", i, len(calls), last.ContinuedFrom, want.call)
+		}
+	}
+}
+
+// A worker holding more calls than one inventory lists is sent several,
+// each answered by its own receipt: every call is cut once, and each
+// continues from its own prefix after the resume.
+func TestWorkers_GenerationCutInParts(t *testing.T) {
+	t.Parallel()
+	w := startWorker(t, cutTPS)
+	m := startModel(t, w.url, t.TempDir(), ctlplanetest.Config(), func(c *modelproxy.Config) {
+		c.GenerationCuts.InventoryCalls = 2
+	})
+	body := chatRequest("tell me a long story", words(30))
+	keys := []string{"parta", "partb", "partc", "partd", "parte"}
+	pending := make([]<-chan result, len(keys))
+	for i, k := range keys {
+		pending[i] = m.callAsync(k, chatPath, body)
+	}
+	generating := func() []string {
+		var ids []string
+		for _, c := range w.calls(t) {
+			if c.Status == fakeinference.StatusGenerating && c.CompletionTokens >= 3 {
+				ids = append(ids, c.CallID)
+			}
+		}
+		return ids
+	}
+	waitFor(t, "every call generating", func() bool { return len(generating()) == len(keys) })
+	want := generating()
+	prep := m.mustOp(t, "prepare", ckReq("parts1"))
+	rep, _ := prep["report"].(map[string]any)
+	counts, _ := rep["counts"].(map[string]any)
+	if prep["phase"] != "prepared" || counts["cut"] != float64(len(keys)) || counts["cut_failed"] != float64(0) {
+		t.Fatalf("prepare = %v, want prepared with %d cuts", prep, len(keys))
+	}
+	rounds, err := w.ctl.Cuts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	sizes := make([]int, 0, len(rounds))
+	for _, r := range rounds {
+		listed = append(listed, r...)
+		sizes = append(sizes, len(r))
+	}
+	slices.Sort(sizes)
+	slices.Sort(listed)
+	slices.Sort(want)
+	if !slices.Equal(sizes, []int{1, 2, 2}) || !slices.Equal(listed, want) {
+		t.Fatalf("cut rounds %v (sizes %v), want the %d generating calls %v in parts of at most 2", rounds, sizes, len(want), want)
+	}
+	m.mustOp(t, "resume", ckReq("parts1"))
+	for _, ch := range pending {
+		if r := await(t, "a cut call", ch); r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("cut call: %d %s %v", r.status, r.body, r.err)
+		}
+	}
+	continued := map[string]bool{}
+	for _, c := range w.calls(t) {
+		if c.ContinuedFrom != nil {
+			continued[*c.ContinuedFrom] = true
+		}
+	}
+	for _, id := range want {
+		if !continued[id] {
+			t.Errorf("cut call %s was not continued from its prefix", id)
 		}
 	}
 }
