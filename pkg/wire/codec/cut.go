@@ -219,15 +219,25 @@ func valueEnd(b []byte, i int) int {
 func endsScalar(c byte) bool { return c == ',' || c == '}' || c == ']' || isSpace(c) }
 
 // stringEnd returns the index after the string that starts at b[i], a
-// '"', or -1 if it does not end in b.
+// '"', or -1 if it does not end in b. It jumps from quote to quote
+// (bytes.IndexByte) instead of looking at every byte: a quote ends the
+// string unless the backslashes right before it, within the string, are
+// an odd run (the last one escapes it).
 func stringEnd(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '"':
-			return i + 1
-		case '\\':
-			i++
+	start := i + 1
+	for from := start; ; {
+		q := bytes.IndexByte(b[from:], '"')
+		if q < 0 {
+			return -1
 		}
+		q += from
+		k := q
+		for k > start && b[k-1] == '\\' {
+			k--
+		}
+		if (q-k)%2 == 0 {
+			return q + 1
+		}
+		from = q + 1
 	}
-	return -1
 }
