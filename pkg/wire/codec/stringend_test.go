@@ -39,24 +39,21 @@ func FuzzStringEnd(f *testing.F) {
 	})
 }
 
-// BenchmarkStringEnd: a record's text, a long string with a few escapes.
+// BenchmarkStringEnd: a record's text, a long string with a few escapes,
+// quote to quote and a byte at a time.
 func BenchmarkStringEnd(b *testing.B) {
 	text := []byte(`"` + strings.Repeat(`The weather in Paris is mild today, 14 degrees and \"cloudy\".\n`, 40) + `",`)
-	b.SetBytes(int64(len(text)))
-	for b.Loop() {
-		if stringEnd(text, 0) != len(text)-1 {
-			b.Fatal("wrong end")
-		}
-	}
-}
-
-// BenchmarkStringEndEachByte is the same string, a byte at a time.
-func BenchmarkStringEndEachByte(b *testing.B) {
-	text := []byte(`"` + strings.Repeat(`The weather in Paris is mild today, 14 degrees and \"cloudy\".\n`, 40) + `",`)
-	b.SetBytes(int64(len(text)))
-	for b.Loop() {
-		if stringEndEachByte(text, 0) != len(text)-1 {
-			b.Fatal("wrong end")
-		}
+	for _, scan := range []struct {
+		name string
+		end  func([]byte, int) int
+	}{{"quotes", stringEnd}, {"bytes", stringEndEachByte}} {
+		b.Run(scan.name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				if scan.end(text, 0) != len(text)-1 {
+					b.Fatal("wrong end")
+				}
+			}
+		})
 	}
 }
