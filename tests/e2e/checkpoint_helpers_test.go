@@ -37,6 +37,22 @@ func (f *Fleet) Checkpoint(c *coordination.Coordinator, id string, scope ...roll
 	return res, cm
 }
 
+// store opens the store checkpoint id is in as the fleet's servers do: a
+// local directory, or the fleet's bucket at its S3 endpoint.
+func (f *Fleet) store(id string) *ckptstore.Store {
+	f.t.Helper()
+	dir := f.Dir(id)
+	if !ckptstore.IsS3(dir) {
+		return ctlplanetest.Store(f.t, dir)
+	}
+	s, err := ckptstore.OpenWith(dir, ckptstore.Options{S3: ckptstore.S3Options{Endpoint: f.topo.S3Endpoint, PathStyle: f.topo.S3PathStyle}})
+	if err != nil {
+		f.t.Fatalf("opening %s: %v", dir, err)
+	}
+	f.t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // requireRecordsAreJSON fails the test unless every record of checkpoint
 // id is one JSON object by encoding/json's reading: the store frames
 // records and leaves their syntax to the participants' own encoders
@@ -45,7 +61,7 @@ func (f *Fleet) Checkpoint(c *coordination.Coordinator, id string, scope ...roll
 func (f *Fleet) requireRecordsAreJSON(id string) {
 	f.t.Helper()
 	ctx := context.Background()
-	store := ctlplanetest.Store(f.t, f.Dir(id))
+	store := f.store(id)
 	manifests, err := store.Manifests(ctx, f.Dir(id))
 	if err != nil {
 		f.t.Fatalf("manifests of %s: %v", id, err)
@@ -92,7 +108,7 @@ func (f *Fleet) CrashAndRestore(id string, scope ...rollout.EpisodeID) *coordina
 // Records reads one participant's records of checkpoint id.
 func (f *Fleet) Records(id, kind, instance string) []map[string]any {
 	f.t.Helper()
-	store := ctlplanetest.Store(f.t, f.Dir(id))
+	store := f.store(id)
 	_, recs, _, err := store.Read(context.Background(), ckptstore.Target{Dir: f.Dir(id), Kind: kind, Instance: instance, CheckpointID: id}, nil)
 	if err != nil {
 		f.t.Fatalf("records of %s/%s in %s: %v", kind, instance, id, err)
