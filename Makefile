@@ -172,7 +172,8 @@ soak-sweep: build build-faults
 # Checkpoints in an object store, against a real S3 server on this machine
 # (SeaweedFS; built once, tens of minutes, then cached in ~/.cache/gymfleet):
 # the store's conformance suite and the process-level S3 scenarios. Not part
-# of `make test` (the first build would dwarf it); see the README.
+# of `make test` (the first build would dwarf it), which runs the same
+# scenarios against an in-process fake S3; see the README.
 test-s3: build
 	GYMFLEET_BIN=$(BIN) scripts/test-s3.sh
 
