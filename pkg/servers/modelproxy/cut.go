@@ -80,7 +80,6 @@ const cutsInFlight = 2
 // failure of a request (transport, refusal, timeout, a receipt that does
 // not validate) marks the calls it listed failed: a cut only saves
 // regeneration, so it never fails the checkpoint.
-
 func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, listed []*ticket) {
 	defer p.wg.Done()
 	defer cancel()
@@ -117,14 +116,15 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 	for _, list := range prefixes {
 		parts += (len(list) + size - 1) / size
 	}
-	receipts := make([]*gencut.Receipt, 0, parts)
+	receipts := make([]*gencut.Receipt, parts)
+	next := 0
 	var wg sync.WaitGroup
 	for w, list := range prefixes {
 		out := make(chan struct{}, cutsInFlight)
 		for start := 0; start < len(list); start += size {
 			part := list[start:min(start+size, len(list))]
-			receipts = append(receipts, nil)
-			rc := &receipts[len(receipts)-1]
+			i := next
+			next++
 			wg.Go(func() {
 				out <- struct{}{}
 				defer func() { <-out }()
@@ -134,7 +134,7 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 					p.log.WarnContext(ctx, "generation cut failed; the calls will regenerate", "checkpoint_id", id, "worker", p.cutURLs[w], "calls", len(part), "err", err)
 					return
 				}
-				*rc = r
+				receipts[i] = r
 			})
 		}
 	}
