@@ -605,3 +605,45 @@ func TestActivation_ReplyIsAResponse(t *testing.T) {
 		t.Errorf("reply %s: %v", r.body, err)
 	}
 }
+
+// TestActivation_TokenFieldsCarriedThrough: the token fields of a model's
+// output items go on, as the model wrote them, into the next model call's
+// input and into the reply, checkpointing on (where the loop holds them
+// only in its boundary record, Item.Compact) as off.
+func TestActivation_TokenFieldsCarriedThrough(t *testing.T) {
+	const tokens = `,"prompt_token_ids":[1,3,9,7234],"generation_token_ids":[11,3182,2],"generation_log_probs":[-2.3124,-0.5,-1e-7]`
+	withTokens := func(item string) string { return strings.TrimSuffix(item, "}") + tokens + "}" }
+	script := func() []string {
+		return []string{
+			resp("resp_1", usage(10, 5, "0"), withTokens(fc("c1", "get_weather", getWeatherParis))),
+			resp("resp_2", usage(20, 7, "3"), withTokens(msg("The weather in Paris is cold."))),
+		}
+	}
+	run := func(mutate func(*agent.Config)) (secondInput, output string) {
+		ta := newFixture(t, mutate, script()...)
+		ta.open("r", "s", "rs")
+		r := ta.activate("r", "s", "1", weatherParams)
+		if r.status != 200 {
+			t.Fatalf("activation: %d %s", r.status, r.body)
+		}
+		calls := ta.rec.of("model")
+		if len(calls) != 2 {
+			t.Fatalf("%d model calls, want 2", len(calls))
+		}
+		return field(t, calls[1].body, "input"), field(t, r.body, "output")
+	}
+	offInput, offOutput := run(nil)
+	onInput, onOutput := run(withCheckpoint)
+	if onInput != offInput {
+		t.Errorf("second model input, checkpointing on:\n got %s\nwant %s", onInput, offInput)
+	}
+	if onOutput != offOutput {
+		t.Errorf("reply output, checkpointing on:\n got %s\nwant %s", onOutput, offOutput)
+	}
+	if n := strings.Count(onInput, tokens); n != 1 {
+		t.Errorf("second model input carries the first reply's token fields %d times, want once: %s", n, onInput)
+	}
+	if n := strings.Count(onOutput, tokens); n != 2 {
+		t.Errorf("reply output carries token fields %d times, want 2: %s", n, onOutput)
+	}
+}

@@ -62,7 +62,8 @@ type ckptState struct {
 	// is closed (the only time a prepare waits on them); nil otherwise.
 	watch *watcher
 	// boundaryScratch holds buffers loop states are encoded into at their
-	// boundaries (*[]byte), before each is copied out at its exact size.
+	// boundaries (*boundaryScratch), before each is copied out at its
+	// exact size.
 	boundaryScratch sync.Pool
 }
 
@@ -81,19 +82,37 @@ func newCkptState() *ckptState { return &ckptState{changed: make(chan struct{})}
 // parts over the rollout's life, several times slower than states built
 // in one go (BenchmarkExport), and most of the agent's share of a commit. A
 // boundary comes a few times a rollout and costs a few microseconds there.
+//
+// The state's items are then compacted onto the encoding (Item.Compact):
+// their token arrays, most of a rollout's bytes, are held once, as the
+// record's text, rather than decoded beside it. Nothing of the loop reads
+// them again; the next model request and the final reply write the items
+// from the encoding, byte for byte what encoding them again would write.
 func (c *ckptState) encodeBoundary(st *LoopState) (codec.RawMessage, error) {
-	scratch, _ := c.boundaryScratch.Get().(*[]byte)
+	scratch, _ := c.boundaryScratch.Get().(*boundaryScratch)
 	if scratch == nil {
-		scratch = new([]byte)
+		scratch = new(boundaryScratch)
 	}
-	b, err := appendLoopState((*scratch)[:0], st)
+	spans := scratch.spans[:0]
+	b, err := appendLoopStateSpans(scratch.b[:0], st, &spans)
 	if err != nil {
 		return nil, err
 	}
 	enc := bytes.Clone(b)
-	*scratch = b
+	for i := range st.NewOutputs {
+		start, end := spans[2*i], spans[2*i+1]
+		st.NewOutputs[i] = st.NewOutputs[i].Compact(enc[start:end:end])
+	}
+	scratch.b, scratch.spans = b, spans
 	c.boundaryScratch.Put(scratch)
 	return enc, nil
+}
+
+// boundaryScratch is encodeBoundary's reusable room: the encoding and
+// where each item of the state's outputs stands in it.
+type boundaryScratch struct {
+	b     []byte
+	spans []int
 }
 
 func (c *ckptState) notifyLocked() {

@@ -408,9 +408,12 @@ func (a *activation) callModel(t *park.Task, ctx context.Context, done func(*ope
 // modelRequest is the next model call's request and URL.
 func (a *activation) modelRequest() (*openai.ResponsesRequest, string) {
 	req := *a.params
-	input := make([]openai.Item, 0, len(a.input)+len(a.state.NewOutputs))
-	input = append(append(input, a.input...), a.state.NewOutputs...)
-	req.Input = openai.Input{Items: input, IsItems: true}
+	// The request refers to the input and the outputs so far, not a copy
+	// of them: it is held for as long as the call is out, and encoded
+	// again only to be sent again. NewOutputs only grows, so its first n
+	// items stay as they are while the loop waits.
+	n := len(a.state.NewOutputs)
+	req.Input = openai.Input{Items: a.input, Then: a.state.NewOutputs[:n:n], IsItems: true}
 	req.Stream = nil
 	if a.srv.cfg.Stream {
 		stream := true

@@ -101,13 +101,20 @@ func appendObservations(b []byte, o *Observations) []byte {
 }
 
 func appendLoopState(b []byte, st *LoopState) ([]byte, error) {
+	return appendLoopStateSpans(b, st, nil)
+}
+
+// appendLoopStateSpans is appendLoopState that, with spans not nil, also
+// appends where each of st.NewOutputs starts and ends in b: two offsets
+// per item.
+func appendLoopStateSpans(b []byte, st *LoopState, spans *[]int) ([]byte, error) {
 	var err error
 	b = append(b, `{"step":`...)
 	b = strconv.AppendInt(b, int64(st.Step), 10)
 	b = append(b, `,"pending_tools":`...)
 	b = strconv.AppendBool(b, st.PendingTools)
 	b = append(b, `,"new_outputs":`...)
-	if b, err = appendItems(b, st.NewOutputs); err != nil {
+	if b, err = appendItems(b, st.NewOutputs, spans); err != nil {
 		return nil, err
 	}
 	b = append(b, `,"usage":`...)
@@ -127,8 +134,9 @@ func appendLoopState(b []byte, st *LoopState) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// appendItems appends items as a JSON array, null when nil.
-func appendItems(b []byte, items []openai.Item) ([]byte, error) {
+// appendItems appends items as a JSON array, null when nil, and with spans
+// not nil where each item starts and ends in b.
+func appendItems(b []byte, items []openai.Item, spans *[]int) ([]byte, error) {
 	if items == nil {
 		return append(b, "null"...), nil
 	}
@@ -137,9 +145,13 @@ func appendItems(b []byte, items []openai.Item) ([]byte, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
+		start := len(b)
 		var err error
 		if b, err = items[i].AppendJSON(b); err != nil {
 			return nil, err
+		}
+		if spans != nil {
+			*spans = append(*spans, start, len(b))
 		}
 	}
 	return append(b, ']'), nil

@@ -69,6 +69,11 @@ func ResponsesToChat(req *ResponsesRequest, model string) (*ChatRequest, error) 
 				return nil, fmt.Errorf("input[%d]: %w", i, err)
 			}
 		}
+		for i := range req.Input.Then {
+			if err := c.add(&req.Input.Then[i]); err != nil {
+				return nil, fmt.Errorf("input[%d]: %w", len(req.Input.Items)+i, err)
+			}
+		}
 	} else {
 		// A string input is one user message with one text part.
 		c.messages = append(c.messages, ChatMessage{Role: "user", Content: &MessageContent{

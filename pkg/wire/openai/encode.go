@@ -16,7 +16,25 @@ func (in Input) MarshalJSON() ([]byte, error) {
 	if !in.IsItems {
 		return codec.AppendString(nil, in.Text), nil
 	}
-	return appendList(make([]byte, 0, 256*len(in.Items)+2), in.Items, Item.appendJSON)
+	b, err := appendList(make([]byte, 0, 256*(len(in.Items)+len(in.Then))+2), in.Items, Item.appendJSON)
+	if err != nil || len(in.Then) == 0 {
+		return b, err
+	}
+	// The list goes on with Then: its ']' becomes the separator (or goes,
+	// after an empty Items) and Then's list follows without its '['.
+	b = b[:len(b)-1]
+	if len(in.Items) > 0 {
+		b = append(b, ',')
+	}
+	for i, it := range in.Then {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if b, err = it.appendJSON(b); err != nil {
+			return nil, err
+		}
+	}
+	return append(b, ']'), nil
 }
 
 // MarshalJSON writes the item in its type's wire shape.
@@ -30,6 +48,9 @@ func (it Item) MarshalJSON() ([]byte, error) {
 func (it Item) AppendJSON(b []byte) ([]byte, error) { return it.appendJSON(b) }
 
 func (it Item) appendJSON(b []byte) ([]byte, error) {
+	if it.encoded != nil {
+		return append(b, it.encoded...), nil
+	}
 	var err error
 	switch it.Type {
 	case ItemFunctionCall:

@@ -3,6 +3,8 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -192,6 +194,75 @@ func TestItemEncoding_MatchesTheWireStructs(t *testing.T) {
 	}
 	if got, _ := (Input{IsItems: true}).MarshalJSON(); string(got) != "[]" {
 		t.Errorf("no items = %s, want []", got)
+	}
+}
+
+// TestInputThen: an input whose list goes on in Then encodes, converts and
+// reads as the one list of both.
+func TestInputThen(t *testing.T) {
+	a := []Item{{Role: "developer", Content: TextContent("be brief")}, {Role: "user", Content: TextContent("weather?")}}
+	b := []Item{
+		{Type: ItemFunctionCall, ID: "fc_1", CallID: "c1", Name: "get_weather", Arguments: `{"city":"Paris"}`, Status: "completed",
+			TokenFields: TokenFields{PromptTokenIDs: []int{1, 2}, GenerationTokenIDs: []int{3}, GenerationLogProbs: []float64{-0.5}}},
+		{Type: ItemFunctionCallOutput, CallID: "c1", Output: TextContent(`{"w":"sunny"}`)},
+	}
+	for name, tc := range map[string]struct{ items, then []Item }{
+		"both":       {a, b},
+		"then only":  {nil, b},
+		"items only": {a, nil},
+		"empty then": {a, []Item{}},
+		"neither":    {nil, nil},
+	} {
+		split := Input{Items: tc.items, Then: tc.then, IsItems: true}
+		whole := Input{Items: slices.Concat(tc.items, tc.then), IsItems: true}
+		got, err := split.MarshalJSON()
+		want, _ := whole.MarshalJSON()
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: encoded %s (%v), want %s", name, got, err, want)
+		}
+		var back Input
+		if err := json.Unmarshal(got, &back); err != nil || back.Then != nil || len(back.Items) != len(tc.items)+len(tc.then) {
+			t.Errorf("%s: decoded %+v (%v)", name, back, err)
+		}
+		if n := len(split.AsItems()); n != len(tc.items)+len(tc.then) {
+			t.Errorf("%s: AsItems has %d items", name, n)
+		}
+		gotChat, err1 := ResponsesToChat(&ResponsesRequest{Input: split}, "m")
+		wantChat, err2 := ResponsesToChat(&ResponsesRequest{Input: whole}, "m")
+		if (err1 == nil) != (err2 == nil) || !reflect.DeepEqual(gotChat, wantChat) {
+			t.Errorf("%s: converted %+v (%v), want %+v (%v)", name, gotChat, err1, wantChat, err2)
+		}
+	}
+	bad := Input{Items: a, Then: []Item{{Type: ItemFunctionCall, TokenFields: TokenFields{GenerationLogProbs: []float64{nanValue()}}}}, IsItems: true}
+	if got, err := bad.MarshalJSON(); err == nil {
+		t.Errorf("a NaN in Then encoded as %s, want an error", got)
+	}
+}
+
+// TestItemCompact: a compacted item keeps what the agent reads of it and
+// encodes as the encoding it was given, token fields included.
+func TestItemCompact(t *testing.T) {
+	it := Item{Type: ItemFunctionCall, ID: "fc_1", CallID: "c1", Name: "f", Arguments: `{"a":1}`, Status: "completed",
+		TokenFields:   TokenFields{PromptTokenIDs: []int{1, 2}, GenerationTokenIDs: []int{3}, GenerationLogProbs: []float64{-0.5}},
+		RoutedExperts: codec.RawMessage(`"AAEC"`)}
+	enc, err := it.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := it.Compact(enc)
+	if c.PromptTokenIDs != nil || c.GenerationTokenIDs != nil || c.GenerationLogProbs != nil || c.RoutedExperts != nil {
+		t.Errorf("compacted item still holds its token fields: %+v", c)
+	}
+	if c.Type != it.Type || c.CallID != it.CallID || c.Name != it.Name || c.Arguments != it.Arguments || c.Status != it.Status {
+		t.Errorf("compacted item lost what is read of it: %+v", c)
+	}
+	got, err := c.MarshalJSON()
+	if err != nil || !bytes.Equal(got, enc) {
+		t.Errorf("compacted item encodes as %s (%v), want %s", got, err, enc)
+	}
+	list, _ := Input{Items: []Item{c}, Then: []Item{c}, IsItems: true}.MarshalJSON()
+	if want := "[" + string(enc) + "," + string(enc) + "]"; string(list) != want {
+		t.Errorf("in a list: %s, want %s", list, want)
 	}
 }
 

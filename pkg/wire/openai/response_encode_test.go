@@ -76,7 +76,7 @@ func TestResponseAppendJSON_KnowsEveryField(t *testing.T) {
 		{reflect.TypeFor[InputTokensDetails](), 1, "ResponseUsage.AppendJSON (response_encode.go)"},
 		{reflect.TypeFor[OutputTokensDetails](), 1, "ResponseUsage.AppendJSON (response_encode.go)"},
 		{reflect.TypeFor[IncompleteDetails](), 1, "IncompleteDetails.appendJSON (response_encode.go)"},
-		{reflect.TypeFor[Item](), 13, "Item.appendJSON (encode.go)"},
+		{reflect.TypeFor[Item](), 14, "Item.appendJSON (encode.go)"},
 		{reflect.TypeFor[TokenFields](), 3, "TokenFields.appendJSON (encode.go)"},
 		{reflect.TypeFor[MessageContent](), 3, "MessageContent.appendJSON (encode.go)"},
 		{reflect.TypeFor[ContentPart](), 7, "ContentPart.appendJSON (encode.go)"},

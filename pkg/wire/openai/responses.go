@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"fmt"
+	"slices"
 
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
 )
@@ -66,6 +67,11 @@ type Tool struct {
 type Input struct {
 	Text  string
 	Items []Item
+	// Then follows Items in the list: a sender whose list is two it holds
+	// (the agent's input items, then its outputs so far) refers to both
+	// rather than copying them into one for as long as the call is out.
+	// Decoding never sets it.
+	Then []Item
 	// IsItems is set when the input is a list.
 	IsItems bool
 }
@@ -73,6 +79,9 @@ type Input struct {
 // AsItems returns the input as items; a string becomes one user message.
 func (in Input) AsItems() []Item {
 	if in.IsItems {
+		if len(in.Then) > 0 {
+			return slices.Concat(in.Items, in.Then)
+		}
 		return in.Items
 	}
 	return []Item{{Type: ItemMessage, Role: "user", Content: TextContent(in.Text)}}
@@ -82,10 +91,10 @@ func (in Input) AsItems() []Item {
 func (in *Input) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
 	if len(b) > 0 && b[0] == '[' {
-		in.IsItems, in.Text = true, ""
+		in.IsItems, in.Text, in.Then = true, "", nil
 		return codec.Unmarshal(b, &in.Items)
 	}
-	in.IsItems, in.Items = false, nil
+	in.IsItems, in.Items, in.Then = false, nil, nil
 	return codec.Unmarshal(b, &in.Text)
 }
 
@@ -111,6 +120,21 @@ type Item struct {
 	// RoutedExperts rides with the token fields (NeMo Gym's routed_experts,
 	// read by NeMo RL's router replay); opaque, and written only on output.
 	RoutedExperts codec.RawMessage
+	// encoded, set by Compact, is what MarshalJSON writes.
+	encoded []byte
+}
+
+// Compact returns the item without its token fields and routed experts,
+// with enc, the item as MarshalJSON writes it, written in their place from
+// then on. It is for a holder that keeps the item's encoding anyway (the
+// agent, in its boundary record) and reads the item again only for its
+// kind, call and content: the token arrays, often most of an item, are
+// then held once, as text. enc must not change afterwards.
+func (it Item) Compact(enc []byte) Item {
+	it.TokenFields = TokenFields{}
+	it.RoutedExperts = nil
+	it.encoded = enc
+	return it
 }
 
 // SummaryText is one summary entry of a reasoning item.
