@@ -692,7 +692,18 @@ func decodeParams(b []byte) (*openai.ResponsesRequest, error) {
 	if err := codec.UnmarshalStrict(b, &p); err != nil {
 		return nil, apierror.New(apierror.InvalidRequest, "responses_create_params: %s", codec.DescribeError(err)).WithStatus(http.StatusUnprocessableEntity)
 	}
+	// The decoder grows lists by doubling; these are held for the whole
+	// rollout, so at their length.
+	p.Input.Items, p.Tools = clipped(p.Input.Items), clipped(p.Tools)
 	return &p, nil
+}
+
+// clipped is s in a slice of its own length, when its capacity is more.
+func clipped[T any](s []T) []T {
+	if cap(s) == len(s) {
+		return s
+	}
+	return append(make([]T, 0, len(s)), s...)
 }
 
 // decodeRow decodes a dataset row into its fields.
