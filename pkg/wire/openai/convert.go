@@ -64,14 +64,10 @@ func ResponsesToChat(req *ResponsesRequest, model string) (*ChatRequest, error) 
 	}
 	var c chatBuilder
 	if req.Input.IsItems {
-		for i := range req.Input.Items {
-			if err := c.add(&req.Input.Items[i]); err != nil {
+		items := req.Input.AsItems()
+		for i := range items {
+			if err := c.add(&items[i]); err != nil {
 				return nil, fmt.Errorf("input[%d]: %w", i, err)
-			}
-		}
-		for i := range req.Input.Then {
-			if err := c.add(&req.Input.Then[i]); err != nil {
-				return nil, fmt.Errorf("input[%d]: %w", len(req.Input.Items)+i, err)
 			}
 		}
 	} else {

@@ -11,27 +11,23 @@ import "github.com/gymfleet/gymfleet/pkg/wire/codec"
 // encode_test.go checks the bytes against the wire structs encoded by
 // encoding/json.
 
-// MarshalJSON writes a string or a list.
+// MarshalJSON writes a string or a list: Items, then Then.
 func (in Input) MarshalJSON() ([]byte, error) {
 	if !in.IsItems {
 		return codec.AppendString(nil, in.Text), nil
 	}
-	b, err := appendList(make([]byte, 0, 256*(len(in.Items)+len(in.Then))+2), in.Items, Item.appendJSON)
-	if err != nil || len(in.Then) == 0 {
-		return b, err
-	}
-	// The list goes on with Then: its ']' becomes the separator (or goes,
-	// after an empty Items) and Then's list follows without its '['.
-	b = b[:len(b)-1]
-	if len(in.Items) > 0 {
-		b = append(b, ',')
-	}
-	for i, it := range in.Then {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		if b, err = it.appendJSON(b); err != nil {
-			return nil, err
+	b := append(make([]byte, 0, 256*(len(in.Items)+len(in.Then))+2), '[')
+	n := 0
+	for _, list := range [2][]Item{in.Items, in.Then} {
+		for _, it := range list {
+			if n > 0 {
+				b = append(b, ',')
+			}
+			n++
+			var err error
+			if b, err = it.appendJSON(b); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return append(b, ']'), nil
