@@ -14,7 +14,8 @@
 // It speaks the subset of RFC 9113 a client of Go's HTTP/2 server needs:
 // requests with bodies (flow-controlled both ways), replies streamed as they
 // arrive, cancellation (RST_STREAM), the server's stream limit, GOAWAY, and
-// PING and SETTINGS answered. It does not do server push (disabled in our
+// PING and SETTINGS answered (queued for the writer: the read loop never
+// waits on the socket, see queueControl). It does not do server push (disabled in our
 // SETTINGS), priorities, trailers (read and dropped) or TLS itself. A server that
 // answers the preface in HTTP/1.x fails the connection with ErrHTTP1Server.
 package h2client
@@ -100,6 +101,11 @@ type Conn struct {
 	hbuf bytes.Buffer
 	// bodyBuffers holds the buffers long request bodies are sent from.
 	bodyBuffers sync.Pool
+	// ctrl holds the frames the read loop answers with until a writer
+	// takes them (queueControl); flushers counts the goroutines started to
+	// write them when no writer came.
+	ctrl     h2frame.ControlQueue
+	flushers sync.WaitGroup
 
 	mu sync.Mutex
 	// cond is signalled when a stream slot frees, a send window grows, a
@@ -254,6 +260,7 @@ func (c *Conn) Close() error {
 	c.fail(errConnClosed)
 	err := c.nc.Close()
 	<-c.readDone
+	c.flushers.Wait() // the read loop, which starts them, has returned
 	return err
 }
 
@@ -268,11 +275,15 @@ func (c *Conn) fail(err error) {
 	c.mu.Unlock()
 }
 
-// writeFrames runs fn with the connection's writer and flushes. A write
-// error fails the connection.
+// writeFrames writes the queued control frames, runs fn (if not nil) with
+// the connection's writer and flushes. A write error fails the connection.
 func (c *Conn) writeFrames(fn func() error) error {
 	c.wmu.Lock()
-	return c.endWriteLocked(fn())
+	err := c.drainControlLocked()
+	if err == nil && fn != nil {
+		err = fn()
+	}
+	return c.endWriteLocked(err)
 }
 
 // endWriteLocked ends a write begun under wmu: it flushes unless the write
@@ -441,7 +452,10 @@ func (c *Conn) openStream(req *http.Request, hasBody bool, whole *wholeReply) (*
 		whole.stopWatch = context.AfterFunc(ctx, func() { st.cancel(context.Cause(ctx)) })
 	}
 	c.mu.Unlock()
-	err := c.writeHeadersLocked(st.id, req, !hasBody)
+	err := c.drainControlLocked()
+	if err == nil {
+		err = c.writeHeadersLocked(st.id, req, !hasBody)
+	}
 	if err == nil {
 		err = c.bw.Flush()
 	}

@@ -48,14 +48,18 @@ func (c *Conn) readFrames() error {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
 			if se, ok := errors.AsType[http2.StreamError](err); ok {
-				c.resetStream(se.StreamID, se.Code, fmt.Errorf("h2client: %w", se))
+				if err := c.resetStream(se.StreamID, se.Code, fmt.Errorf("h2client: %w", se)); err != nil {
+					return err
+				}
 				continue
 			}
 			return err
 		}
 		switch f := f.(type) {
 		case *http2.MetaHeadersFrame:
-			c.onHeaders(f)
+			if err := c.onHeaders(f); err != nil {
+				return err
+			}
 		case *http2.DataFrame:
 			if err := c.onData(f); err != nil {
 				return err
@@ -71,8 +75,7 @@ func (c *Conn) readFrames() error {
 			}
 		case *http2.PingFrame:
 			if !f.IsAck() {
-				data := f.Data
-				if err := c.writeFrames(func() error { return c.fr.WritePing(true, data) }); err != nil {
+				if err := c.queueControl(h2frame.Control{Kind: h2frame.PingAck, Data: f.Data}); err != nil {
 					return err
 				}
 			}
@@ -124,45 +127,49 @@ func (c *Conn) lookup(id uint32) (st *stream, headersIn, failed bool) {
 	return st, st.headersIn, st.headersIn && st.resp == nil
 }
 
-// resetStream fails stream id with err and tells the server.
-func (c *Conn) resetStream(id uint32, code http2.ErrCode, err error) {
+// resetStream fails stream id with err and tells the server. The slot
+// is freed once the RST_STREAM is queued: a stream opened after it drains
+// the queue before its headers (openStream), so the server never sees both
+// at once over its stream limit. Its error is the connection's.
+func (c *Conn) resetStream(id uint32, code http2.ErrCode, err error) error {
 	c.mu.Lock()
 	st := c.streams[id]
 	if st != nil {
 		st.endLocked(err)
 	}
 	c.mu.Unlock()
-	if st != nil {
-		c.writeFrames(func() error { return c.fr.WriteRSTStream(id, code) })
-		c.mu.Lock()
-		c.removeLocked(st)
-		c.mu.Unlock()
+	if st == nil {
+		return nil
 	}
+	qerr := c.queueControl(h2frame.Control{Kind: h2frame.Reset, StreamID: id, Val: uint32(code)})
+	c.mu.Lock()
+	c.removeLocked(st)
+	c.mu.Unlock()
+	return qerr
 }
 
 // onHeaders takes a reply's headers (or trailers, which are dropped).
-func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) {
+func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	st, headersIn, _ := c.lookup(f.StreamID)
 	if st == nil {
-		return // a stream we reset
+		return nil // a stream we reset
 	}
 	if headersIn { // trailers
 		if f.StreamEnded() {
 			c.endReply(st)
 		}
-		return
+		return nil
 	}
 	status := f.PseudoValue("status")
 	code, err := strconv.Atoi(status)
 	if err != nil || code < 100 || code > 999 {
-		c.resetStream(f.StreamID, http2.ErrCodeProtocol, fmt.Errorf("h2client: reply with status %q", status))
-		return
+		return c.resetStream(f.StreamID, http2.ErrCodeProtocol, fmt.Errorf("h2client: reply with status %q", status))
 	}
 	if code < 200 && code != http.StatusSwitchingProtocols {
 		if f.StreamEnded() {
-			c.resetStream(f.StreamID, http2.ErrCodeProtocol, fmt.Errorf("h2client: stream ended by a %d reply", code))
+			return c.resetStream(f.StreamID, http2.ErrCodeProtocol, fmt.Errorf("h2client: stream ended by a %d reply", code))
 		}
-		return // an interim reply: the final one follows
+		return nil // an interim reply: the final one follows
 	}
 	header := canonicalHeader(f.RegularFields())
 	resp := &http.Response{
@@ -182,7 +189,7 @@ func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) {
 	c.mu.Lock()
 	if st.headersIn { // failed meanwhile
 		c.mu.Unlock()
-		return
+		return nil
 	}
 	st.headersIn = true
 	st.resp = resp
@@ -196,6 +203,7 @@ func (c *Conn) onHeaders(f *http2.MetaHeadersFrame) {
 		}
 		c.endReply(st)
 	}
+	return nil
 }
 
 // endReply takes the reply's END_STREAM.
@@ -221,7 +229,7 @@ func (c *Conn) onData(f *http2.DataFrame) error {
 		if c.unackedIn >= connWindow/8 {
 			credit := c.unackedIn
 			c.unackedIn = 0
-			if err := c.writeFrames(func() error { return c.fr.WriteWindowUpdate(0, uint32(credit)) }); err != nil {
+			if err := c.queueControl(h2frame.Control{Kind: h2frame.WindowUpdate, Val: uint32(credit)}); err != nil {
 				return err
 			}
 		}
@@ -231,8 +239,7 @@ func (c *Conn) onData(f *http2.DataFrame) error {
 		return nil // a stream we reset
 	}
 	if !headersIn || failed {
-		c.resetStream(f.StreamID, http2.ErrCodeProtocol, errors.New("h2client: reply data before its headers"))
-		return nil
+		return c.resetStream(f.StreamID, http2.ErrCodeProtocol, errors.New("h2client: reply data before its headers"))
 	}
 	data := f.Data()
 	if w := st.whole; w != nil {
@@ -240,22 +247,19 @@ func (c *Conn) onData(f *http2.DataFrame) error {
 		// given back as it comes, up to its bound.
 		w.received += int64(len(data))
 		if w.received > w.maxBody {
-			c.resetStream(f.StreamID, http2.ErrCodeCancel, fmt.Errorf("h2client: the reply is longer than %d bytes", w.maxBody))
-			return nil
+			return c.resetStream(f.StreamID, http2.ErrCodeCancel, fmt.Errorf("h2client: the reply is longer than %d bytes", w.maxBody))
 		}
 		if !st.body.write(data, 0) {
 			return nil
 		}
 		if refund := st.body.taken(n); refund > 0 {
-			id := f.StreamID
-			if err := c.writeFrames(func() error { return c.fr.WriteWindowUpdate(id, uint32(refund)) }); err != nil {
+			if err := c.queueControl(h2frame.Control{Kind: h2frame.WindowUpdate, StreamID: f.StreamID, Val: uint32(refund)}); err != nil {
 				return err
 			}
 		}
 	} else {
 		if st.body.buffered()+len(data) > 2*streamWindow {
-			c.resetStream(f.StreamID, http2.ErrCodeFlowControl, errors.New("h2client: the server sent past the stream's window"))
-			return nil
+			return c.resetStream(f.StreamID, http2.ErrCodeFlowControl, errors.New("h2client: the server sent past the stream's window"))
 		}
 		if !st.body.write(data, n-len(data)) {
 			return nil // the reader failed or closed it; the reset follows
@@ -296,12 +300,7 @@ func (c *Conn) onSettings(f *http2.SettingsFrame) error {
 	if err != nil {
 		return err
 	}
-	return c.writeFrames(func() error {
-		if tableSizeSet {
-			c.henc.SetMaxDynamicTableSizeLimit(tableSize)
-		}
-		return c.fr.WriteSettingsAck()
-	})
+	return c.queueControl(h2frame.Control{Kind: h2frame.SettingsAck, Val: tableSize, TableSizeSet: tableSizeSet})
 }
 
 // onReset takes the server's RST_STREAM.

@@ -1,6 +1,7 @@
 // Package h2frame is what pkg/transport/h2client and pkg/transport/h2server both do with
 // HTTP/2 frames beyond x/net's framer: writing a header block across
-// HEADERS and CONTINUATION frames, and taking in a peer's SETTINGS.
+// HEADERS and CONTINUATION frames, taking in a peer's SETTINGS, and
+// queuing the frames a read loop answers with for the connection's writer.
 package h2frame
 
 import (

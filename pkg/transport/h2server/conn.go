@@ -52,18 +52,11 @@ type conn struct {
 	hbuf           bytes.Buffer
 	wdeadline      time.Time // the socket's write deadline (under wmu)
 
-	// qmu guards the control frames queued for the writer (see
-	// queueControl); queued mirrors len(ctrlQ) for writers to skip qmu.
-	qmu       sync.Mutex
-	ctrlQ     []ctrlFrame
-	ctrlSpare []ctrlFrame
-	// writing is the batch a writer took from ctrlQ and has not yet
-	// written: it still counts against maxQueuedControlFrames.
-	writing  int
-	queued   atomic.Int32
-	flushing bool // a flushControl goroutine runs
-	qclosed  bool // the connection ended: nothing more is queued
-	writers  sync.WaitGroup
+	// ctrl holds the control frames the read loop answers with until a
+	// writer takes them (queueControl).
+	ctrl h2frame.ControlQueue
+	// writers counts the flushControl goroutines; serve waits for them.
+	writers sync.WaitGroup
 
 	// replyHeld is what the handlers' reply buffers hold, against
 	// MaxConnBufferedReply.
@@ -148,7 +141,7 @@ func (c *conn) serve() {
 	}
 	c.end(err)
 	c.handlers.Wait()
-	c.closeQueue()
+	c.ctrl.Close()
 	c.writers.Wait()
 	if c.idle != nil {
 		c.idle.Stop()
@@ -311,7 +304,7 @@ func (c *conn) resetStream(id uint32, code http2.ErrCode, err error) error {
 		st.resetLocked(err)
 	}
 	c.mu.Unlock()
-	return c.queueControl(ctrlFrame{kind: ctrlReset, id: id, val: uint32(code)})
+	return c.queueControl(h2frame.Control{Kind: h2frame.Reset, StreamID: id, Val: uint32(code)})
 }
 
 // creditLocked notes n received bytes as taken and returns the

@@ -3,11 +3,11 @@ package h2server
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
+
+	"github.com/gymfleet/gymfleet/pkg/transport/h2frame"
 )
 
 // This file holds what bounds a hostile client's cost, each after x/net's
@@ -16,7 +16,7 @@ import (
 //   - control frames the read loop answers with (PING and SETTINGS acks,
 //     RST_STREAM, WINDOW_UPDATE) are queued and written by another
 //     goroutine, so the read loop never waits on the socket; a client that
-//     makes more of them wait than maxQueuedControlFrames is not reading
+//     makes more of them wait than h2frame.MaxQueuedControlFrames is not reading
 //     them, and the connection ends with ENHANCE_YOUR_CALM (x/net's
 //     maxQueuedControlFrames and serverConn.serve);
 //   - every socket write has a deadline, so a client that stops reading
@@ -28,10 +28,6 @@ import (
 //   - the decoded headers of the streams a connection holds, and the reply
 //     bytes it holds back, have per-connection budgets (x/net bounds them
 //     only through its stream limit and per-stream buffers).
-
-// maxQueuedControlFrames is x/net's limit (http2/server.go): control frames
-// queued for a client that does not read them.
-const maxQueuedControlFrames = 10000
 
 // goAwayTimeout bounds the wait to write the last GOAWAY of a connection
 // ending on an error: a writer stalled on a client that does not read holds
@@ -48,48 +44,14 @@ var (
 	errBodyTimeout = fmt.Errorf("h2server: no request body bytes arrived for the body read timeout: %w", os.ErrDeadlineExceeded)
 )
 
-type ctrlKind uint8
-
-const (
-	ctrlPingAck ctrlKind = iota
-	ctrlSettingsAck
-	ctrlReset
-	ctrlWindowUpdate
-	ctrlStatusOnly // a bodiless reply without a handler (431, OPTIONS *)
-)
-
-// ctrlFrame is a frame queued by queueControl.
-type ctrlFrame struct {
-	kind ctrlKind
-	id   uint32
-	// val: the error code, window increment, status, or (with
-	// tableSizeSet) the client's new header table size.
-	val          uint32
-	tableSizeSet bool
-	data         [8]byte
-}
-
 // queueControl queues a frame for the connection's writer and makes sure a
 // goroutine writes it: the caller never waits on the socket. It fails with
-// ENHANCE_YOUR_CALM once maxQueuedControlFrames wait.
-func (c *conn) queueControl(f ctrlFrame) error {
-	c.qmu.Lock()
-	if c.qclosed {
-		c.qmu.Unlock()
-		return nil // the connection is ending; nothing more is written
-	}
-	if len(c.ctrlQ)+c.writing >= maxQueuedControlFrames {
-		c.qmu.Unlock()
+// ENHANCE_YOUR_CALM once h2frame.MaxQueuedControlFrames wait.
+func (c *conn) queueControl(f h2frame.Control) error {
+	start, full := c.ctrl.Push(f, func() { c.writers.Add(1) })
+	if full {
 		return errTooManyControlFrames
 	}
-	c.ctrlQ = append(c.ctrlQ, f)
-	c.queued.Store(int32(len(c.ctrlQ)))
-	start := !c.flushing
-	if start {
-		c.flushing = true
-		c.writers.Add(1)
-	}
-	c.qmu.Unlock()
 	if start {
 		go c.flushControl()
 	}
@@ -100,74 +62,14 @@ func (c *conn) queueControl(f ctrlFrame) error {
 // owned by the connection: serve waits for it (c.writers).
 func (c *conn) flushControl() {
 	defer c.writers.Done()
-	for {
-		err := c.writeFrames(nil) // drains the queue, then flushes
-		c.qmu.Lock()
-		if err != nil || len(c.ctrlQ) == 0 {
-			if err != nil {
-				c.ctrlQ = c.ctrlQ[:0]
-				c.queued.Store(0)
-			}
-			c.flushing = false
-			c.qmu.Unlock()
-			return
-		}
-		c.qmu.Unlock()
+	for c.ctrl.More(c.writeFrames(nil)) { // writeFrames drains the queue, then flushes
 	}
-}
-
-// closeQueue stops queueControl from queuing or starting writers.
-func (c *conn) closeQueue() {
-	c.qmu.Lock()
-	c.qclosed = true
-	c.qmu.Unlock()
 }
 
 // drainControlLocked writes the queued control frames; the caller holds
 // wmu. Every writer drains first, so frames leave in the order queued.
 func (c *conn) drainControlLocked() error {
-	if c.queued.Load() == 0 {
-		return nil
-	}
-	c.qmu.Lock()
-	q := c.ctrlQ
-	c.ctrlQ = c.ctrlSpare[:0]
-	c.queued.Store(0)
-	c.writing = len(q)
-	c.qmu.Unlock()
-	var err error
-	for i := range q {
-		if err == nil {
-			err = c.writeControlLocked(&q[i])
-		}
-	}
-	c.qmu.Lock()
-	c.ctrlSpare = q[:0]
-	c.writing = 0
-	c.qmu.Unlock()
-	return err
-}
-
-func (c *conn) writeControlLocked(f *ctrlFrame) error {
-	switch f.kind {
-	case ctrlPingAck:
-		return c.fr.WritePing(true, f.data)
-	case ctrlSettingsAck:
-		if f.tableSizeSet {
-			c.henc.SetMaxDynamicTableSizeLimit(f.val)
-		}
-		return c.fr.WriteSettingsAck()
-	case ctrlReset:
-		return c.fr.WriteRSTStream(f.id, http2.ErrCode(f.val))
-	case ctrlWindowUpdate:
-		return c.fr.WriteWindowUpdate(f.id, f.val)
-	case ctrlStatusOnly:
-		c.hbuf.Reset()
-		c.henc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(int(f.val))})
-		c.henc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
-		return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.id, BlockFragment: c.hbuf.Bytes(), EndStream: true, EndHeaders: true})
-	}
-	return nil
+	return c.ctrl.Drain(func(f *h2frame.Control) error { return f.Write(c.fr, c.henc, &c.hbuf) })
 }
 
 // armWriteDeadlineLocked keeps a deadline between half the write timeout
@@ -282,7 +184,7 @@ func (c *conn) watchFired() {
 	c.mu.Unlock()
 	for _, id := range stalled {
 		// As x/net's onWriteTimeout: INTERNAL_ERROR.
-		if err := c.queueControl(ctrlFrame{kind: ctrlReset, id: id, val: uint32(http2.ErrCodeInternal)}); err != nil {
+		if err := c.queueControl(h2frame.Control{Kind: h2frame.Reset, StreamID: id, Val: uint32(http2.ErrCodeInternal)}); err != nil {
 			c.abort(err)
 			return
 		}

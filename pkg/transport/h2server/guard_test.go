@@ -16,6 +16,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/gymfleet/gymfleet/pkg/transport/h2frame"
 )
 
 // The attacks of issue 33 on a server's memory and its read loop, each made
@@ -249,7 +251,7 @@ func TestClientThatStopsReadingIsDisconnected(t *testing.T) {
 }
 
 // A client flooding PING or SETTINGS frames without reading the answers
-// has its connection closed once maxQueuedControlFrames of them wait; the
+// has its connection closed once h2frame.MaxQueuedControlFrames of them wait; the
 // read loop never waits on the socket (the write timeout is off).
 func TestControlFrameFloodWithoutReading(t *testing.T) {
 	for name, send := range map[string]func(*http2.Framer) error{
@@ -272,14 +274,14 @@ func TestControlFrameFloodWithoutReading(t *testing.T) {
 				}
 			}
 			sent := 0
-			for ; sent < 3*maxQueuedControlFrames; sent++ {
+			for ; sent < 3*h2frame.MaxQueuedControlFrames; sent++ {
 				if send(fr) != nil {
 					break
 				}
 			}
 			// Answers that fit in the write buffer (the smallest is a
 			// 9-byte frame header) left the queue before the socket blocked.
-			if bound := maxQueuedControlFrames + writeBufferSize/9 + 10; sent > bound {
+			if bound := h2frame.MaxQueuedControlFrames + writeBufferSize/9 + 10; sent > bound {
 				t.Errorf("the server took %d frames it could not answer, over %d", sent, bound)
 			}
 			select {

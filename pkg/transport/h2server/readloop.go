@@ -62,7 +62,7 @@ func (c *conn) dispatch(f http2.Frame) error {
 		if f.IsAck() {
 			return nil
 		}
-		return c.queueControl(ctrlFrame{kind: ctrlPingAck, data: f.Data})
+		return c.queueControl(h2frame.Control{Kind: h2frame.PingAck, Data: f.Data})
 	case *http2.RSTStreamFrame:
 		return c.onReset(f)
 	case *http2.GoAwayFrame:
@@ -137,7 +137,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		(c.peer.StreamWindow <= 0 && c.open >= c.s.cfg.MaxStalledStreams)
 	c.mu.Unlock()
 	if refuse {
-		return c.queueControl(ctrlFrame{kind: ctrlReset, id: id, val: uint32(http2.ErrCodeRefusedStream)})
+		return c.queueControl(h2frame.Control{Kind: h2frame.Reset, StreamID: id, Val: uint32(http2.ErrCodeRefusedStream)})
 	}
 	if f.Truncated {
 		return c.writeStatusOnly(id, http.StatusRequestHeaderFieldsTooLarge)
@@ -159,7 +159,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 // writeStatusOnly answers stream id with a bodiless status, without a
 // handler.
 func (c *conn) writeStatusOnly(id uint32, status int) error {
-	return c.queueControl(ctrlFrame{kind: ctrlStatusOnly, id: id, val: uint32(status)})
+	return c.queueControl(h2frame.Control{Kind: h2frame.StatusOnly, StreamID: id, Val: uint32(status)})
 }
 
 // newRequest builds a handler's request from its header block.
@@ -348,7 +348,7 @@ func (c *conn) sendCredit(id uint32, credit int64) error {
 	if credit <= 0 {
 		return nil
 	}
-	return c.queueControl(ctrlFrame{kind: ctrlWindowUpdate, id: id, val: uint32(credit)})
+	return c.queueControl(h2frame.Control{Kind: h2frame.WindowUpdate, StreamID: id, Val: uint32(credit)})
 }
 
 // onWindowUpdate grows a send window.
@@ -400,7 +400,7 @@ func (c *conn) onSettings(f *http2.SettingsFrame) error {
 	if err != nil {
 		return err
 	}
-	return c.queueControl(ctrlFrame{kind: ctrlSettingsAck, val: tableSize, tableSizeSet: tableSizeSet})
+	return c.queueControl(h2frame.Control{Kind: h2frame.SettingsAck, Val: tableSize, TableSizeSet: tableSizeSet})
 }
 
 // errStreamReset is the cause of a request's context when its client
