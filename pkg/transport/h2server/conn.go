@@ -50,7 +50,9 @@ type conn struct {
 	fr             *http2.Framer // its read side is serve's alone
 	henc           *hpack.Encoder
 	hbuf           bytes.Buffer
-	wdeadline      time.Time // the socket's write deadline (under wmu)
+	// writeTimeout is the write timeout of the socket writes (socketWriter):
+	// the configured one, goAwayTimeout for a connection's last frames.
+	writeTimeout time.Duration
 
 	// ctrl holds the control frames the read loop answers with until a
 	// writer takes them (queueControl).
@@ -107,7 +109,6 @@ func newConn(s *Server, nc net.Conn) *conn {
 		remoteAddr:  nc.RemoteAddr().String(),
 		ctx:         ctx,
 		cancel:      cancel,
-		bw:          bufio.NewWriterSize(nc, writeBufferSize),
 		streams:     map[uint32]*stream{},
 		sendWindow:  h2frame.InitialWindow,
 		peer:        h2frame.NewPeer(0),
@@ -120,6 +121,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 		st := tc.ConnectionState()
 		c.tlsState = &st
 	}
+	c.writeTimeout = s.cfg.WriteTimeout
+	c.bw = bufio.NewWriterSize(socketWriter{c}, writeBufferSize)
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 32<<10))
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = s.cfg.MaxHeaderListSize
@@ -266,7 +269,6 @@ func (c *conn) writeFrames(fn func() error) error {
 	c.writersWaiting.Add(1)
 	c.wmu.Lock()
 	c.writersWaiting.Add(-1)
-	c.armWriteDeadlineLocked()
 	err := c.drainControlLocked()
 	if err == nil && fn != nil {
 		err = fn()

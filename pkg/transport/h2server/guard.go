@@ -1,6 +1,7 @@
 package h2server
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -19,8 +20,9 @@ import (
 //     makes more of them wait than h2frame.MaxQueuedControlFrames is not reading
 //     them, and the connection ends with ENHANCE_YOUR_CALM (x/net's
 //     maxQueuedControlFrames and serverConn.serve);
-//   - every socket write has a deadline, so a client that stops reading
-//     fails its connection (x/net's Server.WriteByteTimeout, bufferedWriter);
+//   - every socket write has a deadline, renewed whenever bytes go out, so
+//     a client that stops reading fails its connection and one that reads
+//     slowly does not (x/net's Server.WriteByteTimeout);
 //   - a stream waiting that long for the client to grant window is reset
 //     (x/net's stream.onWriteTimeout, there after http.Server.WriteTimeout);
 //   - a request body that stops arriving fails its handler's reads after
@@ -72,19 +74,28 @@ func (c *conn) drainControlLocked() error {
 	return c.ctrl.Drain(func(f *h2frame.Control) error { return f.Write(c.fr, c.henc, &c.hbuf) })
 }
 
-// armWriteDeadlineLocked keeps a deadline between half the write timeout
-// and the whole of it ahead of every write (the caller holds wmu): a client
-// that stops reading fails the write, as x/net's WriteByteTimeout does,
-// without setting the deadline on every write.
-func (c *conn) armWriteDeadlineLocked() {
-	timeout := c.s.cfg.WriteTimeout
+// socketWriter is the socket as the connection's buffered writer sees
+// it, after x/net's WriteByteTimeout (http2/server.go,
+// writeWithByteTimeout): every write to the socket gets the write timeout
+// anew, and one that the deadline cuts off after some bytes went out goes
+// on. A connection fails only when its client took no byte for the whole
+// timeout; a client that is slow to read (a process busy on every core,
+// or in a long collection) is not one that stopped.
+type socketWriter struct{ c *conn }
+
+func (w socketWriter) Write(p []byte) (n int, err error) {
+	timeout := w.c.writeTimeout // under wmu, as every write
 	if timeout <= 0 {
-		return
+		return w.c.nc.Write(p)
 	}
-	now := time.Now()
-	if c.wdeadline.Sub(now) < timeout/2 {
-		c.wdeadline = now.Add(timeout)
-		c.nc.SetWriteDeadline(c.wdeadline)
+	for {
+		w.c.nc.SetWriteDeadline(time.Now().Add(timeout))
+		var m int
+		m, err = w.c.nc.Write(p[n:])
+		n += m
+		if err == nil || m == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
 	}
 }
 
@@ -98,8 +109,7 @@ func (c *conn) writeFinal(fn func() error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.writersWaiting.Add(-1)
-	c.wdeadline = time.Now().Add(goAwayTimeout)
-	c.nc.SetWriteDeadline(c.wdeadline)
+	c.writeTimeout = goAwayTimeout
 	err := c.drainControlLocked()
 	if err == nil {
 		err = fn()

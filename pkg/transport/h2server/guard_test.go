@@ -3,6 +3,7 @@ package h2server
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -524,4 +525,90 @@ func TestStreamsOfAClientGrantingNoWindowAreBounded(t *testing.T) {
 		t.Errorf("%d handlers ran, over the limit of %d", n, limit)
 	}
 	served(t, s)
+}
+
+// paced reads at most n bytes per tick from r: a client that reads slowly
+// but steadily.
+type paced struct {
+	r    io.Reader
+	n    int
+	tick <-chan time.Time
+}
+
+func (p paced) Read(b []byte) (int, error) {
+	<-p.tick
+	return p.r.Read(b[:min(len(b), p.n)])
+}
+
+// A client that reads slowly but steadily keeps its connection: the write
+// timeout counts time in which no byte went out (x/net's WriteByteTimeout),
+// not how long one write takes. Here one write of a 1 MiB DATA frame takes
+// several times the timeout to drain.
+func TestSlowReaderKeepsItsConnection(t *testing.T) {
+	body := bytes.Repeat([]byte("y"), 1<<20)
+	srv := New(Config{
+		WriteTimeout: 200 * time.Millisecond,
+		Handler:      http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }),
+	})
+	cn, sn := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.ServeConn(sn)
+	}()
+	t.Cleanup(func() {
+		cn.Close()
+		srv.Close()
+		<-served
+	})
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	rd := http2.NewFramer(nil, paced{r: cn, n: 4 << 10, tick: tick.C})
+	rd.SetMaxReadFrameSize(1 << 20)
+	got := make(chan error, 1)
+	go func() {
+		received := 0
+		for {
+			f, err := rd.ReadFrame()
+			if err != nil {
+				got <- fmt.Errorf("after %d bytes of the body: %w", received, err)
+				return
+			}
+			if d, ok := f.(*http2.DataFrame); ok && d.StreamID == 1 {
+				received += len(d.Data())
+				if d.StreamEnded() {
+					if received != len(body) {
+						err = fmt.Errorf("the body ended after %d bytes, want %d", received, len(body))
+					}
+					got <- err
+					return
+				}
+			}
+		}
+	}()
+	// net.Pipe buffers nothing: these writes go out as the server reads.
+	wr := http2.NewFramer(cn, nil)
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "x"}, {":path", "/"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	go func() {
+		cn.Write([]byte(http2.ClientPreface))
+		wr.WriteSettings(
+			http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 20},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 30},
+		)
+		wr.WriteWindowUpdate(0, 1<<30)
+		wr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true})
+		wr.WriteSettingsAck()
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reply did not arrive")
+	}
 }

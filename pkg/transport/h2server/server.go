@@ -118,9 +118,10 @@ type Config struct {
 	// built its reply from, so this bounds what a client that never grants
 	// window costs, below what MaxConcurrentStreams allows.
 	MaxStalledStreams int
-	// WriteTimeout bounds a write to the socket, and a stream's wait for
-	// the client to grant window: the connection fails, or the stream is
-	// reset. Negative: none.
+	// WriteTimeout bounds the time a write to the socket goes without a
+	// byte taken by the client, and a stream's wait for the client to
+	// grant window: the connection fails, or the stream is reset.
+	// Negative: none.
 	WriteTimeout time.Duration
 	// BodyReadTimeout fails a handler's reads of a request body of which
 	// nothing arrived for this long while the client could send. Negative:
