@@ -64,6 +64,9 @@ type ticket struct {
 	// continueKey is the staging key of a cut prefix the next upstream call
 	// continues (X-Ng-Continue-Cut). Only the call's steps use it.
 	continueKey string
+	// lostSends counts the sends whose connection to the worker was lost
+	// before the reply arrived (resendLost). Only the call's steps use it.
+	lostSends int
 
 	// Checkpoint bookkeeping, guarded by the participant's mutex and unused
 	// with checkpointing off.

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -96,8 +98,8 @@ func (s *Server) callUpstream(ctx context.Context, t *ticket, body []byte, strea
 // call's error, and marks the worker tried when the call is to go on to
 // another one (tried is nil with a single worker): it provably never
 // processed it, or refused a continuation. A worker that failed otherwise
-// is passed over for a while, but the call is not sent again: it may have
-// been generated.
+// is passed over for a while, and the call does not go on to another
+// worker; one whose connection was lost is sent again (resendLost).
 func (s *Server) workerDidNotTake(ctx context.Context, t *ticket, i int, err error, tried []bool) error {
 	var us *upstreamStatus
 	if !errors.As(err, &us) {
@@ -175,13 +177,60 @@ func (s *Server) tryWorker(task *park.Task, ctx context.Context, client *http.Cl
 				done(resp, b, nil)
 				return
 			}
+			lost := connectionLost(ctx, err)
 			if err = s.workerDidNotTake(ctx, t, i, err, tried); tried == nil || !tried[i] {
+				if lost && t.lostSends < maxLostSends {
+					s.resendLost(task, ctx, client, t, body, tried, err, done)
+					return
+				}
 				done(nil, nil, err)
 				return
 			}
 			s.tryWorker(task, ctx, client, t, body, tried, err, done)
 		})
 	})
+}
+
+// maxLostSends bounds the sends of one call lost with their connection: a
+// worker that drops every attempt is failing the call, not a connection.
+const maxLostSends = 3
+
+// resendLost sends a call again whose connection to its worker was lost
+// after it was sent and before its reply arrived, as NeMo Gym's own client
+// does (nemo_gym/server_utils.py, request: ServerDisconnectedError and
+// ClientOSError are retried; nemo-gym 0.7.0). The worker may have generated
+// it, but the reply went with the connection: nothing of the call was
+// captured or delivered, so the call is as if never answered, and a
+// generation has no effect but its cost. A continuation goes with its
+// staging key: a worker that no longer holds the prefix refuses it, and
+// completeUpstream regenerates. While a checkpoint is open the call waits
+// (parked) for admission to reopen, as a cut call does: it is then not
+// generating, and no cut round lists it.
+func (s *Server) resendLost(task *park.Task, ctx context.Context, client *http.Client, t *ticket, body []byte, tried []bool, err error, done func(*http.Response, []byte, error)) {
+	t.lostSends++
+	s.hooks.upstreamRunning(t, false)
+	s.log.WarnContext(ctx, "the connection to the inference worker was lost with the call; sending it again",
+		"model_call_id", t.callID, "send", t.lostSends+1, "err", err)
+	s.hooks.awaitResume(task, ctx, t, func(werr error) {
+		if werr != nil {
+			done(nil, nil, transportError(ctx, werr))
+			return
+		}
+		s.tryWorker(task, ctx, client, t, body, tried, err, done)
+	})
+}
+
+// connectionLost reports whether err ended a call whose request went out
+// because its connection to the worker was lost (closed, reset), rather
+// than the worker answering, the client going away, or the request never
+// leaving (which tryWorker sends again already).
+func connectionLost(ctx context.Context, err error) bool {
+	var us *upstreamStatus
+	if ctx.Err() != nil || errors.As(err, &us) || httpclient.NeverProcessed(err) {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
 // chatRequest is sendChat's request to worker i. Apart from sendChat,

@@ -3,10 +3,15 @@ package modelproxy_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gymfleet/gymfleet/pkg/ctlplane"
@@ -279,5 +284,48 @@ func TestWorkers_RestoredCutContinuesOnTheWorkerHoldingIt(t *testing.T) {
 	}
 	if n := workerMetric(t, m2, "gymfleet_model_worker_failovers_total", other.url); n != 1 {
 		t.Fatalf("failovers from the worker without the prefix = %g, want 1 (it refused the continuation)", n)
+	}
+}
+
+// A call whose connection to its worker is lost after the request went out
+// is sent again, as NeMo Gym's own client sends a request again after
+// ServerDisconnectedError: the reply was lost with the connection, and
+// nothing of the call was captured or delivered. Here a front for the
+// worker closes the connection under the first call it reads.
+func TestWorkers_CallLostWithItsConnectionIsSentAgain(t *testing.T) {
+	t.Parallel()
+	w := startWorker(t, 0)
+	target, err := url.Parse(w.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	type connKey struct{}
+	var calls atomic.Int32
+	front := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/chat/completions") && calls.Add(1) == 1 {
+			io.Copy(io.Discard, r.Body)
+			r.Context().Value(connKey{}).(net.Conn).Close()
+			return
+		}
+		proxy.ServeHTTP(rw, r)
+	}))
+	front.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, c)
+	}
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	front.Config.Protocols = &protocols
+	front.Start()
+	t.Cleanup(front.Close)
+
+	m := startModelOn(t, t.TempDir(), ctlplane.Config{}, front.URL)
+	m.mustCall(t, "lost-0", chatPath, chatRequest("lost first", "ok"))
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("the front saw %d chat calls, want 2 (the lost one and its resend)", n)
+	}
+	if got := keysOf(t, w)["lost-0"]; got != 1 {
+		t.Fatalf("the worker answered %d calls of lost-0, want 1", got)
 	}
 }
