@@ -18,17 +18,21 @@ import (
 func (c *Conn) readLoop() {
 	defer close(c.readDone)
 	err := c.readFrames()
-	c.nc.Close()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	switch {
 	case errors.Is(err, ErrHTTP1Server):
 		// Said over any other error (a write that failed as the server
 		// closed): it is what the caller needs to know to fall back.
 		c.err = err
 	case c.err == nil:
+		// Before the socket closes: a writer it fails then (a flusher of
+		// our answers, say) would say only that.
 		c.err = fmt.Errorf("h2client: connection lost: %w", err)
 	}
+	c.mu.Unlock()
+	c.nc.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for id, st := range c.streams {
 		if c.goAway && id > c.goAwayID {
 			st.failLocked(fmt.Errorf("%w: above the server's GOAWAY (%w)", ErrNotProcessed, c.err))
