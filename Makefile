@@ -12,7 +12,7 @@ FUZZTIME  ?= 100x
 RACE_PKGS = ./pkg/... $$($(GO) list ./cmd/... | grep -v /cmd/internal/deploycheck)
 CMDS      := envserver modelserver agentserver resourceserver fakeinference gymctl vllmcut
 
-.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-interop-gym test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences demo bench bench-scale bench-compare lint fmt vet clean
+.PHONY: all check-commits build build-faults test test-unit test-interop test-interop-sdk test-interop-vllm test-interop-gym test-fuzz test-e2e test-deploy test-crashsweep test-hosts test-s3 soak soak-sweep soak-sequences soak-scale demo bench bench-scale bench-compare lint fmt vet clean
 
 all: build
 
@@ -186,6 +186,25 @@ SOAK_STEPS ?= 60
 soak-sequences: build
 	GYMFLEET_BIN=$(BIN) GYMFLEET_SEQ_DURATION=$(SOAK) GYMFLEET_SEQ_STEPS=$(SOAK_STEPS) GYMFLEET_SEQ_SHRINK=$(SOAK_SHRINK) \
 		$(GO) test -count=1 -timeout 0 -run '^TestSequences$$' -v ./tests/e2e/
+
+# The scale bench's contract at SCALE_N rollouts, SCALE_RUNS times in a
+# row (each run about six minutes at 100,000): every run must finish every
+# replacement and keep every other check of `gymctl bench-scale`; the
+# first run that does not stops the soak, its work directory kept under
+# SCALE_DIR. The replacement burst at 100,000 is where a lost connection
+# between servers has failed rollouts (docs/scale-log.md).
+SCALE_N    ?= 100000
+SCALE_RUNS ?= 5
+SCALE_DIR  ?= /tmp/gymfleet-soak-scale
+soak-scale: build
+	@mkdir -p $(SCALE_DIR); for i in $$(seq $(SCALE_RUNS)); do \
+		echo "--- soak-scale run $$i of $(SCALE_RUNS), $(SCALE_N) rollouts"; \
+		rm -rf $(SCALE_DIR)/run; \
+		$(BIN)/gymctl bench-scale --rollouts $(SCALE_N) --dir $(SCALE_DIR)/run --json $(SCALE_DIR)/run-$$i.json \
+			> $(SCALE_DIR)/run-$$i.log 2>&1 || { tail -20 $(SCALE_DIR)/run-$$i.log; \
+			echo "soak-scale: run $$i failed; its work directory is $(SCALE_DIR)/run"; exit 1; }; \
+		grep -E '^(replacements|first fleet|fresh fleet)' $(SCALE_DIR)/run-$$i.log; \
+	done
 
 demo: build
 	$(BIN)/gymctl demo
