@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver/h2ctest"
 )
 
 func noEnv(string) string { return "" }
@@ -99,14 +101,7 @@ func TestParseDemoFlags(t *testing.T) {
 
 // h2cServer is an environment stand-in answering /run with reward 1.
 func h2cServer(t *testing.T, h http.HandlerFunc) *httptest.Server {
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv
+	return h2ctest.Start(t, h)
 }
 
 func TestCollect_EndToEndThroughRun(t *testing.T) {

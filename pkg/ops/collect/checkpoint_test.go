@@ -20,6 +20,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/checkpoint/coordination"
 	"github.com/gymfleet/gymfleet/pkg/infra/atomicfile"
 	"github.com/gymfleet/gymfleet/pkg/ops/collect"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver/h2ctest"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -61,16 +62,7 @@ func newFakeFleet(t *testing.T) *fakeFleet {
 	return f
 }
 
-func h2c(t *testing.T, h http.Handler) *httptest.Server {
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv
-}
+func h2c(t *testing.T, h http.Handler) *httptest.Server { return h2ctest.Start(t, h) }
 
 func (f *fakeFleet) endpoints() []coordination.Endpoint {
 	return []coordination.Endpoint{{Name: "env", URL: f.env.URL}, {Name: "policy_model", URL: f.model.URL}}

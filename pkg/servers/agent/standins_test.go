@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gymfleet/gymfleet/pkg/servers/agent"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver/h2ctest"
 	"github.com/gymfleet/gymfleet/pkg/transport/sse"
 	"github.com/gymfleet/gymfleet/pkg/wire/openai"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
@@ -77,14 +78,7 @@ func (r *recorder) of(who string) []seen {
 // TLS, as the fleet's servers do.
 func newH2C(t *testing.T, h http.Handler) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv
+	return h2ctest.Start(t, h)
 }
 
 // modelStandIn answers /v1/responses with scripted Responses objects, one

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gymfleet/gymfleet/pkg/servers/environment"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver/h2ctest"
 	"github.com/gymfleet/gymfleet/pkg/wire/rollout"
 )
 
@@ -98,14 +99,7 @@ func newStandIn(t *testing.T, name string, rec *recorder, routes map[string]rout
 		}
 		http.Error(w, `{"error":{"code":"not_found","detail":"no stand-in route"}}`, http.StatusNotFound)
 	})
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv
+	return h2ctest.Start(t, h)
 }
 
 func jsonReply(status int, body string) route {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"github.com/gymfleet/gymfleet/pkg/ctlplane/ctlplanetest"
 	"github.com/gymfleet/gymfleet/pkg/servers/fakeinference"
 	"github.com/gymfleet/gymfleet/pkg/servers/modelproxy"
+	"github.com/gymfleet/gymfleet/pkg/transport/httpserver/h2ctest"
 )
 
 // startModelOn serves a model server in front of several workers.
@@ -302,23 +302,18 @@ func TestWorkers_CallLostWithItsConnectionIsSentAgain(t *testing.T) {
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	type connKey struct{}
 	var calls atomic.Int32
-	front := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	front := h2ctest.Start(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/chat/completions") && calls.Add(1) == 1 {
 			io.Copy(io.Discard, r.Body)
 			r.Context().Value(connKey{}).(net.Conn).Close()
 			return
 		}
 		proxy.ServeHTTP(rw, r)
-	}))
-	front.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
-		return context.WithValue(ctx, connKey{}, c)
-	}
-	var protocols http.Protocols
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	front.Config.Protocols = &protocols
-	front.Start()
-	t.Cleanup(front.Close)
+	}), func(s *http.Server) {
+		s.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		}
+	})
 
 	m := startModelOn(t, t.TempDir(), ctlplane.Config{}, front.URL)
 	m.mustCall(t, "lost-0", chatPath, chatRequest("lost first", "ok"))
