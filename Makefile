@@ -188,7 +188,7 @@ soak-sequences: build
 		$(GO) test -count=1 -timeout 0 -run '^TestSequences$$' -v ./tests/e2e/
 
 # The scale bench's contract at SCALE_N rollouts, SCALE_RUNS times in a
-# row (each run about six minutes at 100,000): every run must finish every
+# row (each run about five minutes at 100,000): every run must finish every
 # replacement and keep every other check of `gymctl bench-scale`; the
 # first run that does not stops the soak, its work directory kept under
 # SCALE_DIR. The replacement burst at 100,000 is where a lost connection
