@@ -542,8 +542,8 @@ func (p paced) Read(b []byte) (int, error) {
 
 // A client that reads slowly but steadily keeps its connection: the write
 // timeout counts time in which no byte went out (x/net's WriteByteTimeout),
-// not how long one write takes. Here one write of a 1 MiB DATA frame takes
-// several times the timeout to drain.
+// not how long one write takes. Here one write, a DATA frame as large as
+// the client allows, drains over several times the timeout.
 func TestSlowReaderKeepsItsConnection(t *testing.T) {
 	body := bytes.Repeat([]byte("y"), 1<<20)
 	srv := New(Config{
