@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"slices"
@@ -287,24 +288,24 @@ func TestWorkers_RestoredCutContinuesOnTheWorkerHoldingIt(t *testing.T) {
 	}
 }
 
-// A call whose connection to its worker is lost after the request went out
-// is sent again, as NeMo Gym's own client sends a request again after
-// ServerDisconnectedError: the reply was lost with the connection, and
-// nothing of the call was captured or delivered. Here a front for the
-// worker closes the connection under the first call it reads.
-func TestWorkers_CallLostWithItsConnectionIsSentAgain(t *testing.T) {
-	t.Parallel()
-	w := startWorker(t, 0)
+// lossyFront stands in front of worker w and closes the connection under
+// the first chat call it reads, after beforeDrop returns (nil: at once);
+// calls counts the chat calls it read.
+func lossyFront(t *testing.T, w *worker, beforeDrop func()) (front *httptest.Server, calls *atomic.Int32) {
+	t.Helper()
 	target, err := url.Parse(w.url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	type connKey struct{}
-	var calls atomic.Int32
-	front := h2ctest.Start(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	calls = new(atomic.Int32)
+	front = h2ctest.Start(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/chat/completions") && calls.Add(1) == 1 {
 			io.Copy(io.Discard, r.Body)
+			if beforeDrop != nil {
+				beforeDrop()
+			}
 			r.Context().Value(connKey{}).(net.Conn).Close()
 			return
 		}
@@ -314,6 +315,17 @@ func TestWorkers_CallLostWithItsConnectionIsSentAgain(t *testing.T) {
 			return context.WithValue(ctx, connKey{}, c)
 		}
 	})
+	return front, calls
+}
+
+// A call whose connection to its worker is lost after the request went out
+// is sent again, as NeMo Gym's own client sends a request again after
+// ServerDisconnectedError: the reply was lost with the connection, and
+// nothing of the call was captured or delivered.
+func TestWorkers_CallLostWithItsConnectionIsSentAgain(t *testing.T) {
+	t.Parallel()
+	w := startWorker(t, 0)
+	front, calls := lossyFront(t, w, nil)
 
 	m := startModelOn(t, t.TempDir(), ctlplane.Config{}, front.URL)
 	m.mustCall(t, "lost-0", chatPath, chatRequest("lost first", "ok"))
@@ -322,5 +334,39 @@ func TestWorkers_CallLostWithItsConnectionIsSentAgain(t *testing.T) {
 	}
 	if got := keysOf(t, w)["lost-0"]; got != 1 {
 		t.Fatalf("the worker answered %d calls of lost-0, want 1", got)
+	}
+}
+
+// A call lost with its connection while a checkpoint is open is not sent
+// again until the checkpoint resumes: it waits held, as a cut call does.
+func TestWorkers_CallLostWhilePreparedWaitsForResume(t *testing.T) {
+	t.Parallel()
+	w := startWorker(t, 0)
+	arrived, drop := make(chan struct{}), make(chan struct{})
+	front, calls := lossyFront(t, w, func() {
+		close(arrived)
+		<-drop
+	})
+
+	m := startModelOn(t, t.TempDir(), ctlplanetest.Config(), front.URL)
+	pending := m.callAsync("lost-prepared", chatPath, chatRequest("lost while prepared", "ok"))
+	<-arrived
+	m.mustOp(t, "prepare", ckReq("c1"))
+	close(drop)
+	waitFor(t, "the lost call to be held", func() bool {
+		held, _ := m.status(t)["held"].(float64)
+		return held == 1
+	})
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the front saw %d chat calls while the checkpoint was open, want 1", n)
+	}
+	notYet(t, "the lost call", pending)
+
+	m.mustOp(t, "resume", ckReq("c1"))
+	if r := await(t, "the lost call", pending); r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("lost call after resume: %d %s %v", r.status, r.body, r.err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("the front saw %d chat calls, want 2 (the lost one and its resend)", n)
 	}
 }
