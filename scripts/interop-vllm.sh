@@ -24,7 +24,9 @@ cd "$(dirname "$0")/.."
 CACHE=${GYMFLEET_CACHE:-$HOME/.cache/gymfleet}
 begin=$(date +%s)
 
-tcmalloc() { ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 /{print $NF; exit}'; }
+# awk reads the whole listing: leaving early would end ldconfig by SIGPIPE,
+# which pipefail and set -e turn into this script's exit (141).
+tcmalloc() { ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 / && !found {print $NF; found=1}'; }
 lib=$(tcmalloc)
 if [ -z "$lib" ] && [ "$(id -u)" = 0 ]; then
 	echo "interop-vllm: installing libtcmalloc-minimal4" >&2
