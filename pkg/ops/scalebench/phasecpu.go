@@ -27,6 +27,9 @@ type PhaseCPU struct {
 	// ByProcess is each process's user and system CPU time in the phase,
 	// at the kernel's 10 ms tick.
 	ByProcess map[string]float64 `json:"by_process"`
+	// SystemByProcess is the part of each process's ByProcess spent in
+	// the kernel.
+	SystemByProcess map[string]float64 `json:"system_by_process,omitempty"`
 	// GCCycles is the garbage collections each server completed in the
 	// phase (its go_gc_duration_seconds_count), left out for a server that
 	// did not answer: with every rollout parked one collection scans every
@@ -61,7 +64,7 @@ func (b *bench) snapshotCPU() cpuSnapshot {
 // since is the CPU and faults of each process from before to now; a
 // process that could not be read at either end is left out.
 func (before cpuSnapshot) since(phase string, now cpuSnapshot) PhaseCPU {
-	pc := PhaseCPU{Phase: phase, ByProcess: map[string]float64{}, MinorFaults: map[string]int64{}}
+	pc := PhaseCPU{Phase: phase, ByProcess: map[string]float64{}, SystemByProcess: map[string]float64{}, MinorFaults: map[string]int64{}}
 	for name, end := range now {
 		start, ok := before[name]
 		if !ok {
@@ -69,6 +72,7 @@ func (before cpuSnapshot) since(phase string, now cpuSnapshot) PhaseCPU {
 		}
 		s := (end.CPU - start.CPU).Seconds()
 		pc.ByProcess[name] = s
+		pc.SystemByProcess[name] = (end.System - start.System).Seconds()
 		pc.Seconds += s
 		pc.MinorFaults[name] = end.MinorFaults - start.MinorFaults
 	}
@@ -87,6 +91,9 @@ func (pc PhaseCPU) detail() string {
 	for i, n := range names {
 		parts[i] = fmt.Sprintf("%s %.2f", n, pc.ByProcess[n])
 		var notes []string
+		if sys := pc.SystemByProcess[n]; sys >= systemWorthNaming {
+			notes = append(notes, fmt.Sprintf("%.2f sys", sys))
+		}
 		if gc := pc.GCCycles[n]; gc > 0 {
 			notes = append(notes, fmt.Sprintf("%d GC", gc))
 		}
@@ -99,6 +106,10 @@ func (pc PhaseCPU) detail() string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// systemWorthNaming is the least kernel CPU the table names for a process
+// in a phase: two of the kernel's ticks.
+const systemWorthNaming = 0.02
 
 // faultsWorthNaming is the fewest faults the table names for a process
 // in a phase: fewer cost too little to explain a phase's time.

@@ -80,6 +80,10 @@ const clockTicks = 100
 type procTimes struct {
 	// CPU is the user and system CPU time.
 	CPU time.Duration
+	// System is the part of CPU spent in the kernel: system calls, and
+	// the page faults and compaction of fresh memory, which a CPU profile
+	// of the process shows only in part.
+	System time.Duration
 	// MinorFaults counts the page faults served without I/O: the first
 	// write to a page of fresh memory is one, and not a cheap one
 	// (docs/scale-log.md), so a phase's count shows what its allocations
@@ -97,7 +101,8 @@ func readStatAt(root string, pid int) (procTimes, error) {
 	if err != nil {
 		return procTimes{}, err
 	}
-	return procTimes{CPU: time.Duration(st.UTime+st.STime) * (time.Second / clockTicks), MinorFaults: int64(st.MinFlt)}, nil
+	tick := time.Second / clockTicks
+	return procTimes{CPU: time.Duration(st.UTime+st.STime) * tick, System: time.Duration(st.STime) * tick, MinorFaults: int64(st.MinFlt)}, nil
 }
 
 func readStat(pid int) (procTimes, error) { return readStatAt(procfs.DefaultMountPoint, pid) }

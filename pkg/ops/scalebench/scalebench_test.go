@@ -83,8 +83,8 @@ func TestParseStat(t *testing.T) {
 	line := "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 100 1000 200" +
 		" 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
 	got, err := readStatAt(fakeProc(t, 4242, "stat", line), 4242)
-	if err != nil || got != (procTimes{CPU: 3 * time.Second, MinorFaults: 100}) {
-		t.Fatalf("readStatAt = %+v, %v; want 3s (300 ticks) and 100 minor faults", got, err)
+	if err != nil || got != (procTimes{CPU: 3 * time.Second, System: 500 * time.Millisecond, MinorFaults: 100}) {
+		t.Fatalf("readStatAt = %+v, %v; want 3s (300 ticks), 0.5 s of it system (50 ticks) and 100 minor faults", got, err)
 	}
 	for _, bad := range []string{"", "1 (x) S 1 2", "1 (x) S 1 2 3 4 5 6 7 8 9 10 x 5 0", "1 (x) S 1 2 3 4 5 6 x 8 9 10 11 5 0"} {
 		if _, err := readStatAt(fakeProc(t, 4242, "stat", bad), 4242); err == nil {
@@ -254,16 +254,17 @@ func sampleResult() *Result {
 }
 
 func TestPhaseCPU_Since(t *testing.T) {
-	before := cpuSnapshot{"env": {CPU: 2 * time.Second, MinorFaults: 10}, "agents": {CPU: 5 * time.Second, MinorFaults: 7}, "gone": {CPU: time.Second}}
-	now := cpuSnapshot{"env": {CPU: 2500 * time.Millisecond, MinorFaults: 1510}, "agents": {CPU: 5 * time.Second, MinorFaults: 7}, "new": {CPU: time.Second}}
+	before := cpuSnapshot{"env": {CPU: 2 * time.Second, System: time.Second, MinorFaults: 10}, "agents": {CPU: 5 * time.Second, System: time.Second, MinorFaults: 7}, "gone": {CPU: time.Second}}
+	now := cpuSnapshot{"env": {CPU: 2500 * time.Millisecond, System: 1250 * time.Millisecond, MinorFaults: 1510}, "agents": {CPU: 5250 * time.Millisecond, System: 1010 * time.Millisecond, MinorFaults: 7}, "new": {CPU: time.Second}}
 	pc := before.since("commit", now)
-	want := map[string]float64{"env": 0.5, "agents": 0}
+	want := map[string]float64{"env": 0.5, "agents": 0.25}
+	wantSystem := map[string]float64{"env": 0.25, "agents": 0.01}
 	wantFaults := map[string]int64{"env": 1500, "agents": 0}
-	if pc.Phase != "commit" || pc.Seconds != 0.5 || !maps.Equal(pc.ByProcess, want) || !maps.Equal(pc.MinorFaults, wantFaults) {
-		t.Fatalf("since = %+v, want 0.5 s in all, by process %v, faults %v (a process read at one end only is left out)", pc, want, wantFaults)
+	if pc.Phase != "commit" || pc.Seconds != 0.75 || !maps.Equal(pc.ByProcess, want) || !maps.Equal(pc.SystemByProcess, wantSystem) || !maps.Equal(pc.MinorFaults, wantFaults) {
+		t.Fatalf("since = %+v, want 0.75 s in all, by process %v, system %v, faults %v (a process read at one end only is left out)", pc, want, wantSystem, wantFaults)
 	}
-	if got, want := pc.detail(), "agents 0.00, env 0.50 (2k faults)"; got != want {
-		t.Errorf("detail = %q, want %q (faults named from 1,000)", got, want)
+	if got, want := pc.detail(), "agents 0.25, env 0.50 (0.25 sys, 2k faults)"; got != want {
+		t.Errorf("detail = %q, want %q (system CPU named from 0.02 s, faults from 1,000)", got, want)
 	}
 }
 
