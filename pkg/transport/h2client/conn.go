@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -110,10 +111,17 @@ type Conn struct {
 	mu sync.Mutex
 	// cond is signalled when a stream slot frees, a send window grows, a
 	// stream ends or the connection fails.
-	cond       sync.Cond
-	streams    map[uint32]*stream
-	reserved   int // slots promised by Reserve, not yet taken by a request
-	opening    int // slots taken by requests whose stream is not registered yet
+	cond     sync.Cond
+	streams  map[uint32]*stream
+	reserved int // slots promised by Reserve, not yet taken by a request
+	opening  int // slots taken by requests whose stream is not registered yet
+	// full is set by a Reserve that found every slot taken, and cleared,
+	// under mu, by whatever frees a slot, raises the server's limit or
+	// fails the connection (clearFullLocked). While it is set, Reserve
+	// refuses without taking mu: a pool whose connections are all full
+	// tries each of them for every request of a burst, and mu is the lock
+	// the read loop takes for every frame it reads.
+	full       atomic.Bool
 	sendWindow int64
 	peer       h2frame.Peer // the server's SETTINGS
 	// goAway is set when the peer sent GOAWAY: no new streams.
@@ -228,17 +236,26 @@ func (c *Conn) slotsLocked() int { return len(c.streams) + c.reserved + c.openin
 // Reserve promises the next RoundTrip a stream slot, or fails when the
 // connection has none free or cannot take requests.
 func (c *Conn) Reserve() error {
+	if c.full.Load() {
+		return ErrNoStreamFree
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usableLocked(); err != nil {
 		return err
 	}
 	if c.slotsLocked() >= c.peer.MaxStreams {
+		c.full.Store(true)
 		return ErrNoStreamFree
 	}
 	c.reserved++
 	return nil
 }
+
+// clearFullLocked has the next Reserve look at the connection again: a
+// slot may have freed, the server's limit grown, or the connection failed
+// (which Reserve must report as such, for a pool to drop it).
+func (c *Conn) clearFullLocked() { c.full.Store(false) }
 
 // ErrNoStreamFree is Reserve's refusal of a connection that is usable but
 // has every stream slot taken: a pool tries its connections one after
@@ -250,6 +267,7 @@ func (c *Conn) Release() {
 	c.mu.Lock()
 	if c.reserved > 0 {
 		c.reserved--
+		c.clearFullLocked()
 	}
 	c.cond.Broadcast()
 	c.mu.Unlock()
@@ -271,6 +289,7 @@ func (c *Conn) fail(err error) {
 	if c.err == nil {
 		c.err = err
 	}
+	c.clearFullLocked()
 	c.cond.Broadcast()
 	c.mu.Unlock()
 }
@@ -425,6 +444,9 @@ func (c *Conn) openStream(req *http.Request, hasBody bool, whole *wholeReply) (*
 		return nil, fmt.Errorf("%w: %w", ErrNotProcessed, err)
 	}
 	if err := req.Context().Err(); err != nil {
+		if reserved {
+			c.clearFullLocked() // the reservation is given back unused
+		}
 		c.mu.Unlock()
 		return nil, context.Cause(req.Context())
 	}
@@ -441,6 +463,7 @@ func (c *Conn) openStream(req *http.Request, hasBody bool, whole *wholeReply) (*
 	st.id = c.nextID
 	c.nextID += 2
 	if c.err != nil {
+		c.clearFullLocked()
 		c.cond.Broadcast()
 		c.mu.Unlock()
 		c.wmu.Unlock()
@@ -534,6 +557,7 @@ func (c *Conn) wake() {
 func (c *Conn) removeLocked(st *stream) {
 	if c.streams[st.id] == st {
 		delete(c.streams, st.id)
+		c.clearFullLocked()
 		c.cond.Broadcast()
 	}
 }

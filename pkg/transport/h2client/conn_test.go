@@ -358,6 +358,72 @@ func TestRoundTrip_WaitsForAStreamUnderTheServersLimit(t *testing.T) {
 	}
 }
 
+// A connection Reserve found full is refused without its lock until
+// something changes: a stream ends (it is offered again) or the
+// connection fails (Reserve reports the failure, which is how a pool
+// knows to drop it, not that it is full).
+func TestReserve_FullConnectionIsRefusedWithoutItsLockUntilASlotFrees(t *testing.T) {
+	release := make(chan struct{})
+	srv := h2cServer(t, 1, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			<-release
+		}
+	}))
+	c := dial(t, srv)
+	// Settle the server's SETTINGS (a limit of one stream) first.
+	resp, err := c.RoundTrip(request(t, context.Background(), http.MethodGet, srv.URL, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, "the first stream's slot to free", func() bool { return c.InFlight() == 0 })
+
+	held := make(chan *http.Response, 1)
+	go func() {
+		resp, err := c.RoundTrip(request(t, context.Background(), http.MethodPost, srv.URL, []byte("x")))
+		if err != nil {
+			t.Error(err)
+			close(held)
+			return
+		}
+		held <- resp
+	}()
+	waitFor(t, "the held request to take the only slot", func() bool { return c.InFlight() == 1 })
+	if err := c.Reserve(); !errors.Is(err, ErrNoStreamFree) {
+		t.Fatalf("Reserve on a full connection = %v, want ErrNoStreamFree", err)
+	}
+	// Found full, the connection is refused without its lock.
+	c.mu.Lock()
+	refused := make(chan error, 1)
+	go func() { refused <- c.Reserve() }()
+	select {
+	case err := <-refused:
+		if !errors.Is(err, ErrNoStreamFree) {
+			t.Errorf("Reserve with the connection's lock held = %v, want ErrNoStreamFree", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("Reserve of a connection found full waited for the connection's lock")
+	}
+	c.mu.Unlock()
+
+	close(release)
+	if resp := <-held; resp != nil {
+		resp.Body.Close()
+	}
+	waitFor(t, "the held stream's slot to free", func() bool { return c.InFlight() == 0 })
+	if err := c.Reserve(); err != nil {
+		t.Fatalf("Reserve once the stream ended = %v, want a slot", err)
+	}
+	if err := c.Reserve(); !errors.Is(err, ErrNoStreamFree) {
+		t.Fatalf("a second Reserve = %v, want ErrNoStreamFree (the reservation holds the slot)", err)
+	}
+	// Full again, then failed: Reserve says so.
+	c.Close()
+	if err := c.Reserve(); err == nil || errors.Is(err, ErrNoStreamFree) {
+		t.Fatalf("Reserve of a closed connection found full before = %v, want the connection's error", err)
+	}
+}
+
 func TestGoAway_InFlightFinishesNewRequestsAreNotProcessed(t *testing.T) {
 	arrived, release := make(chan struct{}), make(chan struct{})
 	srv := h2cServer(t, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -29,6 +29,7 @@ func (c *Conn) readLoop() {
 		// our answers, say) would say only that.
 		c.err = fmt.Errorf("h2client: connection lost: %w", err)
 	}
+	c.clearFullLocked()
 	c.mu.Unlock()
 	c.nc.Close()
 	c.mu.Lock()
@@ -299,6 +300,7 @@ func (c *Conn) onSettings(f *http2.SettingsFrame) error {
 		}
 		return nil
 	})
+	c.clearFullLocked() // the stream limit may have grown
 	c.cond.Broadcast()
 	c.mu.Unlock()
 	if err != nil {
@@ -335,6 +337,7 @@ func (c *Conn) onGoAway(f *http2.GoAwayFrame) {
 	defer c.mu.Unlock()
 	c.goAway = true
 	c.goAwayID = f.LastStreamID
+	c.clearFullLocked()
 	for id, st := range c.streams {
 		if id > f.LastStreamID {
 			st.failLocked(fmt.Errorf("%w: above the server's GOAWAY last stream %d (%v)", ErrNotProcessed, f.LastStreamID, f.ErrCode))
