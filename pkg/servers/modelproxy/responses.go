@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/infra/park"
 	"github.com/gymfleet/gymfleet/pkg/transport/httpserver"
 	"github.com/gymfleet/gymfleet/pkg/transport/sse"
@@ -199,7 +200,11 @@ func (s *Server) serveResponses(task *park.Task, w http.ResponseWriter, r *http.
 	if req.Streaming() {
 		chat.Stream, chat.StreamOptions = true, &openai.StreamOptions{IncludeUsage: true}
 	}
-	up, messages, tools, err := encodeUpstream(chat)
+	// On a goroutine of its own: goccy's encoder would grow the handler's
+	// stack, deep by now, and the runtime copies a stack frame by frame
+	// (freshstack).
+	var up, messages, tools []byte
+	freshstack.Run(func() { up, messages, tools, err = encodeUpstream(chat) })
 	if err != nil {
 		s.finish(task, w, r, t, reply{err: apierror.Wrap(apierror.Internal, err), outcome: outcomeUpstreamError})
 		return
