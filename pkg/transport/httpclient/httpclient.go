@@ -277,6 +277,15 @@ func Do(ctx context.Context, c *http.Client, method, url string, header http.Hea
 	return readAll(method, url, resp)
 }
 
+// encodeBody encodes a request body on a goroutine of its own: goccy's
+// encoder would grow the caller's stack (a handler's, or a reply's
+// continuation, both deep by then), which the runtime copies frame by
+// frame, and which a caller that then waits in the call keeps doubled
+// (freshstack).
+func encodeBody(v any) ([]byte, error) {
+	return freshstack.Call(func() ([]byte, error) { return codec.Marshal(v) })
+}
+
 // newRequest builds Do's request. Apart from Do, whose frame stays on the
 // stack of a caller waiting for the reply (send says why that matters).
 func newRequest(ctx context.Context, method, url string, header http.Header, body any) (*http.Request, error) {
@@ -290,9 +299,7 @@ func newRequest(ctx context.Context, method, url string, header http.Header, bod
 			b = v
 		default:
 			var err error
-			// On a goroutine of its own: goccy's encoder would double the
-			// stack of a caller that then waits in the call (freshstack).
-			if b, err = freshstack.Call(func() ([]byte, error) { return codec.Marshal(v) }); err != nil {
+			if b, err = encodeBody(v); err != nil {
 				return nil, fmt.Errorf("encoding request to %s: %w", url, err)
 			}
 		}

@@ -9,7 +9,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/gymfleet/gymfleet/pkg/infra/freshstack"
 	"github.com/gymfleet/gymfleet/pkg/infra/tracing"
 	"github.com/gymfleet/gymfleet/pkg/wire/apierror"
 	"github.com/gymfleet/gymfleet/pkg/wire/codec"
@@ -198,11 +197,8 @@ func newStartRequest(ctx context.Context, method, url string, header http.Header
 	case nil, []byte, codec.RawMessage:
 		return newRequest(ctx, method, url, header, body)
 	}
-	encode := func() ([]byte, error) { return codec.Marshal(body) }
-	// On a goroutine of its own: goccy's encoder would grow the caller's
-	// stack (a handler's, or a reply's continuation, both deep), which the
-	// runtime copies frame by frame (freshstack).
-	b, err := freshstack.Call(encode)
+	encode := func() ([]byte, error) { return encodeBody(body) }
+	b, err := encode()
 	if err != nil {
 		return nil, fmt.Errorf("encoding request to %s: %w", url, err)
 	}
