@@ -56,8 +56,8 @@ type ticket struct {
 	// left out and the restored agent re-issues them) and waits only for
 	// started ones.
 	started atomic.Bool
-	// running: the upstream call is in flight. Not under the participant's
-	// mutex: every call sets it twice, and a prepare's cut round only
+	// running: the upstream call is in flight. Not under a shard's
+	// lock: every call sets it twice, and a prepare's cut round only
 	// reads it once per call, as it would have read it under the lock
 	// either before or after the call set it.
 	running atomic.Bool
@@ -68,8 +68,9 @@ type ticket struct {
 	// before the reply arrived (resendLost). Only the call's steps use it.
 	lostSends int
 
-	// Checkpoint bookkeeping, guarded by the participant's mutex and unused
-	// with checkpointing off.
+	// Checkpoint bookkeeping, guarded by the lock of the participant's
+	// shard the call lies in, and unused with checkpointing off.
+	shard  *callShard
 	cancel context.CancelCauseFunc
 	// done is closed when the handler returns (retire waits on it).
 	done        chan struct{}

@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net/http"
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +35,17 @@ import (
 // streaming, and asks the inference worker to cut generations in flight.
 // Its records are the ledger rows of delivered calls plus at most one cut
 // per episode.
+//
+// The per-call state is split into shards by rollout id (by call id for a
+// call outside any rollout), each with its own lock: every call takes its
+// shard's lock several times, and with one lock for all, a holder the
+// scheduler or a collection paused queued every call behind it, each
+// waiting handler holding its stack. What concerns a rollout (its calls,
+// its fence check, its restored attempt) lies in one shard, so a retire
+// or a restored cut needs one lock; admission is closed shard by shard,
+// and a checkpoint's close has closed every shard before it returns.
+// Lock order: p.mu is never held while a shard's lock is taken, and no
+// shard's lock is held while p.mu is taken.
 type participant struct {
 	s       *Server
 	log     *slog.Logger
@@ -51,29 +64,83 @@ type participant struct {
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
 
-	mu      sync.Mutex
-	closed  bool
-	changed chan struct{}
-	calls   map[string]*ticket
+	seed   maphash.Seed
+	shards [callShards]*callShard
+
+	// Counts over every shard, changed under a shard's lock.
+	admitted  atomic.Int64
+	delivered atomic.Int64
+	held      atomic.Int64
+	// unsettled counts captured responses that started and have not
+	// staged their row: what a prepare waits for.
+	unsettled atomic.Int64
+
+	// mu guards the checkpoint-wide state below; the call path takes it
+	// only when the last unsettled response settles.
+	mu         sync.Mutex
+	changed    chan struct{}
+	cutRunning bool
+	round      roundCounts
+	// restoredOnce: an Install ran (the process is no longer fresh).
+	restoredOnce bool
+	// incomplete holds rollouts whose last retire did not finish.
+	incomplete map[string]struct{}
+}
+
+// callShards is how many shards the per-call state is split into.
+const callShards = 64
+
+// callShard is the per-call state of the rollouts whose ids hash to it.
+type callShard struct {
+	mu sync.Mutex
+	// closed: admission is closed, responses not started are held.
+	closed bool
+	calls  map[string]*ticket
 	// byRollout indexes captured tickets by rollout id (retire and export
 	// visit one rollout's calls, never every call).
 	byRollout map[string][]*ticket
 	// unsettled holds captured responses that started and have not staged
-	// their row: what a prepare waits for.
-	unsettled  map[*ticket]struct{}
-	held       int
-	cutRunning bool
-	round      roundCounts
-	admitted   int64
-	delivered  int64
+	// their row.
+	unsettled map[*ticket]struct{}
 	// restored holds what the last Install put under each next attempt,
 	// by rollout id (one attempt per rollout is restored).
-	restored     map[string]*restoredEpisode
-	restoredOnce bool
-	// incomplete holds rollouts whose last retire did not finish.
-	incomplete map[string]struct{}
+	restored map[string]*restoredEpisode
 	// openWaits are the calls waiting, parked, for admission to reopen.
 	openWaits map[*openWait]struct{}
+}
+
+func newCallShard() *callShard {
+	return &callShard{
+		calls: map[string]*ticket{}, byRollout: map[string][]*ticket{}, unsettled: map[*ticket]struct{}{},
+		restored: map[string]*restoredEpisode{}, openWaits: map[*openWait]struct{}{},
+	}
+}
+
+// restoredOf is the restored state of exactly this attempt, if any. sh.mu
+// is held.
+func (sh *callShard) restoredOf(id rollout.EpisodeID) *restoredEpisode {
+	if r := sh.restored[id.RolloutID]; r != nil && r.id == id {
+		return r
+	}
+	return nil
+}
+
+// shardOf is the shard of a rollout id (or of a call id, for a call
+// outside any rollout).
+func (p *participant) shardOf(id string) *callShard {
+	return p.shards[p.shardIndex(id)]
+}
+
+func (p *participant) shardIndex(id string) int {
+	return int(maphash.String(p.seed, id) % callShards)
+}
+
+// shardOfCall is the shard a ticket's state lies in.
+func (p *participant) shardOfCall(t *ticket) *callShard {
+	if t.captureKey != "" {
+		return p.shardOf(t.episode.RolloutID)
+	}
+	return p.shardOf(t.callID)
 }
 
 // roundCounts are the cut outcomes of the latest checkpoint.
@@ -117,10 +184,11 @@ func newParticipant(s *Server, reg prometheus.Registerer) *participant {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &participant{
 		s: s, log: s.log.With("component", "model_participant"), metrics: newCkptMetrics(reg),
-		ctx: ctx, cancel: cancel, shutdown: make(chan struct{}),
-		changed: make(chan struct{}), calls: map[string]*ticket{}, byRollout: map[string][]*ticket{},
-		unsettled: map[*ticket]struct{}{}, restored: map[string]*restoredEpisode{}, incomplete: map[string]struct{}{},
-		openWaits: map[*openWait]struct{}{},
+		ctx: ctx, cancel: cancel, shutdown: make(chan struct{}), seed: maphash.MakeSeed(),
+		changed: make(chan struct{}), incomplete: map[string]struct{}{},
+	}
+	for i := range p.shards {
+		p.shards[i] = newCallShard()
 	}
 	if s.cfg.cutsOn() {
 		for _, w := range s.workers {
@@ -152,33 +220,53 @@ func (p *participant) notifyLocked() {
 	p.changed = make(chan struct{})
 }
 
+// readyLocked: no started response is still streaming, and the cut round
+// (if any) finished. p.mu is held.
+func (p *participant) readyLocked() bool {
+	return p.unsettled.Load() == 0 && !p.cutRunning
+}
+
+// notifyIfReady wakes a prepare's wait once the last unsettled response
+// settled. Called with no lock held: a settle first counts the response
+// settled, then notifies, so a waiter that took the channel before the
+// count fell is woken and one that took it after sees the count.
+func (p *participant) notifyIfReady() {
+	p.mu.Lock()
+	if p.readyLocked() {
+		p.notifyLocked()
+	}
+	p.mu.Unlock()
+}
+
 // ---- the call path -------------------------------------------------------
 
 // admit registers a call: it is refused if its attempt was retired (the
-// fence is re-checked under the lock a retire takes to list calls, so a
-// call is either listed and stopped or refused), and its work derives from
-// the returned request's context, which a retire cancels.
+// fence is re-checked under the shard lock a retire takes to list the
+// rollout's calls, so a call is either listed and stopped or refused), and
+// its work derives from the returned request's context, which a retire
+// cancels.
 func (p *participant) admit(r *http.Request, t *ticket) (*http.Request, error) {
 	// Allocated before the lock, which every call takes several times.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	done := make(chan struct{})
 	r = r.WithContext(ctx)
-	p.mu.Lock()
+	sh := p.shardOfCall(t)
+	sh.mu.Lock()
 	if t.captureKey != "" && p.ctl.Fence().Refuses(t.episode) {
-		p.mu.Unlock()
+		sh.mu.Unlock()
 		cancel(nil)
 		return nil, apierror.New(apierror.StaleAttempt, "attempt %d of rollout %s was retired", t.episode.Attempt, t.episode.RolloutID)
 	}
-	t.cancel, t.done = cancel, done
-	p.calls[t.callID] = t
-	p.admitted++
+	t.shard, t.cancel, t.done = sh, cancel, done
+	sh.calls[t.callID] = t
 	if t.captureKey != "" {
-		p.byRollout[t.episode.RolloutID] = append(p.byRollout[t.episode.RolloutID], t)
-		if rs := p.restoredOf(t.episode); rs != nil {
+		sh.byRollout[t.episode.RolloutID] = append(sh.byRollout[t.episode.RolloutID], t)
+		if rs := sh.restoredOf(t.episode); rs != nil {
 			rs.used = true
 		}
 	}
-	p.mu.Unlock()
+	sh.mu.Unlock()
+	p.admitted.Add(1)
 	return r, nil
 }
 
@@ -215,21 +303,25 @@ func (p *participant) release(w http.ResponseWriter, r *http.Request, t *ticket)
 // unregister forgets a call whose handler is returning; a retire waiting
 // for it may then go on.
 func (p *participant) unregister(t *ticket) {
-	p.mu.Lock()
-	delete(p.calls, t.callID)
+	sh := t.shard
+	sh.mu.Lock()
+	delete(sh.calls, t.callID)
 	if t.captureKey != "" {
 		rid := t.episode.RolloutID
-		if rest := slices.DeleteFunc(p.byRollout[rid], func(o *ticket) bool { return o == t }); len(rest) > 0 {
-			p.byRollout[rid] = rest
+		if rest := slices.DeleteFunc(sh.byRollout[rid], func(o *ticket) bool { return o == t }); len(rest) > 0 {
+			sh.byRollout[rid] = rest
 		} else {
-			delete(p.byRollout, rid)
+			delete(sh.byRollout, rid)
 		}
 	}
 	p.unholdLocked(t)
-	p.settleLocked(t)
+	settledLast := p.settleLocked(sh, t)
 	close(t.done)
-	p.mu.Unlock()
+	sh.mu.Unlock()
 	t.cancel(nil)
+	if settledLast {
+		p.notifyIfReady()
+	}
 }
 
 // describeChat describes a Chat Completions call.
@@ -245,13 +337,14 @@ func (p *participant) describeResponses(t *ticket, digest string, req *openai.Re
 // describe records the request's digest and kind; a call whose capture key
 // and digest match a restored generation cut continues its prefix.
 func (p *participant) describe(t *ticket, digest string, stream, constrained bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	sh := t.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	t.digest, t.stream, t.constrained = digest, stream, constrained
 	if t.captureKey == "" || t.continueKey != "" {
 		return
 	}
-	if r := p.restoredOf(t.episode); r != nil && r.cut != nil && r.cut.RequestDigest == digest {
+	if r := sh.restoredOf(t.episode); r != nil && r.cut != nil && r.cut.RequestDigest == digest {
 		t.continueKey = r.cut.Continuation.StagingKeys[0]
 	}
 }
@@ -263,10 +356,14 @@ func (p *participant) upstreamRunning(t *ticket, running bool) { t.running.Store
 func (p *participant) deliver(task *park.Task, ctx context.Context, t *ticket, done func(error)) {
 	p.waitOpen(task, ctx, t, func() {
 		t.started.Store(true)
-		p.delivered++
+		p.delivered.Add(1)
 		if t.captureKey != "" {
+			// Counted under the shard's lock while its admission is open:
+			// a close, which closes every shard before the prepare waits,
+			// finds every started response counted.
 			t.unsettled = true
-			p.unsettled[t] = struct{}{}
+			t.shard.unsettled[t] = struct{}{}
+			p.unsettled.Add(1)
 		}
 	}, done)
 }
@@ -276,33 +373,34 @@ func (p *participant) awaitResume(task *park.Task, ctx context.Context, t *ticke
 	p.waitOpen(task, ctx, t, func() {}, done)
 }
 
-// waitOpen runs onOpen under the lock once admission is open, counting the
-// call as held while it waits, then calls done. It waits parked in task:
-// a call held through a checkpoint holds no goroutine, and the resume, a
-// shutdown or the call's context ending resumes it.
+// waitOpen runs onOpen under the shard's lock once its admission is open,
+// counting the call as held while it waits, then calls done. It waits
+// parked in task: a call held through a checkpoint holds no goroutine, and
+// the resume, a shutdown or the call's context ending resumes it.
 func (p *participant) waitOpen(task *park.Task, ctx context.Context, t *ticket, onOpen func(), done func(error)) {
-	p.mu.Lock()
-	if !p.closed {
+	sh := t.shard
+	sh.mu.Lock()
+	if !sh.closed {
 		p.unholdLocked(t)
 		onOpen()
-		p.mu.Unlock()
+		sh.mu.Unlock()
 		done(nil)
 		return
 	}
 	if !t.held {
 		t.held = true
-		p.held++
+		p.held.Add(1)
 		p.metrics.held.Inc()
 	}
 	if p.shuttingDown() {
 		p.unholdLocked(t)
-		p.mu.Unlock()
+		sh.mu.Unlock()
 		done(errShuttingDown)
 		return
 	}
-	ow := &openWait{w: task.Hold()}
-	p.openWaits[ow] = struct{}{}
-	p.mu.Unlock()
+	ow := &openWait{w: task.Hold(), shard: sh}
+	sh.openWaits[ow] = struct{}{}
+	sh.mu.Unlock()
 	// Registered after the wait is filed: a context already ended wakes it
 	// at once.
 	stop := context.AfterFunc(ctx, func() { p.wake(ow, ctx.Err()) })
@@ -320,6 +418,8 @@ func (p *participant) waitOpen(task *park.Task, ctx context.Context, t *ticket, 
 // openWait is a call waiting, parked, for admission to reopen.
 type openWait struct {
 	w *park.Wait
+	// shard is where the wait is filed.
+	shard *callShard
 	// resume is the call's next step, told why it woke (nil: admission
 	// may be open again).
 	resume func(error)
@@ -327,10 +427,11 @@ type openWait struct {
 
 // wake resumes a waiting call once, if it is still filed.
 func (p *participant) wake(ow *openWait, err error) {
-	p.mu.Lock()
-	_, filed := p.openWaits[ow]
-	delete(p.openWaits, ow)
-	p.mu.Unlock()
+	sh := ow.shard
+	sh.mu.Lock()
+	_, filed := sh.openWaits[ow]
+	delete(sh.openWaits, ow)
+	sh.mu.Unlock()
 	if filed {
 		ow.w.Resume(func() { ow.resume(err) })
 	}
@@ -338,25 +439,39 @@ func (p *participant) wake(ow *openWait, err error) {
 
 // wakeAll resumes every waiting call with err.
 func (p *participant) wakeAll(err error) {
-	p.mu.Lock()
-	waits := p.openWaits
-	p.openWaits = map[*openWait]struct{}{}
-	p.mu.Unlock()
+	for _, sh := range p.shards {
+		p.wakeShard(sh, false, err)
+	}
+}
+
+// wakeShard resumes the calls waiting in sh with err, reopening its
+// admission first if open is set.
+func (p *participant) wakeShard(sh *callShard, open bool, err error) {
+	sh.mu.Lock()
+	if open {
+		sh.closed = false
+	}
+	waits := sh.openWaits
+	if len(waits) > 0 {
+		sh.openWaits = map[*openWait]struct{}{}
+	}
+	sh.mu.Unlock()
 	for ow := range waits {
 		ow.w.Resume(func() { ow.resume(err) })
 	}
 }
 
 func (p *participant) unhold(t *ticket) {
-	p.mu.Lock()
+	t.shard.mu.Lock()
 	p.unholdLocked(t)
-	p.mu.Unlock()
+	t.shard.mu.Unlock()
 }
 
+// unholdLocked: the ticket's shard lock is held.
 func (p *participant) unholdLocked(t *ticket) {
 	if t.held {
 		t.held = false
-		p.held--
+		p.held.Add(-1)
 		p.metrics.held.Dec()
 	}
 }
@@ -365,25 +480,29 @@ func (p *participant) unholdLocked(t *ticket) {
 // checkpoint may capture it; a delivered completion consumes the restored
 // cut of its attempt (the episode has moved past the call it named).
 func (p *participant) settle(t *ticket, completion bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	sh := t.shard
+	sh.mu.Lock()
 	if completion && t.captureKey != "" {
-		if r := p.restoredOf(t.episode); r != nil {
+		if r := sh.restoredOf(t.episode); r != nil {
 			r.cut = nil
 		}
 	}
-	p.settleLocked(t)
+	settledLast := p.settleLocked(sh, t)
+	sh.mu.Unlock()
+	if settledLast {
+		p.notifyIfReady()
+	}
 }
 
-func (p *participant) settleLocked(t *ticket) {
+// settleLocked counts t settled, under sh's lock, and reports whether it
+// was the last unsettled response (the caller then notifies, unlocked).
+func (p *participant) settleLocked(sh *callShard, t *ticket) bool {
 	if !t.unsettled {
-		return
+		return false
 	}
 	t.unsettled = false
-	delete(p.unsettled, t)
-	if len(p.unsettled) == 0 && !p.cutRunning {
-		p.notifyLocked()
-	}
+	delete(sh.unsettled, t)
+	return p.unsettled.Add(-1) == 0
 }
 
 // ---- ctlplane.Participant -------------------------------------------------
@@ -398,27 +517,39 @@ func (p *participant) Instance() string { return p.s.cfg.Name }
 // calls generating upstream that have not started their response. Streaming
 // and constrained calls are skipped. The round's budget is half the time
 // left to the operation's deadline: a cut is optional and later stages need
-// time.
+// time. The controller serializes it with OpenAdmission.
 func (p *participant) CloseAdmission(ctx context.Context) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
 	p.round = roundCounts{}
-	if len(p.cutURLs) == 0 || p.cutRunning {
+	listing := len(p.cutURLs) > 0 && !p.cutRunning
+	p.mu.Unlock()
+	var listed []*ticket
+	skipped := 0
+	for _, sh := range p.shards {
+		sh.mu.Lock()
+		sh.closed = true
+		for _, t := range sh.calls {
+			if !listing {
+				break
+			}
+			if t.captureKey == "" || !t.running.Load() || t.started.Load() {
+				continue
+			}
+			if t.stream || t.constrained {
+				skipped++
+				continue
+			}
+			listed = append(listed, t)
+		}
+		sh.mu.Unlock()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !listing {
 		return nil
 	}
-	var listed []*ticket
-	for _, t := range p.calls {
-		if t.captureKey == "" || !t.running.Load() || t.started.Load() {
-			continue
-		}
-		if t.stream || t.constrained {
-			p.round.skipped++
-			continue
-		}
-		listed = append(listed, t)
-	}
-	p.metrics.cuts.WithLabelValues(DispositionSkipped).Add(float64(p.round.skipped))
+	p.round.skipped += skipped
+	p.metrics.cuts.WithLabelValues(DispositionSkipped).Add(float64(skipped))
 	if len(listed) == 0 {
 		return nil
 	}
@@ -443,12 +574,11 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 
 // OpenAdmission releases held responses and cut calls.
 func (p *participant) OpenAdmission() {
-	p.mu.Lock()
-	p.closed = false
-	p.mu.Unlock()
-	// Each looks again: one filed for a checkpoint that closed since waits
-	// on.
-	p.wakeAll(nil)
+	// Each woken call looks again: one filed for a checkpoint that closed
+	// since waits on.
+	for _, sh := range p.shards {
+		p.wakeShard(sh, true, nil)
+	}
 }
 
 // Ready: no started response is still streaming, and the cut round (if
@@ -456,7 +586,7 @@ func (p *participant) OpenAdmission() {
 func (p *participant) Ready() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.unsettled) == 0 && !p.cutRunning
+	return p.readyLocked()
 }
 
 // ReadyChanged implements ctlplane.Participant.
@@ -468,32 +598,29 @@ func (p *participant) ReadyChanged() <-chan struct{} {
 
 // Report lists the capture keys of responses still streaming.
 func (p *participant) Report(limit int) ctlplane.Report {
-	p.mu.Lock()
-	seen := make(map[string]struct{}, len(p.unsettled))
-	keys := make([]string, 0, len(p.unsettled))
-	for t := range p.unsettled {
-		if _, dup := seen[t.captureKey]; !dup {
-			seen[t.captureKey] = struct{}{}
-			keys = append(keys, t.captureKey)
+	seen := map[string]struct{}{}
+	keys := []string{}
+	inflight := 0
+	for _, sh := range p.shards {
+		sh.mu.Lock()
+		inflight += len(sh.calls)
+		for t := range sh.unsettled {
+			if _, dup := seen[t.captureKey]; !dup {
+				seen[t.captureKey] = struct{}{}
+				keys = append(keys, t.captureKey)
+			}
 		}
+		sh.mu.Unlock()
 	}
+	p.mu.Lock()
 	counts := map[string]int{
-		"inflight": len(p.calls), "held": p.held, "streaming": len(p.unsettled),
+		"inflight": inflight, "held": int(p.held.Load()), "streaming": int(p.unsettled.Load()),
 		"cut": p.round.cut, "cut_failed": p.round.failed, "cut_skipped": p.round.skipped,
 	}
-	ready := len(p.unsettled) == 0 && !p.cutRunning
+	ready := p.readyLocked()
 	p.mu.Unlock()
 	listed, n := ctlplane.Blockers(keys, limit)
 	return ctlplane.Report{Ready: ready, Blockers: listed, BlockerCount: n, Counts: counts, Restarts: []string{}}
-}
-
-// restoredOf is the restored state of exactly this attempt, if any. p.mu
-// is held.
-func (p *participant) restoredOf(id rollout.EpisodeID) *restoredEpisode {
-	if r := p.restored[id.RolloutID]; r != nil && r.id == id {
-		return r
-	}
-	return nil
 }
 
 // episodeCut is the one generation cut an episode's record carries: the
@@ -501,10 +628,11 @@ func (p *participant) restoredOf(id rollout.EpisodeID) *restoredEpisode {
 // else the restored cut no call has consumed.
 func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
 	key := id.CaptureKey()
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	sh := p.shardOf(id.RolloutID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	var latest *ticket
-	for _, t := range p.byRollout[id.RolloutID] {
+	for _, t := range sh.byRollout[id.RolloutID] {
 		if t.captureKey != key || t.cut == nil || t.started.Load() {
 			continue
 		}
@@ -521,7 +649,7 @@ func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
 			},
 		}
 	}
-	if r := p.restoredOf(id); r != nil && r.cut != nil {
+	if r := sh.restoredOf(id); r != nil && r.cut != nil {
 		c := *r.cut
 		return &c
 	}
@@ -710,15 +838,17 @@ func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.Episod
 // scope leaves out and no call has used: the controller will not continue
 // them, and they may be started afresh.
 func (p *participant) Committed(_ context.Context, scope ctlplane.Scope, _ bool) error {
-	p.mu.Lock()
 	var drop []string
-	for rid, r := range p.restored {
-		if !r.used && !scope.Has(r.id) {
-			drop = append(drop, r.id.CaptureKey())
-			delete(p.restored, rid)
+	for _, sh := range p.shards {
+		sh.mu.Lock()
+		for rid, r := range sh.restored {
+			if !r.used && !scope.Has(r.id) {
+				drop = append(drop, r.id.CaptureKey())
+				delete(sh.restored, rid)
+			}
 		}
+		sh.mu.Unlock()
 	}
-	p.mu.Unlock()
 	if len(drop) == 0 {
 		return nil
 	}
@@ -730,7 +860,7 @@ func (p *participant) Committed(_ context.Context, scope ctlplane.Scope, _ bool)
 func (p *participant) Fresh() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.admitted > 0 || p.restoredOnce {
+	if p.admitted.Load() > 0 || p.restoredOnce {
 		return errors.New("requires a freshly started model server; this one has served calls")
 	}
 	return nil
@@ -788,7 +918,10 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	}
 
 	next := make([]rollout.EpisodeID, 0, len(ids))
-	restored := make(map[string]*restoredEpisode, len(ids))
+	var restored [callShards]map[string]*restoredEpisode
+	for i := range restored {
+		restored[i] = map[string]*restoredEpisode{}
+	}
 	for i, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -808,7 +941,7 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 			// Without a record the next attempt's ledger starts empty.
 			imports = append(imports, tokencapture.Import{Key: n.CaptureKey()})
 		}
-		restored[n.RolloutID] = r
+		restored[p.shardIndex(n.RolloutID)][n.RolloutID] = r
 	}
 	// One batch of writes for every ledger rather than one write each.
 	if err := p.s.ledger.ImportMany(imports); err != nil {
@@ -839,8 +972,12 @@ func (p *participant) Install(ctx context.Context, records []ctlplane.Record, sc
 	if _, _, err := p.s.ledger.Retire(sources); err != nil {
 		return nil, apierror.Wrap(apierror.Internal, fmt.Errorf("retiring the source attempts' ledgers: %w", err))
 	}
+	for i, sh := range p.shards {
+		sh.mu.Lock()
+		sh.restored = restored[i]
+		sh.mu.Unlock()
+	}
 	p.mu.Lock()
-	p.restored = restored
 	p.restoredOnce = true
 	p.mu.Unlock()
 	p.log.InfoContext(ctx, "restored model ledgers", "episodes", len(ids), "records", len(records))
@@ -858,17 +995,22 @@ func (p *participant) Retire(ctx context.Context, ids []rollout.EpisodeID) error
 	p.mu.Lock()
 	for _, id := range ids {
 		p.incomplete[id.RolloutID] = struct{}{}
-		for _, t := range p.byRollout[id.RolloutID] {
+	}
+	p.mu.Unlock()
+	for _, id := range ids {
+		sh := p.shardOf(id.RolloutID)
+		sh.mu.Lock()
+		for _, t := range sh.byRollout[id.RolloutID] {
 			if t.episode.Attempt <= id.Attempt {
 				t.cancel(cause(t.episode))
 				waits = append(waits, t.done)
 			}
 		}
-		if r := p.restored[id.RolloutID]; r != nil && r.id.Attempt <= id.Attempt {
-			delete(p.restored, id.RolloutID)
+		if r := sh.restored[id.RolloutID]; r != nil && r.id.Attempt <= id.Attempt {
+			delete(sh.restored, id.RolloutID)
 		}
+		sh.mu.Unlock()
 	}
-	p.mu.Unlock()
 	for _, done := range waits {
 		select {
 		case <-done:
@@ -923,26 +1065,30 @@ func (p *participant) Forget(_ context.Context, rolloutIDs []string) error {
 
 // StatusExtra adds restored cuts and attempts, and the call counts.
 func (p *participant) StatusExtra() map[string]any {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	// The restored attempts whose cut no call has consumed yet, as NeMo
 	// Gym's model participant lists them (model.py status_extra:
 	// sorted(restored cuts)).
 	cuts := []string{}
 	pending := []string{}
-	for _, r := range p.restored {
-		if r.cut != nil {
-			cuts = append(cuts, r.id.CaptureKey())
+	inflight := 0
+	for _, sh := range p.shards {
+		sh.mu.Lock()
+		inflight += len(sh.calls)
+		for _, r := range sh.restored {
+			if r.cut != nil {
+				cuts = append(cuts, r.id.CaptureKey())
+			}
+			if !r.used {
+				pending = append(pending, r.id.CaptureKey())
+			}
 		}
-		if !r.used {
-			pending = append(pending, r.id.CaptureKey())
-		}
+		sh.mu.Unlock()
 	}
 	slices.Sort(pending)
 	slices.Sort(cuts)
 	return map[string]any{
 		"restored_generation_cuts": cuts, "restored_pending": pending,
-		"served": p.delivered, "inflight": len(p.calls), "held": p.held,
+		"served": p.delivered.Load(), "inflight": inflight, "held": p.held.Load(),
 	}
 }
 

@@ -123,6 +123,69 @@ func TestCheckpoint_HeldNonStreaming(t *testing.T) {
 	}
 }
 
+// Calls of many rollouts, spread over the participant's shards, are all
+// held by one prepare, none delivers before the resume, and the resume
+// releases every one.
+func TestCheckpoint_HeldAcrossRollouts(t *testing.T) {
+	t.Parallel()
+	const rollouts = 256
+	w := startWorker(t, 0)
+	m := startModel(t, w.url, t.TempDir(), ctlplanetest.Config(), nil)
+	body := chatRequest("hello", "hi there")
+	keys := make([]string, rollouts)
+	first := map[string][]string{}
+	for i := range keys {
+		keys[i] = fmt.Sprintf("spread-%03d", i)
+		m.mustCall(t, keys[i], chatPath, body)
+		first[keys[i]] = m.rowIDs(t, keys[i])
+	}
+	if _, err := w.ctl.HoldAfterCalls(context.Background(), rollouts); err != nil {
+		t.Fatal(err)
+	}
+	pending := make([]<-chan result, rollouts)
+	for i, key := range keys {
+		pending[i] = m.callAsync(key, chatPath, body)
+	}
+	waitFor(t, "the worker to hold every second call", func() bool {
+		n, err := w.ctl.CallCount(context.Background())
+		return err == nil && n.Held == rollouts
+	})
+	m.mustOp(t, "prepare", ckReq("c1"))
+	if _, err := w.ctl.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every reply to be held", func() bool {
+		held, _ := m.status(t)["held"].(float64)
+		return held == rollouts
+	})
+	for i, key := range keys {
+		notYet(t, "a held call", pending[i])
+		if got := m.rowIDs(t, key); !slices.Equal(got, first[key]) {
+			t.Fatalf("%s: a held call has no row yet: %v, want %v", key, got, first[key])
+		}
+	}
+	dir := t.TempDir()
+	m.mustOp(t, "commit", commitReq("c1", dir, keys...))
+	recs := records(t, dir, "c1")
+	for _, key := range keys {
+		if rec := recs[key]; rec == nil || len(rec.Rows) != 1 || rec.Rows[0].CallID != first[key][0] {
+			t.Fatalf("record of %s = %+v, want only the delivered row %s", key, rec, first[key][0])
+		}
+	}
+	m.mustOp(t, "resume", ckReq("c1"))
+	for i, key := range keys {
+		if r := await(t, "a held call", pending[i]); r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("%s: held call after resume: %d %s %v", key, r.status, r.body, r.err)
+		}
+		if got := m.rowIDs(t, key); len(got) != 2 {
+			t.Fatalf("%s: rows after the resume: %v", key, got)
+		}
+	}
+	if held, _ := m.status(t)["held"].(float64); held != 0 {
+		t.Fatalf("held after the resume = %v", held)
+	}
+}
+
 // A stream that already started blocks prepare until it ends (its capture
 // key is the blocker); one that has not started is held and does not block.
 func TestCheckpoint_StreamingBlocksPrepare(t *testing.T) {

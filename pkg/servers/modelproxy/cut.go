@@ -150,8 +150,6 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 		}
 	}
 
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	cut, failed := 0, 0
 	for _, t := range listed {
 		it := outcome[t.callID]
@@ -161,9 +159,14 @@ func (p *participant) cutRound(ctx context.Context, cancel context.CancelFunc, l
 			failed++
 			continue
 		}
-		t.cut = &cutPrefix{stagingKey: it.StagingKeys[0], tokenCount: *it.PrefixTokenCount, digest: *it.PrefixDigest}
+		c := &cutPrefix{stagingKey: it.StagingKeys[0], tokenCount: *it.PrefixTokenCount, digest: *it.PrefixDigest}
+		t.shard.mu.Lock()
+		t.cut = c
+		t.shard.mu.Unlock()
 		cut++
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.round.cut += cut
 	p.round.failed += failed
 	if span.IsRecording() {

@@ -68,9 +68,7 @@ func CheckpointParticipant(s *Server) ctlplane.Participant { return s.ckpt }
 
 // HeldCalls is how many calls wait at delivery for admission to reopen.
 func HeldCalls(s *Server) int {
-	s.ckpt.mu.Lock()
-	defer s.ckpt.mu.Unlock()
-	return s.ckpt.held
+	return int(s.ckpt.held.Load())
 }
 
 // CompletedCall is a model call whose upstream reply is complete: what its
