@@ -234,22 +234,24 @@ func (c *Conn) InFlight() int {
 func (c *Conn) slotsLocked() int { return len(c.streams) + c.reserved + c.opening }
 
 // Reserve promises the next RoundTrip a stream slot, or fails when the
-// connection has none free or cannot take requests.
-func (c *Conn) Reserve() error {
+// connection has none free or cannot take requests. free is how many
+// slots are left after this one, of the server's limit: a pool opens its
+// next connection before the last one fills.
+func (c *Conn) Reserve() (free, limit int, err error) {
 	if c.full.Load() {
-		return ErrNoStreamFree
+		return 0, 0, ErrNoStreamFree
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usableLocked(); err != nil {
-		return err
+		return 0, 0, err
 	}
 	if c.slotsLocked() >= c.peer.MaxStreams {
 		c.full.Store(true)
-		return ErrNoStreamFree
+		return 0, c.peer.MaxStreams, ErrNoStreamFree
 	}
 	c.reserved++
-	return nil
+	return c.peer.MaxStreams - c.slotsLocked(), c.peer.MaxStreams, nil
 }
 
 // clearFullLocked has the next Reserve look at the connection again: a

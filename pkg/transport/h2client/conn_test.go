@@ -321,8 +321,8 @@ func TestRoundTrip_WaitsForAStreamUnderTheServersLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if err := c.Reserve(); err != nil {
-		t.Fatalf("Reserve on an idle connection: %v", err)
+	if free, lim, err := c.Reserve(); err != nil || lim != limit || free != limit-1 {
+		t.Fatalf("Reserve on an idle connection = %d free of %d, %v; want %d of %d", free, lim, err, limit-1, limit)
 	}
 	c.Release()
 
@@ -344,7 +344,7 @@ func TestRoundTrip_WaitsForAStreamUnderTheServersLimit(t *testing.T) {
 		})
 	}
 	waitFor(t, "the limit's worth of requests in handlers", func() bool { return inHandler.Load() == limit })
-	if err := c.Reserve(); err == nil {
+	if _, _, err := c.Reserve(); err == nil {
 		t.Error("Reserve succeeded on a connection at the server's limit")
 	}
 	close(release)
@@ -389,13 +389,16 @@ func TestReserve_FullConnectionIsRefusedWithoutItsLockUntilASlotFrees(t *testing
 		held <- resp
 	}()
 	waitFor(t, "the held request to take the only slot", func() bool { return c.InFlight() == 1 })
-	if err := c.Reserve(); !errors.Is(err, ErrNoStreamFree) {
+	if _, _, err := c.Reserve(); !errors.Is(err, ErrNoStreamFree) {
 		t.Fatalf("Reserve on a full connection = %v, want ErrNoStreamFree", err)
 	}
 	// Found full, the connection is refused without its lock.
 	c.mu.Lock()
 	refused := make(chan error, 1)
-	go func() { refused <- c.Reserve() }()
+	go func() {
+		_, _, err := c.Reserve()
+		refused <- err
+	}()
 	select {
 	case err := <-refused:
 		if !errors.Is(err, ErrNoStreamFree) {
@@ -411,15 +414,15 @@ func TestReserve_FullConnectionIsRefusedWithoutItsLockUntilASlotFrees(t *testing
 		resp.Body.Close()
 	}
 	waitFor(t, "the held stream's slot to free", func() bool { return c.InFlight() == 0 })
-	if err := c.Reserve(); err != nil {
+	if _, _, err := c.Reserve(); err != nil {
 		t.Fatalf("Reserve once the stream ended = %v, want a slot", err)
 	}
-	if err := c.Reserve(); !errors.Is(err, ErrNoStreamFree) {
+	if _, _, err := c.Reserve(); !errors.Is(err, ErrNoStreamFree) {
 		t.Fatalf("a second Reserve = %v, want ErrNoStreamFree (the reservation holds the slot)", err)
 	}
 	// Full again, then failed: Reserve says so.
 	c.Close()
-	if err := c.Reserve(); err == nil || errors.Is(err, ErrNoStreamFree) {
+	if _, _, err := c.Reserve(); err == nil || errors.Is(err, ErrNoStreamFree) {
 		t.Fatalf("Reserve of a closed connection found full before = %v, want the connection's error", err)
 	}
 }

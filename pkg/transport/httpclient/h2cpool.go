@@ -61,7 +61,18 @@ type h2cPool struct {
 	// hosts has an entry per scheme and address the pool was asked for
 	// (hostKey): the peers a server is configured with, so it stays small.
 	hosts map[string]*hostConns
+	// preopening counts the connections being opened ahead of need, each
+	// on a goroutine of the pool's; preopened is signalled (with mu) as
+	// each ends, for CloseIdleConnections to wait for them.
+	preopening int
+	preopened  *sync.Cond
 }
+
+// preopenShare is the part of a connection's stream slots which, once no
+// more are free on the newest connection, has the pool open the next one:
+// a burst then finds it ready rather than every request waiting, each on
+// a goroutine, for a connection to be dialed and answered.
+const preopenShare = 4
 
 // hostConns is the pool's state for one host.
 type hostConns struct {
@@ -73,13 +84,18 @@ type hostConns struct {
 	// failed; nil when none is being opened. One at a time per host: a burst
 	// waits for it rather than dialing a connection per request.
 	opening chan struct{}
+	// cancelPreopen stops the connection being opened ahead of need, if
+	// that is what opening is.
+	cancelPreopen context.CancelFunc
 	// http1 is set once the host answered the h2c preface in HTTP/1.x and
 	// the pool has an http1 transport: its requests go there.
 	http1 bool
 }
 
 func newH2CPool(dial func(ctx context.Context, network, addr string) (net.Conn, error), maxConns int, http1 Transport) *h2cPool {
-	return &h2cPool{dial: dial, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, http1: http1, hosts: map[string]*hostConns{}}
+	p := &h2cPool{dial: dial, maxConns: maxConns, handshakeTimeout: 30 * time.Second, handshakes: 5, http1: http1, hosts: map[string]*hostConns{}}
+	p.preopened = sync.NewCond(&p.mu)
+	return p
 }
 
 // withTLS lets the pool open https:// connections with conf, handing the
@@ -101,9 +117,10 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 	addr := hostPort(req.URL)
 	key := req.URL.Scheme + "://" + addr
 	for {
-		cc, opening, http1 := p.pick(key)
+		cc, opening, http1, preopen := p.pick(key)
 		switch {
 		case cc != nil:
+			p.startPreopen(preopen, key, req.URL)
 			return cc.RoundTrip(req)
 		case http1 && secure:
 			return p.tls1.RoundTrip(req)
@@ -135,7 +152,11 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 // trying each full one in turn, under the pool's lock, is what that lock
 // would convoy on. A connection that cannot take requests any more is
 // dropped when a pass meets it.
-func (p *h2cPool) pick(key string) (*h2client.Conn, chan struct{}, bool) {
+//
+// When the newest connection is down to its last share of free slots,
+// the next one is opened ahead of need: preopen is then the context the
+// caller hands to startPreopen, and waiters meet it as any opening.
+func (p *h2cPool) pick(key string) (cc *h2client.Conn, opening chan struct{}, http1 bool, preopen context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	h := p.hosts[key]
@@ -144,16 +165,17 @@ func (p *h2cPool) pick(key string) (*h2client.Conn, chan struct{}, bool) {
 		p.hosts[key] = h
 	}
 	if h.http1 {
-		return nil, nil, true
+		return nil, nil, true, nil
 	}
 	var chosen *h2client.Conn
+	free, limit := 0, 0
 	var dead []*h2client.Conn // rare: a connection closed since the last pick
 	for k := range len(h.conns) {
 		i := (h.next + k) % len(h.conns)
 		cc := h.conns[i]
-		err := cc.Reserve()
+		f, l, err := cc.Reserve()
 		if err == nil {
-			chosen, h.next = cc, i
+			chosen, h.next, free, limit = cc, i, f, l
 			break
 		}
 		if !errors.Is(err, h2client.ErrNoStreamFree) {
@@ -165,10 +187,16 @@ func (p *h2cPool) pick(key string) (*h2client.Conn, chan struct{}, bool) {
 		h.next = max(slices.Index(h.conns, chosen), 0)
 	}
 	if chosen != nil {
-		return chosen, nil, false
+		if free*preopenShare <= limit && h.opening == nil && len(h.conns) < p.maxConns && chosen == h.conns[len(h.conns)-1] {
+			ctx, cancel := context.WithCancel(context.Background())
+			h.opening, h.cancelPreopen = make(chan struct{}), cancel
+			p.preopening++
+			return chosen, nil, false, ctx
+		}
+		return chosen, nil, false, nil
 	}
 	if h.opening != nil {
-		return nil, h.opening, false
+		return nil, h.opening, false, nil
 	}
 	if len(h.conns) >= p.maxConns {
 		// Every connection is at the server's stream limit: the request
@@ -179,10 +207,28 @@ func (p *h2cPool) pick(key string) (*h2client.Conn, chan struct{}, bool) {
 				least = cc
 			}
 		}
-		return least, nil, false
+		return least, nil, false, nil
 	}
 	h.opening = make(chan struct{})
-	return nil, nil, false
+	return nil, nil, false, nil
+}
+
+// startPreopen opens, on a goroutine of the pool's, the connection pick
+// decided to open ahead of need (ctx non-nil). A failure is dropped: the
+// next request that finds no stream free opens one itself and meets the
+// error.
+func (p *h2cPool) startPreopen(ctx context.Context, key string, u *url.URL) {
+	if ctx == nil {
+		return
+	}
+	target := &url.URL{Scheme: u.Scheme, Host: u.Host}
+	go func() {
+		_ = p.open(ctx, key, target)
+		p.mu.Lock()
+		p.preopening--
+		p.preopened.Broadcast()
+		p.mu.Unlock()
+	}()
 }
 
 // open opens a connection to u's host (the pool's entry key) and adds it to
@@ -211,6 +257,10 @@ func (p *h2cPool) open(reqCtx context.Context, key string, u *url.URL) (err erro
 		h.http1 = h.http1 || http1
 		close(h.opening)
 		h.opening = nil
+		if h.cancelPreopen != nil {
+			h.cancelPreopen()
+			h.cancelPreopen = nil
+		}
 		p.mu.Unlock()
 	}()
 	for attempt := 1; ; attempt++ {
@@ -318,6 +368,15 @@ func (p *h2cPool) CloseIdleConnections() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Connections opened ahead of need would be idle: stop them first.
+	for _, h := range p.hosts {
+		if h.cancelPreopen != nil {
+			h.cancelPreopen()
+		}
+	}
+	for p.preopening > 0 {
+		p.preopened.Wait()
+	}
 	for _, h := range p.hosts {
 		busy := h.conns[:0]
 		for _, cc := range h.conns {

@@ -111,6 +111,48 @@ func TestH2CPool_SpreadsStreamsOverFewConnections(t *testing.T) {
 	}
 }
 
+// Once the newest connection is down to its last quarter of free slots,
+// the pool opens the next one: the requests after it find it ready, and
+// no more connections are opened than they need.
+func TestH2CPool_OpensTheNextConnectionBeforeTheLastFills(t *testing.T) {
+	h := &heldHandler{release: make(chan struct{})}
+	url, conns := h2cServer(t, nil, 8, h)
+	c := poolClient(t, Options{H2C: true, MaxConnsPerHost: 4})
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	send := func(n int) {
+		for range n {
+			wg.Go(func() {
+				rep, err := Do(context.Background(), c, http.MethodPost, url+"/run", nil, []byte("x"))
+				switch {
+				case err != nil:
+					errs <- err
+				case rep.Status != 200:
+					errs <- errors.New("status " + http.StatusText(rep.Status))
+				}
+			})
+		}
+	}
+	send(5)
+	waitFor(t, func() bool { return h.arrived.Load() == 5 }, "5 requests held on the first connection")
+	if got := conns.Load(); got != 1 {
+		t.Fatalf("with 3 of 8 slots free the server accepted %d connections, want 1", got)
+	}
+	send(1)
+	waitFor(t, func() bool { return conns.Load() == 2 }, "the next connection opened when 2 of 8 slots were left")
+	send(4)
+	waitFor(t, func() bool { return h.arrived.Load() == 10 }, "10 requests held on 2 connections")
+	close(h.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := conns.Load(); got != 2 {
+		t.Errorf("the server accepted %d connections for 10 requests of 8 streams each, want 2", got)
+	}
+}
+
 // dropFirst is a listener that closes the first connection it accepts
 // after reading the client's preface and SETTINGS, as net/http's server
 // does with a connection whose SETTINGS it read too late.

@@ -74,9 +74,10 @@ func (p *h2cPool) StartRoundTrip(req *http.Request, maxBody int64, done func(*ht
 	secure := req.URL.Scheme == "https"
 	key := req.URL.Scheme + "://" + hostPort(req.URL)
 	for {
-		cc, opening, http1 := p.pick(key)
+		cc, opening, http1, preopen := p.pick(key)
 		switch {
 		case cc != nil:
+			p.startPreopen(preopen, key, req.URL)
 			cc.Start(req, maxBody, done)
 			return
 		case http1 && secure:
