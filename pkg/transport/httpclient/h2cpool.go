@@ -72,13 +72,7 @@ type h2cPool struct {
 // more are free on the newest connection, has the pool open the next one:
 // a burst then finds it ready rather than every request waiting, each on
 // a goroutine, for a connection to be dialed and answered.
-const preopenShare = 2
-
-// parallelOpens bounds the connections to one host being opened at once
-// when requests find no stream free. An open takes several turns of the
-// scheduler, each long when a burst has thousands of goroutines runnable
-// on 2 cores: one at a time, the opens fell behind the burst.
-const parallelOpens = 4
+const preopenShare = 4
 
 // hostConns is the pool's state for one host.
 type hostConns struct {
@@ -86,18 +80,13 @@ type hostConns struct {
 	// next is where pick starts looking: the connection that last had a
 	// stream free.
 	next int
-	// opening counts the connections being opened, at most parallelOpens:
-	// a burst waits for them rather than dialing a connection per request.
-	opening int
-	// opened is closed when a connection being opened is ready or has
-	// failed (waiters then look again); nil when none is being opened.
-	opened chan struct{}
+	// opening is closed when the connection being opened is ready or has
+	// failed; nil when none is being opened. One at a time per host: a burst
+	// waits for it rather than dialing a connection per request.
+	opening chan struct{}
 	// cancelPreopen stops the connection being opened ahead of need, if
-	// one is.
+	// that is what opening is.
 	cancelPreopen context.CancelFunc
-	// waiting counts the requests waiting on opened; limit is the streams
-	// the host's last connection tried allows (0 until one is known).
-	waiting, limit int
 	// http1 is set once the host answered the h2c preface in HTTP/1.x and
 	// the pool has an http1 transport: its requests go there.
 	http1 bool
@@ -185,9 +174,6 @@ func (p *h2cPool) pick(key string) (cc *h2client.Conn, opening chan struct{}, ht
 		i := (h.next + k) % len(h.conns)
 		cc := h.conns[i]
 		f, l, err := cc.Reserve()
-		if l > 0 {
-			h.limit = l
-		}
 		if err == nil {
 			chosen, h.next, free, limit = cc, i, f, l
 			break
@@ -201,55 +187,30 @@ func (p *h2cPool) pick(key string) (cc *h2client.Conn, opening chan struct{}, ht
 		h.next = max(slices.Index(h.conns, chosen), 0)
 	}
 	if chosen != nil {
-		if free*preopenShare <= limit && h.opening == 0 && len(h.conns) < p.maxConns && chosen == h.conns[len(h.conns)-1] {
+		if free*preopenShare <= limit && h.opening == nil && len(h.conns) < p.maxConns && chosen == h.conns[len(h.conns)-1] {
 			ctx, cancel := context.WithCancel(context.Background())
-			h.cancelPreopen = cancel
-			h.startOpening()
+			h.opening, h.cancelPreopen = make(chan struct{}), cancel
 			p.preopening++
 			return chosen, nil, false, ctx
 		}
 		return chosen, nil, false, nil
 	}
-	// Another connection is opened while the requests waiting are more
-	// than those being opened will carry (one at a time until a server's
-	// limit is known).
-	carried := h.opening * h.limit
-	if len(h.conns)+h.opening < p.maxConns && (h.opening == 0 || (h.opening < parallelOpens && h.limit > 0 && h.waiting >= carried)) {
-		h.startOpening()
-		return nil, nil, false, nil
+	if h.opening != nil {
+		return nil, h.opening, false, nil
 	}
-	if h.opening > 0 {
-		h.waiting++
-		return nil, h.opened, false, nil
-	}
-	// Every connection is at the server's stream limit: the request waits
-	// inside the least busy one for a stream to end.
-	least := h.conns[0]
-	for _, cc := range h.conns[1:] {
-		if cc.InFlight() < least.InFlight() {
-			least = cc
+	if len(h.conns) >= p.maxConns {
+		// Every connection is at the server's stream limit: the request
+		// waits inside the least busy one for a stream to end.
+		least := h.conns[0]
+		for _, cc := range h.conns[1:] {
+			if cc.InFlight() < least.InFlight() {
+				least = cc
+			}
 		}
+		return least, nil, false, nil
 	}
-	return least, nil, false, nil
-}
-
-// startOpening counts a connection being opened. p.mu is held.
-func (h *hostConns) startOpening() {
-	if h.opening == 0 {
-		h.opened = make(chan struct{})
-	}
-	h.opening++
-}
-
-// endOpening ends an open begun by startOpening and wakes the requests
-// waiting for one. p.mu is held.
-func (h *hostConns) endOpening() {
-	h.opening--
-	close(h.opened)
-	h.opened, h.waiting = nil, 0
-	if h.opening > 0 {
-		h.opened = make(chan struct{})
-	}
+	h.opening = make(chan struct{})
+	return nil, nil, false, nil
 }
 
 // startPreopen opens, on a goroutine of the pool's, the connection pick
@@ -264,10 +225,6 @@ func (p *h2cPool) startPreopen(ctx context.Context, key string, u *url.URL) {
 	go func() {
 		_ = p.open(ctx, key, target)
 		p.mu.Lock()
-		if h := p.hosts[key]; h.cancelPreopen != nil {
-			h.cancelPreopen()
-			h.cancelPreopen = nil
-		}
 		p.preopening--
 		p.preopened.Broadcast()
 		p.mu.Unlock()
@@ -298,7 +255,12 @@ func (p *h2cPool) open(reqCtx context.Context, key string, u *url.URL) (err erro
 			h.conns = append(h.conns, cc)
 		}
 		h.http1 = h.http1 || http1
-		h.endOpening()
+		close(h.opening)
+		h.opening = nil
+		if h.cancelPreopen != nil {
+			h.cancelPreopen()
+			h.cancelPreopen = nil
+		}
 		p.mu.Unlock()
 	}()
 	for attempt := 1; ; attempt++ {
