@@ -118,6 +118,10 @@ func TestH2CPool_OpensTheNextConnectionBeforeTheLastFills(t *testing.T) {
 	h := &heldHandler{release: make(chan struct{})}
 	url, conns := h2cServer(t, nil, 8, h)
 	c := poolClient(t, Options{H2C: true, MaxConnsPerHost: 4})
+	var release sync.Once
+	// Run before the server's and the client's cleanups, which wait for
+	// the held requests: a failed check must not leave them held.
+	t.Cleanup(func() { release.Do(func() { close(h.release) }) })
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	send := func(n int) {
@@ -142,7 +146,7 @@ func TestH2CPool_OpensTheNextConnectionBeforeTheLastFills(t *testing.T) {
 	waitFor(t, func() bool { return conns.Load() == 2 }, "the next connection opened when 2 of 8 slots were left")
 	send(4)
 	waitFor(t, func() bool { return h.arrived.Load() == 10 }, "10 requests held on 2 connections")
-	close(h.release)
+	release.Do(func() { close(h.release) })
 	wg.Wait()
 	close(errs)
 	for err := range errs {
