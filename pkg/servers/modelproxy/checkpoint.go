@@ -623,14 +623,37 @@ func (p *participant) Report(limit int) ctlplane.Report {
 	return ctlplane.Report{Ready: ready, Blockers: listed, BlockerCount: n, Counts: counts, Restarts: []string{}}
 }
 
-// episodeCut is the one generation cut an episode's record carries: the
-// latest admitted undelivered call of the attempt that the worker cut, or
-// else the restored cut no call has consumed.
-func (p *participant) episodeCut(id rollout.EpisodeID) *GenerationCut {
+// episodeCuts are the generation cuts the records of ids carry, by
+// position in ids (nil: none). Each shard's lock is taken once for all
+// its episodes: an export runs while the calls a prepare's cut stopped may
+// still be parking themselves, each under its shard's lock, and a lock
+// taken per episode would wait behind them at every turn.
+func (p *participant) episodeCuts(ids []rollout.EpisodeID) []*GenerationCut {
+	var byShard [callShards][]int
+	for i, id := range ids {
+		k := p.shardIndex(id.RolloutID)
+		byShard[k] = append(byShard[k], i)
+	}
+	cuts := make([]*GenerationCut, len(ids))
+	for k, sh := range p.shards {
+		if len(byShard[k]) == 0 {
+			continue
+		}
+		sh.mu.Lock()
+		for _, i := range byShard[k] {
+			cuts[i] = sh.episodeCutLocked(ids[i])
+		}
+		sh.mu.Unlock()
+	}
+	return cuts
+}
+
+// episodeCutLocked is the one generation cut an episode's record carries:
+// the latest admitted undelivered call of the attempt that the worker
+// cut, or else the restored cut no call has consumed. sh is the episode's
+// shard, and its lock is held.
+func (sh *callShard) episodeCutLocked(id rollout.EpisodeID) *GenerationCut {
 	key := id.CaptureKey()
-	sh := p.shardOf(id.RolloutID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	var latest *ticket
 	for _, t := range sh.byRollout[id.RolloutID] {
 		if t.captureKey != key || t.cut == nil || t.started.Load() {
@@ -778,6 +801,7 @@ func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.Episod
 		b.reset()
 		return true
 	}
+	cuts := p.episodeCuts(ids)
 	var stopped error
 	err := p.s.ledger.ReadRawRows(captureKeys, func(i int, rows []codec.RawMessage, err error) error {
 		if err := ctx.Err(); err != nil {
@@ -789,7 +813,7 @@ func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.Episod
 			stopped = fmt.Errorf("reading the ledger of %s: %w", key, err)
 			return stopped
 		}
-		cut := p.episodeCut(id)
+		cut := cuts[i]
 		if len(rows) == 0 && cut == nil {
 			return nil
 		}
