@@ -528,18 +528,8 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 	for _, sh := range p.shards {
 		sh.mu.Lock()
 		sh.closed = true
-		for _, t := range sh.calls {
-			if !listing {
-				break
-			}
-			if t.captureKey == "" || !t.running.Load() || t.started.Load() {
-				continue
-			}
-			if t.stream || t.constrained {
-				skipped++
-				continue
-			}
-			listed = append(listed, t)
+		if listing {
+			listed, skipped = sh.listCuttableLocked(listed, skipped)
 		}
 		sh.mu.Unlock()
 	}
@@ -570,6 +560,23 @@ func (p *participant) CloseAdmission(ctx context.Context) error {
 	p.wg.Add(1)
 	go p.cutRound(rctx, cancel, listed)
 	return nil
+}
+
+// listCuttableLocked appends to listed the captured calls generating
+// upstream that have not started their response, counting those a cut
+// skips (streaming or constrained). sh.mu is held.
+func (sh *callShard) listCuttableLocked(listed []*ticket, skipped int) ([]*ticket, int) {
+	for _, t := range sh.calls {
+		if t.captureKey == "" || !t.running.Load() || t.started.Load() {
+			continue
+		}
+		if t.stream || t.constrained {
+			skipped++
+			continue
+		}
+		listed = append(listed, t)
+	}
+	return listed, skipped
 }
 
 // OpenAdmission releases held responses and cut calls.

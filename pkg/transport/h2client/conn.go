@@ -234,9 +234,9 @@ func (c *Conn) InFlight() int {
 func (c *Conn) slotsLocked() int { return len(c.streams) + c.reserved + c.opening }
 
 // Reserve promises the next RoundTrip a stream slot, or fails when the
-// connection has none free or cannot take requests. free is how many
-// slots are left after this one, of the server's limit: a pool opens its
-// next connection before the last one fills.
+// connection has none free or cannot take requests. On success free is
+// how many slots are left after this one, of the server's limit: a pool
+// opens its next connection before the last one fills.
 func (c *Conn) Reserve() (free, limit int, err error) {
 	if c.full.Load() {
 		return 0, 0, ErrNoStreamFree
@@ -248,7 +248,7 @@ func (c *Conn) Reserve() (free, limit int, err error) {
 	}
 	if c.slotsLocked() >= c.peer.MaxStreams {
 		c.full.Store(true)
-		return 0, c.peer.MaxStreams, ErrNoStreamFree
+		return 0, 0, ErrNoStreamFree
 	}
 	c.reserved++
 	return c.peer.MaxStreams - c.slotsLocked(), c.peer.MaxStreams, nil
