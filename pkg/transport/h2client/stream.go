@@ -315,6 +315,10 @@ func (b replyBody) Close() error {
 	p.mu.Lock()
 	p.stopWatchLocked()
 	p.buf = bytes.Buffer{}
+	// Set here, not by the cancel below: data the read loop delivers
+	// between this unlock and the cancel must not reach a later Read.
+	p.err = errBodyClosed
+	p.cond.Broadcast()
 	p.mu.Unlock()
 	st.cancel(errBodyClosed)
 	return nil
