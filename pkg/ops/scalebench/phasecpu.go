@@ -40,6 +40,11 @@ type PhaseCPU struct {
 	// first touch of fresh memory is one, and on the VMs the bench runs on
 	// not a cheap one (docs/scale-log.md).
 	MinorFaults map[string]int64 `json:"minor_faults,omitempty"`
+	// AllocBytes is the heap each server allocated in the phase (its
+	// go_memstats_alloc_bytes_total): with Go's own pacing, the more a
+	// phase allocates, the likelier a collection of the garbage the
+	// dispatch left falls into it.
+	AllocBytes map[string]int64 `json:"alloc_bytes,omitempty"`
 }
 
 // cpuSnapshot is each process's CPU time and faults at the start of a
@@ -100,6 +105,9 @@ func (pc PhaseCPU) detail() string {
 		if f := pc.MinorFaults[n]; f >= faultsWorthNaming {
 			notes = append(notes, fmt.Sprintf("%dk faults", (f+500)/1000))
 		}
+		if a := pc.AllocBytes[n]; a >= allocWorthNaming {
+			notes = append(notes, fmt.Sprintf("%d MB allocated", (a+500_000)/1_000_000))
+		}
 		if len(notes) > 0 {
 			parts[i] += " (" + strings.Join(notes, ", ") + ")"
 		}
@@ -115,30 +123,36 @@ const systemWorthNaming = 0.02
 // in a phase: fewer cost too little to explain a phase's time.
 const faultsWorthNaming = 1000
 
-// gcSnapshot is each server's count of completed collections.
-type gcSnapshot map[string]int64
+// allocWorthNaming is the least a server allocated in a phase that the
+// table names.
+const allocWorthNaming = 1_000_000
+
+// gcSnapshot is each server's count of completed collections and of bytes
+// allocated.
+type gcSnapshot map[string]gcCounts
+
+// gcCounts is one server's collector counters.
+type gcCounts struct {
+	cycles, allocBytes int64
+}
 
 // gcScrapeTimeout bounds reading one server's /metrics at a phase's edge.
 const gcScrapeTimeout = 5 * time.Second
 
-// snapshotGC reads every running server's collection count from its
+// snapshotGC reads every running server's collector counters from its
 // /metrics; a server that does not answer is left out.
 func (b *bench) snapshotGC(ctx context.Context) gcSnapshot {
 	snap := gcSnapshot{}
 	for _, r := range b.runtimeURLs() {
-		if n, err := b.scrapeGCCount(ctx, r.url+"/metrics"); err == nil {
-			snap[r.name] = n
+		exposition, err := b.scrapeMetrics(ctx, r.url+"/metrics", gcScrapeTimeout)
+		if err != nil {
+			continue
+		}
+		if c, err := parseGCCounts(exposition); err == nil {
+			snap[r.name] = c
 		}
 	}
 	return snap
-}
-
-func (b *bench) scrapeGCCount(ctx context.Context, url string) (int64, error) {
-	exposition, err := b.scrapeMetrics(ctx, url, gcScrapeTimeout)
-	if err != nil {
-		return 0, err
-	}
-	return gcCount(exposition)
 }
 
 // scrapeMetrics GETs a server's /metrics exposition within timeout.
@@ -155,19 +169,31 @@ func (b *bench) scrapeMetrics(ctx context.Context, url string, timeout time.Dura
 	return reply.Body, nil
 }
 
-// gcCountMetric is the Go collector's count of completed collections.
-const gcCountMetric = "go_gc_duration_seconds_count"
+// gcCountMetric is the Go collector's count of completed collections, and
+// allocBytesMetric its count of bytes allocated.
+const (
+	gcCountMetric    = "go_gc_duration_seconds_count"
+	allocBytesMetric = "go_memstats_alloc_bytes_total"
+)
 
-// gcCount finds the collection count in a Prometheus text exposition.
-func gcCount(exposition []byte) (int64, error) {
-	f, err := metricValue(exposition, gcCountMetric)
-	if err != nil {
-		return 0, err
+// parseGCCounts finds the collector's counters in a Prometheus text
+// exposition.
+func parseGCCounts(exposition []byte) (gcCounts, error) {
+	var c gcCounts
+	for _, m := range []struct {
+		name string
+		to   *int64
+	}{{gcCountMetric, &c.cycles}, {allocBytesMetric, &c.allocBytes}} {
+		f, err := metricValue(exposition, m.name)
+		if err != nil {
+			return gcCounts{}, err
+		}
+		if f < 0 {
+			return gcCounts{}, fmt.Errorf("%s %v: not a count", m.name, f)
+		}
+		*m.to = int64(f)
 	}
-	if f < 0 {
-		return 0, fmt.Errorf("%s %v: not a count", gcCountMetric, f)
-	}
-	return int64(f), nil
+	return c, nil
 }
 
 // metricValue finds an unlabelled metric's value in a Prometheus text
@@ -216,14 +242,16 @@ func metricValue(exposition []byte, metric string) (float64, error) {
 	return 0, fmt.Errorf("no %s in the exposition", metric)
 }
 
-// since is the collections each server completed from before to now; a
-// server read at one end only is left out.
-func (before gcSnapshot) since(now gcSnapshot) map[string]int64 {
-	out := map[string]int64{}
+// since is the collections each server completed and the bytes it
+// allocated from before to now; a server read at one end only is left
+// out.
+func (before gcSnapshot) since(now gcSnapshot) (cycles, allocBytes map[string]int64) {
+	cycles, allocBytes = map[string]int64{}, map[string]int64{}
 	for name, end := range now {
 		if start, ok := before[name]; ok {
-			out[name] = end - start
+			cycles[name] = end.cycles - start.cycles
+			allocBytes[name] = end.allocBytes - start.allocBytes
 		}
 	}
-	return out
+	return cycles, allocBytes
 }

@@ -309,7 +309,7 @@ func (b *bench) run(parent context.Context) (runErr error) {
 		return err
 	}
 	pc := dispatchCPU.since("dispatch", b.snapshotCPU())
-	pc.GCCycles = dispatchGC.since(b.snapshotGC(ctx))
+	pc.GCCycles, pc.AllocBytes = dispatchGC.since(b.snapshotGC(ctx))
 	b.res.PhaseCPU = append(b.res.PhaseCPU, pc)
 	b.sampler.markBoundary()
 	b.atBoundary = b.readRuntimeStats(ctx)
@@ -730,7 +730,7 @@ func (b *bench) timedPhase(ctx context.Context, phase string, secs *float64, cal
 		return err
 	})
 	pc := before.since(phase, b.snapshotCPU())
-	pc.GCCycles = gcBefore.since(b.snapshotGC(ctx))
+	pc.GCCycles, pc.AllocBytes = gcBefore.since(b.snapshotGC(ctx))
 	b.res.PhaseCPU = append(b.res.PhaseCPU, pc)
 	return err
 }

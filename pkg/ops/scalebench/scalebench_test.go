@@ -289,35 +289,45 @@ go_memstats_heap_inuse_bytes 1.048576e+08
 	}
 }
 
-func TestGCCount(t *testing.T) {
+func TestParseGCCounts(t *testing.T) {
 	exposition := `# HELP go_gc_duration_seconds A summary of the wall-time pause (stop-the-world) duration in garbage collection cycles.
 # TYPE go_gc_duration_seconds summary
 go_gc_duration_seconds{quantile="0"} 2.1e-05
 go_gc_duration_seconds_sum 0.0123
 go_gc_duration_seconds_count 117
+# TYPE go_memstats_alloc_bytes_total counter
+go_memstats_alloc_bytes_total 4.2e+09
 go_goroutines 42
 `
-	if n, err := gcCount([]byte(exposition)); err != nil || n != 117 {
-		t.Fatalf("gcCount = %d, %v; want 117", n, err)
+	if c, err := parseGCCounts([]byte(exposition)); err != nil || c != (gcCounts{cycles: 117, allocBytes: 4_200_000_000}) {
+		t.Fatalf("parseGCCounts = %+v, %v; want 117 collections, 4.2e9 bytes allocated", c, err)
 	}
 	for _, bad := range []string{
 		"go_goroutines 42\n",
-		"go_gc_duration_seconds_count x\n",
-		"go_gc_duration_seconds_count -1\n",
-		"go_gc_duration_seconds_count_total 3\n",
+		"go_gc_duration_seconds_count x\ngo_memstats_alloc_bytes_total 1\n",
+		"go_gc_duration_seconds_count -1\ngo_memstats_alloc_bytes_total 1\n",
+		"go_gc_duration_seconds_count 3\n",
+		"go_gc_duration_seconds_count 3\ngo_memstats_alloc_bytes_total -5\n",
 	} {
-		if n, err := gcCount([]byte(bad)); err == nil {
-			t.Errorf("gcCount(%q) = %d, want an error", bad, n)
+		if c, err := parseGCCounts([]byte(bad)); err == nil {
+			t.Errorf("parseGCCounts(%q) = %+v, want an error", bad, c)
 		}
 	}
 }
 
 func TestGCSnapshot_Since(t *testing.T) {
-	before := gcSnapshot{"env": 10, "agents": 7, "gone": 3}
-	now := gcSnapshot{"env": 12, "agents": 7, "new": 1}
-	want := map[string]int64{"env": 2, "agents": 0}
-	if got := before.since(now); !maps.Equal(got, want) {
-		t.Fatalf("since = %v, want %v (a server read at one end only is left out)", got, want)
+	before := gcSnapshot{"env": {10, 1000}, "agents": {7, 500}, "gone": {3, 1}}
+	now := gcSnapshot{"env": {12, 3_001_000}, "agents": {7, 500}, "new": {1, 1}}
+	cycles, alloc := before.since(now)
+	if want := map[string]int64{"env": 2, "agents": 0}; !maps.Equal(cycles, want) {
+		t.Fatalf("since's collections = %v, want %v (a server read at one end only is left out)", cycles, want)
+	}
+	if want := map[string]int64{"env": 3_000_000, "agents": 0}; !maps.Equal(alloc, want) {
+		t.Fatalf("since's bytes allocated = %v, want %v", alloc, want)
+	}
+	pc := PhaseCPU{Phase: "commit", ByProcess: map[string]float64{"env": 0.5, "agents": 0.25}, GCCycles: cycles, AllocBytes: alloc}
+	if got, want := pc.detail(), "agents 0.25, env 0.50 (2 GC, 3 MB allocated)"; got != want {
+		t.Errorf("detail = %q, want %q (bytes allocated named from 1 MB)", got, want)
 	}
 }
 
