@@ -749,6 +749,10 @@ var errExportStopped = errors.New("export stopped")
 // before it is handed over to be emitted: two batches are in use at once.
 const recordBatchBytes = 1 << 20
 
+// recordBatchSlack is room past recordBatchBytes for the record that takes
+// a batch over it; a longer one grows the batch.
+const recordBatchSlack = 64 << 10
+
 // recordBatch is records an export assembled, in order, for the caller to
 // emit: their data back to back, where each ends, and whose they are.
 type recordBatch struct {
@@ -823,6 +827,11 @@ func (a *assembly) run(ctx context.Context, p *participant, ids []rollout.Episod
 		cut := cuts[i]
 		if len(rows) == 0 && cut == nil {
 			return nil
+		}
+		if b.data == nil {
+			// Grown by append from nothing, a batch would allocate several
+			// times its size on the way to recordBatchBytes.
+			b.data = make([]byte, 0, recordBatchBytes+recordBatchSlack)
 		}
 		var staging []string
 		// A records line is the record flat, its episode id first
