@@ -68,7 +68,7 @@ func appendModelRecord(dst []byte, rows []codec.RawMessage, cut *GenerationCut) 
 		}
 		data = append(data, r...)
 		// Only a row that continued a cut prefix names the field.
-		if bytes.Contains(r, []byte(`"continued_from"`)) {
+		if mayNameContinuedFrom(r) {
 			var c struct {
 				ContinuedFrom string `json:"continued_from"`
 			}
@@ -84,6 +84,22 @@ func appendModelRecord(dst []byte, rows []codec.RawMessage, cut *GenerationCut) 
 	data = append(data, cuts...)
 	data = append(data, '}')
 	return data, stagingKeys, nil
+}
+
+// mayNameContinuedFrom reports whether row may have a continued_from
+// member. A row as codec.Marshal writes a Row (or an ImportRow) starts
+// with call_id and keeps the struct's order, in which continued_from can
+// only follow finish_reason: only that tail is searched, not the token
+// arrays that are most of the row. A row laid out otherwise is searched
+// whole. A key cannot match inside a string value, whose quotes are
+// escaped.
+func mayNameContinuedFrom(row []byte) bool {
+	if bytes.HasPrefix(row, []byte(`{"call_id":`)) {
+		if i := bytes.LastIndex(row, []byte(`,"finish_reason":`)); i >= 0 {
+			return bytes.Contains(row[i:], []byte(`"continued_from"`))
+		}
+	}
+	return bytes.Contains(row, []byte(`"continued_from"`))
 }
 
 // DecodeModelRecord decodes a record strictly (unknown fields refused) and

@@ -74,3 +74,24 @@ func TestEncodeModelRecordIsMarshal(t *testing.T) {
 		})
 	}
 }
+
+// A row names continued_from wherever its member lies: the search skips
+// the token arrays only for a row in the Row's own order.
+func TestMayNameContinuedFrom(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		row  string
+		want bool
+	}{
+		{"Row's order, continued", `{"call_id":"c","prompt_token_ids":[1],"finish_reason":"stop","continued_from":"k"}`, true},
+		{"Row's order, not continued", `{"call_id":"c","prompt_token_ids":[1],"finish_reason":"stop"}`, false},
+		{"escaped names in values", `{"call_id":"\"continued_from\"","model":",\"finish_reason\":","finish_reason":"stop"}`, false},
+		{"another order", `{"continued_from":"k","call_id":"c","finish_reason":"stop"}`, true},
+		{"another first member", `{"seq":1,"finish_reason":"stop","call_id":"c","continued_from":"k"}`, true},
+		{"no finish_reason", `{"call_id":"c","continued_from":"k"}`, true},
+	} {
+		if got := mayNameContinuedFrom([]byte(tc.row)); got != tc.want {
+			t.Errorf("%s: mayNameContinuedFrom(%s) = %v, want %v", tc.name, tc.row, got, tc.want)
+		}
+	}
+}
