@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -179,32 +180,39 @@ const (
 // parseGCCounts finds the collector's counters in a Prometheus text
 // exposition.
 func parseGCCounts(exposition []byte) (gcCounts, error) {
-	var c gcCounts
-	for _, m := range []struct {
-		name string
-		to   *int64
-	}{{gcCountMetric, &c.cycles}, {allocBytesMetric, &c.allocBytes}} {
-		f, err := metricValue(exposition, m.name)
-		if err != nil {
-			return gcCounts{}, err
-		}
-		if f < 0 {
-			return gcCounts{}, fmt.Errorf("%s %v: not a count", m.name, f)
-		}
-		*m.to = int64(f)
+	names := []string{gcCountMetric, allocBytesMetric}
+	values, err := metricValues(exposition, names...)
+	if err != nil {
+		return gcCounts{}, err
 	}
-	return c, nil
+	for i, f := range values {
+		if f < 0 {
+			return gcCounts{}, fmt.Errorf("%s %v: not a count", names[i], f)
+		}
+	}
+	return gcCounts{cycles: int64(values[0]), allocBytes: int64(values[1])}, nil
 }
 
-// metricValue finds an unlabelled metric's value in a Prometheus text
-// exposition: a gauge, counter or untyped sample, or the _count or _sum of
-// a summary or histogram.
-func metricValue(exposition []byte, metric string) (float64, error) {
+// metricValues finds unlabelled metrics' values in a Prometheus text
+// exposition, parsed once: each a gauge, counter or untyped sample, or the
+// _count or _sum of a summary or histogram.
+func metricValues(exposition []byte, metrics ...string) ([]float64, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(exposition))
 	if err != nil {
-		return 0, fmt.Errorf("reading the exposition for %s: %w", metric, err)
+		return nil, fmt.Errorf("reading the exposition for %s: %w", strings.Join(metrics, ", "), err)
 	}
+	values := make([]float64, len(metrics))
+	for i, metric := range metrics {
+		if values[i], err = familyValue(families, metric); err != nil {
+			return nil, err
+		}
+	}
+	return values, nil
+}
+
+// familyValue is metricValues' lookup of one metric.
+func familyValue(families map[string]*dto.MetricFamily, metric string) (float64, error) {
 	for _, m := range families[metric].GetMetric() {
 		if len(m.GetLabel()) > 0 {
 			continue

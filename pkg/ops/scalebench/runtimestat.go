@@ -54,17 +54,10 @@ func (b *bench) scrapeRuntimeStat(ctx context.Context, url string) (runtimeStat,
 // parseRuntimeStat takes the figures from the exposition client_golang's
 // Go collector writes.
 func parseRuntimeStat(exposition []byte) (runtimeStat, error) {
-	stacks, err := metricValue(exposition, "go_memstats_stack_inuse_bytes")
+	v, err := metricValues(exposition, "go_memstats_stack_inuse_bytes", "go_goroutines", "go_memstats_heap_inuse_bytes")
 	if err != nil {
 		return runtimeStat{}, err
 	}
-	goroutines, err := metricValue(exposition, "go_goroutines")
-	if err != nil {
-		return runtimeStat{}, err
-	}
-	heap, err := metricValue(exposition, "go_memstats_heap_inuse_bytes")
-	if err != nil {
-		return runtimeStat{}, err
-	}
+	stacks, goroutines, heap := v[0], v[1], v[2]
 	return runtimeStat{stackBytes: uint64(stacks), goroutines: int(goroutines), heapBytes: uint64(heap)}, nil
 }

@@ -307,6 +307,7 @@ go_goroutines 42
 		"go_gc_duration_seconds_count x\ngo_memstats_alloc_bytes_total 1\n",
 		"go_gc_duration_seconds_count -1\ngo_memstats_alloc_bytes_total 1\n",
 		"go_gc_duration_seconds_count 3\n",
+		"go_gc_duration_seconds_count_total 3\ngo_memstats_alloc_bytes_total 1\n",
 		"go_gc_duration_seconds_count 3\ngo_memstats_alloc_bytes_total -5\n",
 	} {
 		if c, err := parseGCCounts([]byte(bad)); err == nil {
